@@ -1,0 +1,74 @@
+# Two commands do all set-up on a fresh machine: `make run` and `make test`.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+# The first Python 3.12+ found: PYTHON if given, then PATH, then pyenv's.
+PYTHON ?= $(shell for c in python3.13 python3.12 python3 \
+	$$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[2-9]*/bin/python3 2>/dev/null | sort -rV); do \
+	  p=$$(command -v $$c 2>/dev/null) || continue; \
+	  $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo $$p; break; }; \
+	done)
+
+.PHONY: run test bench lint format venv install install-test browser clean help
+
+help:
+	@echo "make run    - set up .venv, migrate, load the demo, serve on http://$(HOST):$(PORT)"
+	@echo "make test   - set up .venv with test extras and run the whole suite"
+	@echo "make bench  - print the benchmark table"
+	@echo "make lint   - ruff check and ruff format --check"
+
+$(VENV)/.created:
+	@if [ -z "$(PYTHON)" ]; then \
+	  echo "error: Pippa Stateful needs Python 3.12 or newer (Django 6.1); none was found."; \
+	  echo "       Install one (e.g. apt-get install python3.13-venv) or run: make PYTHON=/path/to/python3.12 ..."; \
+	  exit 1; fi
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@touch $@
+
+$(VENV)/.installed: $(VENV)/.created pyproject.toml
+	$(PY) -m pip install -q -e .
+	@touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+venv: $(VENV)/.created
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+browser:
+	@bash .ci/install-chromium
+
+run: install
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py collectstatic --noinput -v 0
+	$(PY) manage.py pippa_bootstrap
+	@echo "Pippa Stateful: http://$(HOST):$(PORT)/  (admin: http://$(HOST):$(PORT)/admin/)"
+	@# A worker runs beside the server so demo tasks advance live; Ctrl-C stops both.
+	@if $(PY) manage.py help pippa_worker >/dev/null 2>&1; then \
+	  trap 'kill 0' EXIT INT TERM; \
+	  $(PY) manage.py pippa_worker & \
+	  $(PY) manage.py runserver --noreload $(HOST):$(PORT); \
+	else $(PY) manage.py runserver --noreload $(HOST):$(PORT); fi
+
+test: install-test browser
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+bench: install-test
+	$(PY) -m bench $(BENCH_ARGS)
+
+lint: install-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install-test
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) var build *.egg-info

@@ -1,0 +1,126 @@
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import F, Q
+from django.db.models.functions import Length
+from django.db.models.lookups import Exact
+from django.urls import reverse
+
+
+class ArtifactClass(models.IntegerChoices):
+    """How a step's output behaves on resume (DESIGN.md, "Four artifact classes")."""
+
+    FILE = 1, "file"  # externally persisted: reuse if present and intact
+    FETCH = 2, "fetch"  # idempotent fetch: safe to fetch again
+    SNAPSHOT = 3, "snapshot"  # non-deterministic: never re-run once persisted
+    RENDER = 4, "render"  # derived render-out: re-render only from live sources
+
+
+class Integrity(models.TextChoices):
+    UNCHECKED = "unchecked", "not checked yet"
+    OK = "ok", "intact"
+    MISSING = "missing", "blob missing"
+    CORRUPT = "corrupt", "blob fails its sha"
+
+
+class Artifact(models.Model):
+    """A stored payload: metadata and a sha256 ref; the bytes live in the blob store."""
+
+    Integrity = Integrity
+
+    sha256 = models.CharField(max_length=64, unique=True)
+    size = models.BigIntegerField()
+    media_type = models.CharField(max_length=255, default="application/octet-stream")
+    artifact_class = models.PositiveSmallIntegerField(
+        choices=ArtifactClass, default=ArtifactClass.SNAPSHOT
+    )
+    title = models.CharField(max_length=300, blank=True)
+    # Small metadata only (origin path, dimensions, preview status); never payload.
+    meta = models.JSONField(default=dict, blank=True)
+    integrity = models.CharField(
+        max_length=16, choices=Integrity, default=Integrity.UNCHECKED
+    )
+    verified_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sources = models.ManyToManyField(
+        "self",
+        through="ArtifactSource",
+        through_fields=("artifact", "source"),
+        symmetrical=False,
+        related_name="derived",
+        blank=True,
+    )
+
+    class Meta:
+        constraints = [
+            # The blob store refuses anything else; the row must agree.
+            models.CheckConstraint(
+                condition=Exact(Length("sha256"), 64),
+                name="artifacts_artifact_sha256_len",
+            ),
+            models.CheckConstraint(
+                condition=Q(artifact_class__in=ArtifactClass.values),
+                name="artifacts_artifact_class_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(integrity__in=Integrity.values),
+                name="artifacts_artifact_integrity_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(size__gte=0), name="artifacts_artifact_size_nonneg"
+            ),
+        ]
+        indexes = [
+            # Admin and doctor filters: damaged artifacts.
+            models.Index(
+                fields=["integrity"],
+                name="artifacts_artifact_damaged",
+                condition=Q(integrity__in=["missing", "corrupt"]),
+            ),
+            models.Index(fields=["artifact_class"], name="artifacts_artifact_class"),
+        ]
+
+    def __str__(self) -> str:
+        return self.title or f"{self.media_type} {self.sha256[:12]}"
+
+    def get_absolute_url(self) -> str:
+        return reverse("artifacts:detail", args=[self.pk])
+
+    @property
+    def class_label(self) -> str:
+        return ArtifactClass(self.artifact_class).label
+
+    @property
+    def is_damaged(self) -> bool:
+        return self.integrity in (self.Integrity.MISSING, self.Integrity.CORRUPT)
+
+
+class ArtifactSource(models.Model):
+    """Lineage: ``artifact`` was derived from ``source``.
+
+    Deleting the derived artifact removes its edges in the database; deleting a
+    source that a surviving artifact still names is refused by the foreign key
+    (NO ACTION), which backs the GC rule "kept while named in source_refs".
+    """
+
+    artifact = models.ForeignKey(
+        Artifact, on_delete=models.DB_CASCADE, related_name="source_links"
+    )
+    source = models.ForeignKey(
+        Artifact, on_delete=models.DO_NOTHING, related_name="derived_links"
+    )
+    position = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["artifact", "source"], name="artifacts_source_uniq"
+            ),
+            models.CheckConstraint(
+                condition=~Q(artifact=F("source")), name="artifacts_source_not_self"
+            ),
+        ]
+        ordering = ["position", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.artifact_id} <- {self.source_id}"

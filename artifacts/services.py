@@ -1,0 +1,153 @@
+"""Writes of artifacts: blob first, then the row that points at it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import BinaryIO
+
+from django.db import transaction
+from django.utils import timezone
+
+from artifacts.models import Artifact, ArtifactClass, ArtifactSource
+from artifacts.store import BlobStore, PutResult, check_sha, default_store
+
+ERR_BAD_CLASS = "artifact class must be 1, 2, 3 or 4"
+ERR_UNKNOWN_SOURCE = "a source artifact does not exist"
+ERR_META_TOO_LARGE = "artifact metadata must stay small (under 8 KiB of JSON)"
+MAX_META_CHARS = 8192
+
+
+class ArtifactError(ValueError):
+    pass
+
+
+def _check_class(artifact_class: int) -> int:
+    try:
+        return ArtifactClass(int(artifact_class)).value
+    except (TypeError, ValueError):
+        raise ArtifactError(ERR_BAD_CLASS) from None
+
+
+def blob_put(
+    *,
+    data: bytes | None = None,
+    stream: Iterable[bytes] | None = None,
+    file: BinaryIO | None = None,
+    max_bytes: int | None = None,
+    store: BlobStore | None = None,
+) -> PutResult:
+    """Write payload bytes to the blob store (exactly one of data/stream/file)."""
+    store = store or default_store()
+    if sum(x is not None for x in (data, stream, file)) != 1:
+        raise TypeError("pass exactly one of data=, stream=, file=")
+    if data is not None:
+        return store.put_bytes(data)
+    if file is not None:
+        return store.put_file(file, max_bytes=max_bytes)
+    return store.put_stream(stream, max_bytes=max_bytes)
+
+
+def artifact_record(
+    *,
+    put: PutResult,
+    media_type: str,
+    artifact_class: int,
+    title: str = "",
+    meta: dict | None = None,
+    source_ids: Sequence[int] = (),
+) -> Artifact:
+    """Create (or find, by sha) the row for a blob that is already on disk.
+
+    Content addressing dedups: the same bytes stored twice give one row, and
+    the first writer's class and title stand.
+    """
+
+    artifact_class = _check_class(artifact_class)
+    meta = meta or {}
+    if len(json.dumps(meta, default=str)) > MAX_META_CHARS:
+        raise ArtifactError(ERR_META_TOO_LARGE)
+    check_sha(put.sha256)
+    with transaction.atomic():
+        artifact, created = Artifact.objects.get_or_create(
+            sha256=put.sha256,
+            defaults={
+                "size": put.size,
+                "media_type": media_type[:255] or "application/octet-stream",
+                "artifact_class": artifact_class,
+                "title": title[:300],
+                "meta": meta,
+                "integrity": Artifact.Integrity.OK,
+                "verified_at": timezone.now(),
+            },
+        )
+        source_ids = [
+            int(s) for s in dict.fromkeys(source_ids) if int(s) != artifact.pk
+        ]
+        if source_ids:
+            found = set(
+                Artifact.objects.filter(pk__in=source_ids).values_list("pk", flat=True)
+            )
+            if len(found) != len(source_ids):
+                raise ArtifactError(ERR_UNKNOWN_SOURCE)
+            have = set(
+                ArtifactSource.objects.filter(artifact=artifact).values_list(
+                    "source_id", flat=True
+                )
+            )
+            ArtifactSource.objects.bulk_create(
+                [
+                    ArtifactSource(artifact=artifact, source_id=sid, position=i)
+                    for i, sid in enumerate(source_ids)
+                    if sid not in have
+                ]
+            )
+    artifact._created = created  # for callers that log dedup
+    return artifact
+
+
+def artifact_store(
+    *,
+    data: bytes | None = None,
+    stream: Iterable[bytes] | None = None,
+    file: BinaryIO | None = None,
+    media_type: str,
+    artifact_class: int,
+    title: str = "",
+    meta: dict | None = None,
+    source_ids: Sequence[int] = (),
+    max_bytes: int | None = None,
+) -> Artifact:
+    """Store payload bytes and their artifact row: write before show.
+
+    1. Validate what can be validated before any I/O.
+    2. Write the blob (temp, fsync, rename, fsync dir).
+    3. Create or find the row. A crash between 2 and 3 leaves an unreferenced
+       blob, which the doctor sweeps after its grace period.
+    """
+    _check_class(artifact_class)
+    put = blob_put(data=data, stream=stream, file=file, max_bytes=max_bytes)
+    return artifact_record(
+        put=put,
+        media_type=media_type,
+        artifact_class=artifact_class,
+        title=title,
+        meta=meta,
+        source_ids=source_ids,
+    )
+
+
+def artifact_verify(*, artifact: Artifact, store: BlobStore | None = None) -> str:
+    """Check an artifact's blob against its sha; record and return the integrity."""
+    store = store or default_store()
+    if not store.exists(artifact.sha256):
+        integrity = Artifact.Integrity.MISSING
+    elif store.verify(artifact.sha256):
+        integrity = Artifact.Integrity.OK
+    else:
+        integrity = Artifact.Integrity.CORRUPT
+    Artifact.objects.filter(pk=artifact.pk).update(
+        integrity=integrity, verified_at=timezone.now()
+    )
+    artifact.integrity = integrity
+    return integrity

@@ -1,0 +1,223 @@
+"""The content-addressed blob store: payload bytes on disk, named by sha256.
+
+Layout: ``<BLOB_DIR>/ab/cd/abcd…`` (two fan-out levels keep folders small) and
+``<BLOB_DIR>/tmp/`` for writes in flight. A write is: stream into a temp file
+while hashing, fsync it, rename it onto its final name, fsync the folder. A
+crash at any point leaves either nothing, an orphan temp file, or a complete
+blob with no row pointing at it; the doctor sweeps the last two.
+
+The database never holds payload bytes, only the sha (see ``Artifact``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from django.conf import settings
+
+SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")
+CHUNK = 1024 * 1024
+
+ERR_BAD_SHA = "not a sha256: expected 64 lowercase hex characters"
+ERR_MISSING = "no blob with that sha"
+ERR_TOO_LARGE = "payload exceeds the size limit"
+
+
+class BlobError(Exception):
+    """Base class of blob store errors."""
+
+
+class InvalidSha(BlobError, ValueError):
+    pass
+
+
+class BlobMissing(BlobError, FileNotFoundError):
+    pass
+
+
+class BlobTooLarge(BlobError, ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class PutResult:
+    sha256: str
+    size: int
+    created: bool  # False when the bytes were already stored (dedup)
+
+
+def check_sha(sha: object) -> str:
+    """Return ``sha`` if it is 64 lowercase hex characters, else raise.
+
+    Runs before any path is built, so ``../`` and friends never reach the
+    filesystem.
+    """
+    if not isinstance(sha, str) or not SHA256_RE.match(sha):
+        raise InvalidSha(ERR_BAD_SHA)
+    return sha
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class BlobStore:
+    """Blobs under one root folder. ``default_store()`` gives the configured one."""
+
+    def __init__(self, root: Path | str, *, fsync: bool = True):
+        self.root = Path(root)
+        self.tmp_dir = self.root / "tmp"
+        self.fsync = fsync
+
+    # -- paths --------------------------------------------------------------
+
+    def path(self, sha: str) -> Path:
+        sha = check_sha(sha)
+        return self.root / sha[:2] / sha[2:4] / sha
+
+    def exists(self, sha: str) -> bool:
+        return self.path(sha).is_file()
+
+    def iter_shas(self) -> Iterator[tuple[str, Path]]:
+        """Yield (sha, path) for every well-named blob file on disk."""
+        if not self.root.is_dir():
+            return
+        for first in sorted(self.root.iterdir()):
+            if len(first.name) != 2 or not first.is_dir():
+                continue
+            for second in sorted(first.iterdir()):
+                if not second.is_dir():
+                    continue
+                for entry in second.iterdir():
+                    if SHA256_RE.match(entry.name) and entry.name.startswith(
+                        first.name + second.name
+                    ):
+                        yield entry.name, entry
+
+    def iter_temp_files(self) -> Iterator[Path]:
+        if self.tmp_dir.is_dir():
+            yield from self.tmp_dir.iterdir()
+
+    # -- writing ------------------------------------------------------------
+
+    def put_bytes(self, data: bytes) -> PutResult:
+        return self.put_stream(_chunks_of(data))
+
+    def put_file(self, fh: BinaryIO, *, max_bytes: int | None = None) -> PutResult:
+        return self.put_stream(iter(lambda: fh.read(CHUNK), b""), max_bytes=max_bytes)
+
+    def put_stream(
+        self, chunks: Iterable[bytes], *, max_bytes: int | None = None
+    ) -> PutResult:
+        """Store the concatenation of ``chunks``; hold at most one chunk in memory.
+
+        1. Stream into a temp file in ``tmp/`` (same filesystem), hashing as it goes.
+        2. fsync the temp file.
+        3. If a blob of that sha exists, drop the temp file (dedup).
+        4. Otherwise rename it onto its final name and fsync the folder(s).
+        """
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        size = 0
+        fd, tmp_name = tempfile.mkstemp(dir=self.tmp_dir, prefix="put-")
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for chunk in chunks:
+                    if not chunk:
+                        continue
+                    size += len(chunk)
+                    if max_bytes is not None and size > max_bytes:
+                        raise BlobTooLarge(ERR_TOO_LARGE)
+                    digest.update(chunk)
+                    out.write(chunk)
+                out.flush()
+                if self.fsync:
+                    os.fsync(out.fileno())
+            sha = digest.hexdigest()
+            final = self.path(sha)
+            if final.is_file() and final.stat().st_size == size:
+                tmp.unlink()
+                return PutResult(sha, size, created=False)
+            created_dirs = not final.parent.is_dir()
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, final)
+            if self.fsync:
+                _fsync_dir(final.parent)
+                if created_dirs:
+                    _fsync_dir(final.parent.parent)
+                    _fsync_dir(self.root)
+            return PutResult(sha, size, created=True)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    # -- reading ------------------------------------------------------------
+
+    def open(self, sha: str) -> BinaryIO:
+        try:
+            return self.path(sha).open("rb")
+        except FileNotFoundError:
+            raise BlobMissing(ERR_MISSING) from None
+
+    def get(self, sha: str) -> bytes:
+        with self.open(sha) as fh:
+            return fh.read()
+
+    def iter_chunks(self, sha: str, chunk_size: int = CHUNK) -> Iterator[bytes]:
+        with self.open(sha) as fh:
+            yield from iter(lambda: fh.read(chunk_size), b"")
+
+    def size(self, sha: str) -> int:
+        try:
+            return self.path(sha).stat().st_size
+        except FileNotFoundError:
+            raise BlobMissing(ERR_MISSING) from None
+
+    def verify(self, sha: str) -> bool:
+        """Return True if the blob exists and its bytes hash to ``sha``."""
+        try:
+            fh = self.open(sha)
+        except BlobMissing:
+            return False
+        digest = hashlib.sha256()
+        with fh:
+            for chunk in iter(lambda: fh.read(CHUNK), b""):
+                digest.update(chunk)
+        return digest.hexdigest() == sha
+
+    # -- removing -----------------------------------------------------------
+
+    def unlink(self, sha: str) -> bool:
+        """Remove a blob file; return whether one was there."""
+        try:
+            self.path(sha).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+
+def _chunks_of(data: bytes) -> Iterator[memoryview]:
+    view = memoryview(data)
+    for start in range(0, len(view), CHUNK):
+        yield view[start : start + CHUNK]
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def default_store() -> BlobStore:
+    return BlobStore(settings.BLOB_DIR, fsync=getattr(settings, "PIPPA_FSYNC", True))

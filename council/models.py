@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.urls import reverse
+from django.utils import timezone
+
+from tasks.models import Brain, Conversation
+
+
+class CouncilRound(models.Model):
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.DB_CASCADE, related_name="council_rounds"
+    )
+    number = models.PositiveIntegerField()
+    topic = models.CharField(max_length=300)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["conversation", "number"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["conversation", "number"], name="council_round_conv_number_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"Round {self.number}: {self.topic}"
+
+    def get_absolute_url(self) -> str:
+        return reverse("council:round", args=[self.pk])
+
+
+class Participant(models.Model):
+    round = models.ForeignKey(
+        CouncilRound, on_delete=models.DB_CASCADE, related_name="participants"
+    )
+    name = models.CharField(max_length=100)
+    brain = models.CharField(max_length=40, default=Brain.OTHER)
+    position = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["round", "position", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["round", "name"], name="council_participant_round_name_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.brain})"
+
+
+class Turn(models.Model):
+    round = models.ForeignKey(
+        CouncilRound, on_delete=models.DB_CASCADE, related_name="turns"
+    )
+    participant = models.ForeignKey(
+        Participant, on_delete=models.DB_CASCADE, related_name="turns"
+    )
+    order = models.PositiveIntegerField()
+    text = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["round", "order"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["round", "order"], name="council_turn_round_order_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"Turn {self.order} by {self.participant_id}"
+
+
+class TurnArtifactRole(models.TextChoices):
+    PRODUCED = "produced", "produced"
+    CITED = "cited", "cited"
+
+
+class TurnArtifact(models.Model):
+    """A turn produced an artifact (its widget, the preview) or cites one."""
+
+    Role = TurnArtifactRole
+
+    turn = models.ForeignKey(
+        Turn, on_delete=models.DB_CASCADE, related_name="artifact_links"
+    )
+    # NO ACTION: an artifact a live turn keeps cannot be deleted.
+    artifact = models.ForeignKey(
+        "artifacts.Artifact", on_delete=models.DO_NOTHING, related_name="turn_links"
+    )
+    role = models.CharField(max_length=16, choices=Role, default=Role.PRODUCED)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["turn", "artifact", "role"], name="council_turnartifact_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(role__in=TurnArtifactRole.values),
+                name="council_turnartifact_role_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"turn {self.turn_id} {self.role} artifact {self.artifact_id}"

@@ -1,0 +1,404 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.urls import reverse
+from django.utils import timezone
+
+from artifacts.models import ArtifactClass
+
+ERR_EVENT_IMMUTABLE = "events are append-only: an existing event cannot be changed"
+ERR_EVENT_DELETE = (
+    "events are append-only: they leave only with their task's conversation"
+)
+
+
+class EventImmutable(Exception):
+    """An attempt to change or delete an event row."""
+
+
+class Brain(models.TextChoices):
+    CLAUDE = "claude", "Claude"
+    CODEX = "codex", "Codex"
+    KIMI = "kimi", "Kimi"
+    GROK = "grok", "Grok"
+    GLM = "glm", "GLM"
+    GEMINI = "gemini", "Gemini"
+    OLLAMA = "ollama", "Ollama"
+    SCRIPTED = "scripted", "Scripted"
+    OTHER = "other", "Other"
+
+
+class ConversationQuerySet(models.QuerySet):
+    def for_user(self, user) -> ConversationQuerySet:
+        if user.is_staff:
+            return self
+        return self.filter(owner=user)
+
+    def delete(self):
+        """Delete every conversation through ``conversation_delete``.
+
+        A bulk delete from the admin or the shell must not skip the artifact
+        rule or the blob sweep, so there is no second way out.
+        """
+        from tasks.services import conversation_delete
+
+        reports = [
+            conversation_delete(conversation_id=pk)
+            for pk in self.values_list("pk", flat=True)
+        ]
+        removed = sum(r.total_removed for r in reports)
+        counts: dict[str, int] = {}
+        for report in reports:
+            for label, n in report.removed_counts().items():
+                counts[label] = counts.get(label, 0) + n
+        return removed, counts
+
+    delete.alters_data = True
+    delete.queryset_only = True
+
+
+class Conversation(models.Model):
+    # NO ACTION at the database: a user's conversations go through
+    # conversation_delete first (see tasks.signals), never by a silent cascade.
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.DO_NOTHING,
+        related_name="conversations",
+    )
+    title = models.CharField(max_length=300)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    objects = ConversationQuerySet.as_manager()
+
+    class Meta:
+        indexes = [
+            # Conversation list: a user's conversations, newest activity first.
+            models.Index(
+                fields=["owner", "-updated_at"], name="tasks_conv_owner_updated"
+            ),
+            models.Index(fields=["-updated_at"], name="tasks_conv_updated"),
+        ]
+
+    def __str__(self) -> str:
+        return self.title
+
+    def get_absolute_url(self) -> str:
+        return reverse("tasks:conversation", args=[self.pk])
+
+    def delete(self, using=None, keep_parents=False):
+        from tasks.services import conversation_delete
+
+        report = conversation_delete(conversation_id=self.pk)
+        return report.total_removed, report.removed_counts()
+
+    delete.alters_data = True
+
+
+class TaskQuerySet(models.QuerySet):
+    def runnable(self) -> TaskQuerySet:
+        """Tasks a worker may step now: queued, or running with a dead lease."""
+        now = timezone.now()
+        return self.filter(status__in=[Task.Status.QUEUED, Task.Status.RUNNING]).filter(
+            Q(lease_owner="") | Q(lease_expires_at__lt=now)
+        )
+
+
+class TaskStatus(models.TextChoices):
+    QUEUED = "queued", "queued"  # waiting for a worker
+    RUNNING = "running", "running"  # a worker holds (or held) the lease
+    PAUSED = "paused", "paused"  # not queued; resume puts it back
+    DONE = "done", "done"
+    FAILED = "failed", "failed"
+    NEEDS_REVIEW = "needs_review", "needs review"
+
+
+class Task(models.Model):
+    Status = TaskStatus
+
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.DB_CASCADE, related_name="tasks"
+    )
+    title = models.CharField(max_length=300)
+    status = models.CharField(max_length=16, choices=Status, default=Status.QUEUED)
+    brain = models.CharField(max_length=40, default=Brain.SCRIPTED)
+    lease_owner = models.CharField(max_length=200, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # Last event sequence number handed out; bumped in the same transaction as
+    # each event insert, so sequences stay gap-free under concurrent writers.
+    last_seq = models.PositiveIntegerField(default=0)
+    # Denormalised progress for list pages, which never read step rows.
+    steps_total = models.PositiveIntegerField(default=0)
+    steps_done = models.PositiveIntegerField(default=0)
+    branched_from = models.ForeignKey(
+        "self",
+        on_delete=models.DB_SET_NULL,
+        null=True,
+        blank=True,
+        related_name="branches",
+    )
+    branched_at = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TaskQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=TaskStatus.values),
+                name="tasks_task_status_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(steps_done__lte=models.F("steps_total")),
+                name="tasks_task_progress_bounded",
+            ),
+        ]
+        indexes = [
+            # Conversation page: its tasks in order.
+            models.Index(fields=["conversation", "created_at"], name="tasks_task_conv"),
+            # Worker poll: only queued/running tasks.
+            models.Index(
+                fields=["lease_expires_at"],
+                name="tasks_task_runnable",
+                condition=Q(status__in=["queued", "running"]),
+            ),
+            models.Index(fields=["status"], name="tasks_task_status"),
+        ]
+
+    def __str__(self) -> str:
+        return self.title
+
+    def get_absolute_url(self) -> str:
+        return reverse("tasks:task", args=[self.pk])
+
+    @property
+    def is_idle(self) -> bool:
+        return self.status not in (self.Status.QUEUED, self.Status.RUNNING)
+
+    @property
+    def lease_expired(self) -> bool:
+        return bool(self.lease_owner) and (
+            self.lease_expires_at is None or self.lease_expires_at < timezone.now()
+        )
+
+    @property
+    def progress_percent(self) -> int:
+        if not self.steps_total:
+            return 0
+        return round(100 * self.steps_done / self.steps_total)
+
+
+class StepQuerySet(models.QuerySet):
+    def not_done(self) -> StepQuerySet:
+        return self.exclude(status__in=[Step.Status.DONE, Step.Status.SKIPPED])
+
+
+class StepStatus(models.TextChoices):
+    PENDING = "pending", "pending"
+    RUNNING = "running", "running"
+    DONE = "done", "done"
+    FAILED = "failed", "failed"
+    NEEDS_REVIEW = "needs_review", "needs review"
+    SKIPPED = "skipped", "skipped"
+
+
+class Step(models.Model):
+    Status = StepStatus
+
+    task = models.ForeignKey(Task, on_delete=models.DB_CASCADE, related_name="steps")
+    position = models.PositiveIntegerField()
+    title = models.CharField(max_length=300)
+    status = models.CharField(max_length=16, choices=Status, default=Status.PENDING)
+    tool = models.CharField(max_length=100)
+    args = models.JSONField(default=dict, blank=True)
+    artifact_class = models.PositiveSmallIntegerField(
+        choices=ArtifactClass, default=ArtifactClass.SNAPSHOT
+    )
+    side_effects = models.BooleanField(default=False)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=3)
+    # Part of the idempotency key; only an explicit retry bumps it.
+    generation = models.PositiveIntegerField(default=0)
+    # NO ACTION at the database: an artifact a step points at cannot vanish.
+    output = models.ForeignKey(
+        "artifacts.Artifact",
+        on_delete=models.DO_NOTHING,
+        null=True,
+        blank=True,
+        related_name="output_of",
+    )
+    error = models.TextField(blank=True, default="")
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = StepQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["task", "position"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["task", "position"], name="tasks_step_task_position_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=StepStatus.values),
+                name="tasks_step_status_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(artifact_class__in=ArtifactClass.values),
+                name="tasks_step_class_valid",
+            ),
+            # A done step has its output ref.
+            models.CheckConstraint(
+                condition=~Q(status="done") | Q(output__isnull=False),
+                name="tasks_step_done_has_output",
+            ),
+        ]
+        indexes = [
+            # Admin filter and doctor: steps needing a person.
+            models.Index(
+                fields=["task"],
+                name="tasks_step_needs_review",
+                condition=Q(status="needs_review"),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.position}. {self.title}"
+
+    @property
+    def class_label(self) -> str:
+        return ArtifactClass(self.artifact_class).label
+
+    @property
+    def duration(self):
+        if self.started_at and self.finished_at:
+            return self.finished_at - self.started_at
+        return None
+
+    def idempotency_key(self) -> str:
+        return f"pippa:{self.task_id}:{self.pk}:{self.generation}"
+
+
+class EventQuerySet(models.QuerySet):
+    def update(self, **kwargs):
+        raise EventImmutable(ERR_EVENT_IMMUTABLE)
+
+    def bulk_update(self, objs, fields, batch_size=None):
+        raise EventImmutable(ERR_EVENT_IMMUTABLE)
+
+    def delete(self):
+        raise EventImmutable(ERR_EVENT_DELETE)
+
+    update.alters_data = True
+    bulk_update.alters_data = True
+    delete.alters_data = True
+
+
+class Event(models.Model):
+    """One entry of a task's append-only log. Written only by ``event_append``."""
+
+    class Kind(models.TextChoices):
+        TASK_CREATED = "task_created"
+        PLAN_REWRITTEN = "plan_rewritten"
+        TASK_QUEUED = "task_queued"
+        TASK_FINISHED = "task_finished"
+        TASK_BRANCHED = "task_branched"
+        LEASE_TAKEN = "lease_taken"
+        LEASE_RENEWED = "lease_renewed"
+        LEASE_RELEASED = "lease_released"
+        LEASE_TAKEN_OVER = "lease_taken_over"
+        TOOL_CALL_STARTED = "tool_call_started"
+        PAYLOAD_PERSISTED = "payload_persisted"
+        TOOL_RESULT_PERSISTED = "tool_result_persisted"
+        TOOL_CALL_FAILED = "tool_call_failed"
+        UNCERTAIN_RESOLVED = "uncertain_resolved"
+        STEP_NEEDS_REVIEW = "step_needs_review"
+        STEP_RETRIED = "step_retried"
+        STEP_SKIPPED = "step_skipped"
+        STEP_FAILED = "step_failed"
+        ADMIN_ACTION = "admin_action"
+
+    task = models.ForeignKey(Task, on_delete=models.DB_CASCADE, related_name="events")
+    step = models.ForeignKey(
+        Step, on_delete=models.DB_CASCADE, null=True, blank=True, related_name="events"
+    )
+    seq = models.PositiveIntegerField()
+    kind = models.CharField(max_length=40)
+    # Small metadata and refs (sha, artifact id, sizes); never payload text.
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = EventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["task", "seq"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["task", "seq"], name="tasks_event_task_seq_uniq"
+            ),
+            models.CheckConstraint(condition=Q(seq__gte=1), name="tasks_event_seq_pos"),
+        ]
+        indexes = [
+            # Task page: events filtered by kind, in order.
+            models.Index(fields=["task", "kind", "seq"], name="tasks_event_task_kind"),
+            # Envelope lookups: a step's latest events.
+            models.Index(fields=["step", "seq"], name="tasks_event_step_seq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.kind}"
+
+    def save(self, *args, **kwargs):
+        if not self._state.adding:
+            raise EventImmutable(ERR_EVENT_IMMUTABLE)
+        super().save(*args, **kwargs)
+
+    def delete(self, using=None, keep_parents=False):
+        raise EventImmutable(ERR_EVENT_DELETE)
+
+
+class LinkRole(models.TextChoices):
+    PERSISTED = "persisted", "persisted"
+    REFERENCED = "referenced", "referenced"
+
+
+class TaskArtifact(models.Model):
+    """Ownership link: a task (and step) persisted or points at an artifact."""
+
+    Role = LinkRole
+
+    # NO ACTION: an artifact with a live link cannot be deleted.
+    artifact = models.ForeignKey(
+        "artifacts.Artifact", on_delete=models.DO_NOTHING, related_name="task_links"
+    )
+    task = models.ForeignKey(
+        Task, on_delete=models.DB_CASCADE, related_name="artifact_links"
+    )
+    step = models.ForeignKey(
+        Step,
+        on_delete=models.DB_CASCADE,
+        null=True,
+        blank=True,
+        related_name="artifact_links",
+    )
+    role = models.CharField(max_length=16, choices=Role, default=Role.PERSISTED)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["task", "artifact", "role"],
+                name="tasks_link_task_artifact_role_uniq",
+            ),
+            models.CheckConstraint(
+                condition=Q(role__in=LinkRole.values), name="tasks_link_role_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"task {self.task_id} {self.role} artifact {self.artifact_id}"

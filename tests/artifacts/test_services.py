@@ -1,0 +1,118 @@
+"""artifact_store: blob before row, dedup by sha, payloads never in the DB."""
+
+from __future__ import annotations
+
+import pytest
+from django.apps import apps
+from django.db import connection, models
+
+from artifacts.models import Artifact, ArtifactClass
+from artifacts.services import ArtifactError, artifact_store, artifact_verify
+from artifacts.store import default_store
+
+MARKER = "PAYLOAD-MARKER-7f3c2b"
+
+
+@pytest.mark.django_db
+def test_storing_the_same_bytes_twice_gives_one_row_and_one_blob():
+    a = artifact_store(data=b"abc", media_type="text/plain", artifact_class=2)
+    b = artifact_store(data=b"abc", media_type="text/plain", artifact_class=2)
+    assert a.pk == b.pk
+    assert Artifact.objects.count() == 1
+    assert len(list(default_store().iter_shas())) == 1
+
+
+@pytest.mark.django_db
+def test_the_blob_exists_before_the_row_points_at_it(monkeypatch):
+    seen = {}
+    real_get_or_create = Artifact.objects.get_or_create
+
+    def spy(**kwargs):
+        seen["blob_on_disk"] = default_store().exists(kwargs["sha256"])
+        return real_get_or_create(**kwargs)
+
+    monkeypatch.setattr(Artifact.objects, "get_or_create", spy)
+    artifact_store(data=b"write before show", media_type="text/plain", artifact_class=3)
+    assert seen == {"blob_on_disk": True}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("bad", [0, 5, "x", None])
+def test_an_invalid_class_is_refused_before_anything_is_written(bad):
+    with pytest.raises(ArtifactError, match="class must be"):
+        artifact_store(data=b"x", media_type="text/plain", artifact_class=bad)
+    assert not Artifact.objects.exists()
+    assert list(default_store().iter_shas()) == []
+
+
+@pytest.mark.django_db
+def test_source_refs_record_lineage_and_unknown_sources_are_refused():
+    base = artifact_store(data=b"closes", media_type="text/csv", artifact_class=2)
+    chart = artifact_store(
+        data=b"<svg/>",
+        media_type="image/svg+xml",
+        artifact_class=4,
+        source_ids=[base.pk],
+    )
+    assert list(chart.sources.all()) == [base]
+    assert list(base.derived.all()) == [chart]
+    with pytest.raises(ArtifactError, match="source"):
+        artifact_store(
+            data=b"y", media_type="text/plain", artifact_class=4, source_ids=[99999]
+        )
+
+
+@pytest.mark.django_db
+def test_verify_marks_missing_and_corrupt_blobs():
+    ok = artifact_store(data=b"fine", media_type="text/plain", artifact_class=1)
+    gone = artifact_store(data=b"gone", media_type="text/plain", artifact_class=1)
+    bad = artifact_store(data=b"bad", media_type="text/plain", artifact_class=1)
+    store = default_store()
+    store.unlink(gone.sha256)
+    path = store.path(bad.sha256)
+    path.chmod(0o644)
+    path.write_bytes(b"evil")
+    assert artifact_verify(artifact=ok) == "ok"
+    assert artifact_verify(artifact=gone) == "missing"
+    assert artifact_verify(artifact=bad) == "corrupt"
+    assert Artifact.objects.get(pk=bad.pk).integrity == "corrupt"
+
+
+@pytest.mark.django_db
+def test_no_column_of_any_table_holds_payload_text(make_task):
+    """Store a payload with a marker through every write path; scan every text column."""
+    from tasks.services import event_append
+
+    payload = (MARKER + " ") * 200
+    art = artifact_store(
+        data=payload.encode(),
+        media_type="text/plain",
+        artifact_class=ArtifactClass.SNAPSHOT,
+        title="search results",
+    )
+    task = make_task()
+    event_append(
+        task_id=task.pk,
+        kind="payload_persisted",
+        data={"sha256": art.sha256, "size": art.size},
+    )
+    hits = []
+    with connection.cursor() as cursor:
+        for model in apps.get_models():
+            text_fields = [
+                f.column
+                for f in model._meta.concrete_fields
+                if isinstance(f, (models.CharField, models.TextField, models.JSONField))
+            ]
+            table = connection.ops.quote_name(model._meta.db_table)
+            for column in text_fields:
+                col = connection.ops.quote_name(column)
+                cast = f"CAST({col} AS TEXT)"
+                cursor.execute(
+                    f"SELECT COUNT(*) FROM {table} WHERE {cast} LIKE %s",
+                    [f"%{MARKER}%"],
+                )
+                if cursor.fetchone()[0]:
+                    hits.append(f"{model._meta.db_table}.{column}")
+    assert hits == []
+    assert default_store().get(art.sha256).decode() == payload

@@ -1,0 +1,132 @@
+"""Shared fixtures: plain factories (kwargs.setdefault), data dirs, subprocess env."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from artifacts.models import ArtifactClass
+from artifacts.services import artifact_store
+from artifacts.store import BlobStore
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _isolated_blobs(settings, tmp_path):
+    """Every test gets its own blob folder."""
+    settings.BLOB_DIR = tmp_path / "blobs"
+    settings.WHITENOISE_AUTOREFRESH = True
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {
+            "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
+        },
+    }
+    return settings.BLOB_DIR
+
+
+@pytest.fixture
+def blob_store(settings) -> BlobStore:
+    return BlobStore(settings.BLOB_DIR)
+
+
+def is_sqlite() -> bool:
+    return connection.vendor == "sqlite"
+
+
+def is_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+@pytest.fixture
+def subprocess_env(settings, tmp_path):
+    """Environment for a child process that must see this test's DB and blobs.
+
+    Use with ``transactional_db`` so the rows a test writes are committed.
+    """
+    db = connection.settings_dict
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL"}}
+    env["DJANGO_SETTINGS_MODULE"] = "pippa_site.settings"
+    env["PIPPA_DATA_DIR"] = str(tmp_path / "child-data")
+    env["PIPPA_BLOB_DIR"] = str(settings.BLOB_DIR)
+    env["PYTHONPATH"] = str(REPO)
+    env["SECRET_KEY"] = "test-only-secret-key-for-child-processes-0123456789"
+    if db["ENGINE"].endswith("sqlite3"):
+        env["PIPPA_SQLITE_PATH"] = str(db["NAME"])
+    else:
+        user = db.get("USER") or ""
+        password = db.get("PASSWORD") or ""
+        auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+        env["DATABASE_URL"] = (
+            f"postgres://{auth}{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
+        )
+    return env
+
+
+@pytest.fixture
+def python_exe() -> str:
+    return sys.executable
+
+
+@pytest.fixture
+def make_user(django_user_model):
+    counter = {"n": 0}
+
+    def make(**kwargs):
+        counter["n"] += 1
+        kwargs.setdefault("username", f"user{counter['n']}")
+        kwargs.setdefault("password", "correct horse battery staple")
+        return django_user_model.objects.create_user(**kwargs)
+
+    return make
+
+
+@pytest.fixture
+def user(make_user):
+    return make_user(username="dad")
+
+
+@pytest.fixture
+def make_conversation(make_user):
+    from tasks.models import Conversation
+
+    def make(**kwargs):
+        if "owner" not in kwargs:
+            kwargs["owner"] = make_user()
+        kwargs.setdefault("title", "A conversation")
+        return Conversation.objects.create(**kwargs)
+
+    return make
+
+
+@pytest.fixture
+def make_task(make_conversation):
+    from tasks.models import Task
+
+    def make(**kwargs):
+        if "conversation" not in kwargs:
+            kwargs["conversation"] = make_conversation()
+        kwargs.setdefault("title", "A task")
+        return Task.objects.create(**kwargs)
+
+    return make
+
+
+@pytest.fixture
+def make_artifact():
+    counter = {"n": 0}
+
+    def make(**kwargs):
+        counter["n"] += 1
+        kwargs.setdefault("data", f"payload {counter['n']}".encode())
+        kwargs.setdefault("media_type", "text/plain")
+        kwargs.setdefault("artifact_class", ArtifactClass.SNAPSHOT)
+        kwargs.setdefault("title", f"artifact {counter['n']}")
+        return artifact_store(**kwargs)
+
+    return make
