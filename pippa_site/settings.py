@@ -153,6 +153,8 @@ def _database() -> dict:
         config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
         if config["ENGINE"] != "django.db.backends.postgresql":
             raise ValueError("DATABASE_URL must point at PostgreSQL (postgres://…)")
+        if env_str("PIPPA_TEST_DB_NAME"):
+            config["TEST"] = {"NAME": env_str("PIPPA_TEST_DB_NAME")}
         return config
     return {
         "ENGINE": "django.db.backends.sqlite3",
@@ -166,8 +168,11 @@ def _database() -> dict:
             "timeout": 30,
         },
         "TEST": {
-            # A file, not :memory:, so worker subprocesses in tests share it.
-            "NAME": env_str("PIPPA_TEST_SQLITE_PATH", str(DATA_DIR / "test.sqlite3")),
+            # A file, not :memory:, so worker subprocesses in tests share it;
+            # one per test run, so two runs on one checkout do not collide.
+            "NAME": env_str(
+                "PIPPA_TEST_SQLITE_PATH", str(DATA_DIR / f"test-{os.getpid()}.sqlite3")
+            ),
         },
     }
 

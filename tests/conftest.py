@@ -14,6 +14,12 @@ from artifacts.services import artifact_store
 from artifacts.store import BlobStore
 
 REPO = Path(__file__).resolve().parent.parent
+CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOT_DIR = REPO / "var" / "screenshots"
+
+# Playwright's sync API runs an event loop in the test thread; Django's ORM
+# would refuse to run there without this.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
 @pytest.fixture(autouse=True)
@@ -130,3 +136,61 @@ def make_artifact():
         return artifact_store(**kwargs)
 
     return make
+
+
+# -- browser tests -----------------------------------------------------------
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip browser tests, loudly, where Debian's chromium is not installed."""
+    if CHROMIUM.exists():
+        return
+    skip = pytest.mark.skip(reason="no /usr/bin/chromium (run .ci/install-chromium)")
+    for item in items:
+        if "browser" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args):
+    return {
+        **browser_type_launch_args,
+        "executable_path": str(CHROMIUM),
+        "args": [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+        ],
+    }
+
+
+@pytest.fixture
+def screenshot():
+    """Save a screenshot under var/screenshots (never committed) and return its path."""
+    SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+
+    def take(page, name: str) -> Path:
+        path = SCREENSHOT_DIR / f"{name}.png"
+        page.screenshot(path=str(path), full_page=True)
+        return path
+
+    return take
+
+
+@pytest.fixture
+def logged_in_page(page, live_server, make_user):
+    """A Playwright page logged in as a fresh user; ``page.user`` is that user."""
+    user = make_user(username="dad-browser")
+    page.goto(f"{live_server.url}/login/")
+    page.fill("#id_username", user.username)
+    page.fill("#id_password", "correct horse battery staple")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/")
+    page.user = user
+    page.base_url = live_server.url
+    return page
