@@ -1,6 +1,7 @@
 """The content-addressed blob store: payload bytes on disk, named by sha256.
 
-Layout: ``<BLOB_DIR>/ab/cd/abcd…`` (two fan-out levels keep folders small) and
+Layout: ``<BLOB_DIR>/ab/abcd…`` (256 fan-out folders: created once each, so a
+write rarely pays for a new folder's fsync; a million blobs is ~4k per folder) and
 ``<BLOB_DIR>/tmp/`` for writes in flight. A write is: stream into a temp file
 while hashing, fsync it, rename it onto its final name, fsync the folder. A
 crash at any point leaves either nothing, an orphan temp file, or a complete
@@ -79,12 +80,13 @@ class BlobStore:
         self.root = Path(root)
         self.tmp_dir = self.root / "tmp"
         self.fsync = fsync
+        self._layout_ready = False
 
     # -- paths --------------------------------------------------------------
 
     def path(self, sha: str) -> Path:
         sha = check_sha(sha)
-        return self.root / sha[:2] / sha[2:4] / sha
+        return self.root / sha[:2] / sha
 
     def exists(self, sha: str) -> bool:
         return self.path(sha).is_file()
@@ -93,23 +95,36 @@ class BlobStore:
         """Yield (sha, path) for every well-named blob file on disk."""
         if not self.root.is_dir():
             return
-        for first in sorted(self.root.iterdir()):
-            if len(first.name) != 2 or not first.is_dir():
+        for folder in sorted(self.root.iterdir()):
+            if len(folder.name) != 2 or not folder.is_dir():
                 continue
-            for second in sorted(first.iterdir()):
-                if not second.is_dir():
-                    continue
-                for entry in second.iterdir():
-                    if SHA256_RE.match(entry.name) and entry.name.startswith(
-                        first.name + second.name
-                    ):
-                        yield entry.name, entry
+            for entry in folder.iterdir():
+                if SHA256_RE.match(entry.name) and entry.name.startswith(folder.name):
+                    yield entry.name, entry
 
     def iter_temp_files(self) -> Iterator[Path]:
         if self.tmp_dir.is_dir():
             yield from self.tmp_dir.iterdir()
 
     # -- writing ------------------------------------------------------------
+
+    def _ensure_layout(self) -> None:
+        """Create tmp/ and the 256 fan-out folders once, durably.
+
+        Done up front so an ordinary write never creates a folder and never
+        pays for fsyncing one.
+        """
+        if self._layout_ready or (self.root / "ff").is_dir():
+            self._layout_ready = True
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir.mkdir(exist_ok=True)
+        for i in range(256):
+            (self.root / f"{i:02x}").mkdir(exist_ok=True)
+        if self.fsync:
+            _fsync_dir(self.root)
+            _fsync_dir(self.root.parent)
+        self._layout_ready = True
 
     def put_bytes(self, data: bytes) -> PutResult:
         return self.put_stream(_chunks_of(data))
@@ -127,7 +142,7 @@ class BlobStore:
         3. If a blob of that sha exists, drop the temp file (dedup).
         4. Otherwise rename it onto its final name and fsync the folder(s).
         """
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        self._ensure_layout()
         digest = hashlib.sha256()
         size = 0
         fd, tmp_name = tempfile.mkstemp(dir=self.tmp_dir, prefix="put-")
@@ -150,15 +165,10 @@ class BlobStore:
             if final.is_file() and final.stat().st_size == size:
                 tmp.unlink()
                 return PutResult(sha, size, created=False)
-            created_dirs = not final.parent.is_dir()
-            final.parent.mkdir(parents=True, exist_ok=True)
             os.chmod(tmp, 0o444)
             os.replace(tmp, final)
             if self.fsync:
                 _fsync_dir(final.parent)
-                if created_dirs:
-                    _fsync_dir(final.parent.parent)
-                    _fsync_dir(self.root)
             return PutResult(sha, size, created=True)
         except BaseException:
             tmp.unlink(missing_ok=True)

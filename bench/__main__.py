@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import shutil
 import sys
 import tempfile
 import time
@@ -52,6 +53,7 @@ def main(argv: list[str]) -> int:
         f"{time.time() - started:.0f} s, data dir {data_dir}); ratio = value / baseline"
     )
     print(report.table())
+    shutil.rmtree(data_dir, ignore_errors=True)
     return 0
 
 

@@ -49,6 +49,49 @@ def _check_data(data: dict[str, Any] | None) -> dict[str, Any]:
     return data
 
 
+def _insert_events(
+    task_id: int, first_seq: int, rows: list[tuple[str, int | None, dict]]
+) -> list[Event]:
+    """INSERT the events with one precompiled statement; return unsaved-looking rows.
+
+    The hot path of every step writes several events; building the INSERT by
+    hand skips the ORM's per-row SQL compilation (the largest share of its cost
+    here) while keeping the same columns, adapters and constraints.
+    """
+    now = timezone.now()
+    created = Event._meta.get_field("created_at").get_db_prep_save(now, connection)
+    table = connection.ops.quote_name(Event._meta.db_table)
+    json_param = "%s::jsonb" if connection.vendor == "postgresql" else "%s"
+    values = ", ".join([f"(%s, %s, %s, %s, {json_param}, %s)"] * len(rows))
+    params: list = []
+    for i, (kind, step_id, data) in enumerate(rows):
+        params += [task_id, step_id, first_seq + i, kind, json.dumps(data), created]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (task_id, step_id, seq, kind, data, created_at) "
+            f"VALUES {values} RETURNING id",
+            params,
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+    events = []
+    for pk, (i, (kind, step_id, data)) in zip(
+        sorted(ids), enumerate(rows), strict=True
+    ):
+        event = Event(
+            id=pk,
+            task_id=task_id,
+            step_id=step_id,
+            seq=first_seq + i,
+            kind=kind,
+            data=data,
+            created_at=now,
+        )
+        event._state.adding = False
+        event._state.db = connection.alias
+        events.append(event)
+    return events
+
+
 @transaction.atomic
 def event_append(
     *,
@@ -60,14 +103,7 @@ def event_append(
     """Append one event to a task's log with the next gap-free sequence number."""
     data = _check_data(data)
     seq = _next_seqs(task_id, 1)
-    return Event.objects.create(
-        task_id=task_id,
-        step_id=step_id,
-        seq=seq,
-        kind=kind,
-        data=data,
-        created_at=timezone.now(),
-    )
+    return _insert_events(task_id, seq, [(kind, step_id, data)])[0]
 
 
 @transaction.atomic
@@ -79,18 +115,4 @@ def events_append(
         return []
     checked = [(kind, step_id, _check_data(data)) for kind, step_id, data in entries]
     last = _next_seqs(task_id, len(checked))
-    first = last - len(checked) + 1
-    now = timezone.now()
-    return Event.objects.bulk_create(
-        [
-            Event(
-                task_id=task_id,
-                step_id=step_id,
-                seq=first + i,
-                kind=kind,
-                data=data,
-                created_at=now,
-            )
-            for i, (kind, step_id, data) in enumerate(checked)
-        ]
-    )
+    return _insert_events(task_id, last - len(checked) + 1, checked)
