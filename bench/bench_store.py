@@ -36,9 +36,17 @@ def _plain_write(folder: Path, name: str, data: bytes) -> None:
 
 
 def _bench_blobs(report: Report) -> None:
-    sizes = [("1 KiB", 1024, 400), ("1 MiB", 1024 * 1024, 40), ("64 MiB", 64 * 1024 * 1024, 3)]
+    sizes = [
+        ("1 KiB", 1024, 400),
+        ("1 MiB", 1024 * 1024, 40),
+        ("64 MiB", 64 * 1024 * 1024, 3),
+    ]
     if report.quick:
-        sizes = [("1 KiB", 1024, 50), ("1 MiB", 1024 * 1024, 5), ("64 MiB", 64 * 1024 * 1024, 1)]
+        sizes = [
+            ("1 KiB", 1024, 50),
+            ("1 MiB", 1024 * 1024, 5),
+            ("64 MiB", 64 * 1024 * 1024, 1),
+        ]
     root = Path(tempfile.mkdtemp(prefix="blobs-", dir=settings.DATA_DIR))
     store = BlobStore(root / "store")
     plain = root / "plain"
@@ -77,7 +85,8 @@ def _bench_events(report: Report) -> None:
     n = 300 if report.quick else 2000
     user = get_user_model().objects.create_user("bench-events")
     task = Task.objects.create(
-        conversation=Conversation.objects.create(owner=user, title="bench"), title="bench"
+        conversation=Conversation.objects.create(owner=user, title="bench"),
+        title="bench",
     )
     data = {"sha256": "ab" * 32, "size": 1024}
 
