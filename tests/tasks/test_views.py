@@ -1,0 +1,403 @@
+"""Dad's dashboard, read-only pages: who sees what, and what the pages show."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.db.models import FETCH_RAISE
+from django.db.models import query as query_module
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from artifacts.models import ArtifactClass
+from council.models import CouncilRound, Participant, Turn
+from tasks import selectors
+from tasks.models import Step, Task
+from tests.tasks.dashboard_data import add_events, add_steps
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _no_lazy_loads(monkeypatch):
+    """Every queryset raises on a lazy related or deferred load (Django 6.1)."""
+    monkeypatch.setattr(query_module, "DEFAULT_FETCH_MODE", FETCH_RAISE)
+
+
+@pytest.fixture
+def dad_client(client, user):
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def stranger(make_user):
+    return make_user(username="stranger")
+
+
+# -- login wall ------------------------------------------------------------
+
+
+def test_every_page_sends_an_anonymous_visitor_to_log_in(client, make_task):
+    task = make_task()
+    urls = [
+        reverse("tasks:conversations"),
+        reverse("tasks:conversation", args=[task.conversation_id]),
+        reverse("tasks:conversation_delete", args=[task.conversation_id]),
+        reverse("tasks:task", args=[task.pk]),
+        reverse("tasks:task_resume_context", args=[task.pk]),
+    ]
+    for url in urls:
+        response = client.get(url)
+        assert response.status_code == 302, url
+        assert response["Location"].startswith("/login/?next="), url
+
+
+def test_every_action_sends_an_anonymous_visitor_to_log_in_and_changes_nothing(
+    client, make_task
+):
+    task = make_task(status=Task.Status.PAUSED)
+    step = add_steps(task, 1, status=Step.Status.FAILED)[0]
+    urls = [
+        reverse("tasks:conversation_delete", args=[task.conversation_id]),
+        reverse("tasks:task_resume", args=[task.pk]),
+        reverse("tasks:task_branch", args=[task.pk]),
+        reverse("tasks:step_retry", args=[task.pk, step.pk]),
+        reverse("tasks:step_resolve", args=[task.pk, step.pk]),
+    ]
+    for url in urls:
+        response = client.post(url, {"after_position": 1, "action": "skip"})
+        assert response.status_code == 302, url
+        assert response["Location"].startswith("/login/"), url
+    task.refresh_from_db()
+    step.refresh_from_db()
+    assert task.status == Task.Status.PAUSED
+    assert step.status == Step.Status.FAILED
+    assert Task.objects.count() == 1
+
+
+# -- conversation list -----------------------------------------------------
+
+
+def test_the_list_shows_my_conversations_with_task_progress_and_not_others(
+    dad_client, user, stranger, make_conversation, make_task
+):
+    mine = make_conversation(owner=user, title="Holiday photos")
+    make_conversation(owner=stranger, title="Stranger's secret plans")
+    running = make_task(conversation=mine, status=Task.Status.RUNNING)
+    add_steps(running, 4, done=1)
+    review = make_task(conversation=mine, status=Task.Status.NEEDS_REVIEW)
+    add_steps(review, 2, done=2)
+
+    response = dad_client.get(reverse("tasks:conversations"))
+
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "Holiday photos" in body
+    assert "Stranger" not in body
+    assert "3 of 6 steps" in body
+    assert "1 running" in body
+    assert "1 needs you" in body
+    assert "2 tasks" in body
+
+
+def test_staff_see_every_conversation_with_its_owner(
+    client, make_user, make_conversation
+):
+    make_conversation(title="Mum's recipes", owner=make_user(username="mum"))
+    client.force_login(make_user(username="boss", is_staff=True))
+    body = client.get(reverse("tasks:conversations")).content.decode()
+    assert "Mum&#x27;s recipes" in body
+    assert "mum" in body
+
+
+def test_search_finds_conversations_by_their_title_or_a_task_title(
+    dad_client, user, make_conversation, make_task
+):
+    make_conversation(owner=user, title="Garden plans")
+    other = make_conversation(owner=user, title="Misc")
+    make_task(conversation=other, title="Fetch tomato prices")
+    make_conversation(owner=user, title="Unrelated")
+
+    by_title = dad_client.get(reverse("tasks:conversations"), {"q": "garden"})
+    by_task = dad_client.get(reverse("tasks:conversations"), {"q": "TOMATO"})
+    nothing = dad_client.get(reverse("tasks:conversations"), {"q": "zebra"})
+
+    assert "Garden plans" in by_title.content.decode()
+    assert "Misc" not in by_title.content.decode()
+    assert "Misc" in by_task.content.decode()
+    assert "Unrelated" not in by_task.content.decode()
+    assert "No conversation or task matches “zebra”" in nothing.content.decode()
+
+
+def test_search_as_you_type_returns_only_the_results_fragment_for_htmx(
+    dad_client, user, make_conversation
+):
+    make_conversation(owner=user, title="Garden plans")
+    response = dad_client.get(
+        reverse("tasks:conversations"),
+        {"q": "gard"},
+        headers={"HX-Request": "true", "HX-Target": "conversation-results"},
+    )
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert body.lstrip().startswith('<section id="conversation-results"')
+    assert "<html" not in body
+    assert "Garden plans" in body
+
+
+def test_the_list_is_paginated_and_its_query_count_does_not_grow(
+    dad_client, user, make_conversation, make_task, django_assert_max_num_queries
+):
+    def count_queries() -> int:
+        with CaptureQueriesContext(connection) as ctx:
+            assert dad_client.get(reverse("tasks:conversations")).status_code == 200
+        return len(ctx.captured_queries)
+
+    for i in range(3):
+        make_task(conversation=make_conversation(owner=user, title=f"c{i}"))
+    few = count_queries()
+    for i in range(selectors.CONVERSATIONS_PER_PAGE + 5):
+        make_task(conversation=make_conversation(owner=user, title=f"more {i}"))
+    many = count_queries()
+    assert few == many
+    page_two = dad_client.get(reverse("tasks:conversations"), {"page": 2})
+    assert "Page 2 of 2" in page_two.content.decode()
+
+
+# -- conversation page -----------------------------------------------------
+
+
+def test_a_conversation_page_shows_its_tasks_and_council_rounds(
+    dad_client, user, make_conversation, make_task
+):
+    conversation = make_conversation(owner=user, title="Stock study")
+    task = make_task(conversation=conversation, title="Plot closes", brain="claude")
+    add_steps(task, 5, done=2)
+    make_task(conversation=conversation, title="Second look", status="needs_review")
+    council = CouncilRound.objects.create(
+        conversation=conversation, number=1, topic="Which chart?"
+    )
+    alice = Participant.objects.create(round=council, name="Ada", brain="kimi")
+    Turn.objects.create(round=council, participant=alice, order=1, text="A bar chart")
+
+    response = dad_client.get(conversation.get_absolute_url())
+
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert "Plot closes" in body
+    assert "2 of 5 steps" in body
+    assert '<progress value="2" max="5"' in body
+    assert "claude" in body
+    assert "needs review" in body
+    assert "Round 1: Which chart?" in body
+    assert "Ada (kimi)" in body
+    assert "1 turn" in body
+
+
+def test_a_conversation_page_reads_no_step_or_event_rows(
+    dad_client, user, make_conversation, make_task
+):
+    conversation = make_conversation(owner=user)
+    task = make_task(conversation=conversation)
+    add_steps(task, 3, done=1)
+    add_events(task, 5)
+    with CaptureQueriesContext(connection) as ctx:
+        response = dad_client.get(conversation.get_absolute_url())
+    assert response.status_code == 200
+    sql = " ".join(q["sql"] for q in ctx.captured_queries)
+    assert "tasks_step" not in sql
+    assert "tasks_event" not in sql
+
+
+def test_another_users_conversation_is_not_found(
+    dad_client, stranger, make_conversation
+):
+    theirs = make_conversation(owner=stranger, title="Private")
+    response = dad_client.get(theirs.get_absolute_url())
+    assert response.status_code == 404
+    assert b"Private" not in response.content
+
+
+def test_staff_may_open_anyones_conversation(client, make_user, make_conversation):
+    theirs = make_conversation(title="Someone's")
+    client.force_login(make_user(username="boss", is_staff=True))
+    assert client.get(theirs.get_absolute_url()).status_code == 200
+
+
+# -- task page ---------------------------------------------------------------
+
+
+@pytest.fixture
+def running_task(user, make_conversation, make_task):
+    conversation = make_conversation(owner=user, title="Stock study")
+    task = make_task(
+        conversation=conversation,
+        title="Chart the closes",
+        status=Task.Status.RUNNING,
+        brain="codex",
+        lease_owner="worker:host-7",
+        lease_expires_at=timezone.now() + timezone.timedelta(seconds=50),
+    )
+    add_steps(task, 3, done=2, artifact_class=ArtifactClass.FETCH)
+    return task
+
+
+def test_the_task_page_shows_every_step_in_order_with_status_attempts_and_class(
+    dad_client, running_task
+):
+    response = dad_client.get(running_task.get_absolute_url())
+    body = response.content.decode()
+    assert response.status_code == 200
+    positions = [body.index(f"Step number {n}") for n in (1, 2, 3)]
+    assert positions == sorted(positions)
+    assert body.count('<span class="cls cls-2"') == 3
+    assert ">fetch</span>" in body
+    assert "attempt 1 of 3" in body
+    assert "took 2.0 s" in body
+    assert "✓" not in body  # the check mark comes from CSS, the word from HTML
+    assert "done</span>" in body
+    assert "pending</span>" in body
+    assert "Brain <strong>codex</strong>" in body
+
+
+def test_the_task_page_shows_the_lease_holder_and_its_expiry(dad_client, running_task):
+    body = dad_client.get(running_task.get_absolute_url()).content.decode()
+    assert "held by <code>worker:host-7</code>" in body
+    assert "until" in body
+
+
+def test_an_expired_lease_says_so(dad_client, running_task):
+    Task.objects.filter(pk=running_task.pk).update(
+        lease_expires_at=timezone.now() - timezone.timedelta(minutes=5)
+    )
+    body = dad_client.get(running_task.get_absolute_url()).content.decode()
+    assert "expired" in body
+    assert "the next worker may take over" in body
+
+
+def test_a_text_output_is_shown_as_an_escaped_excerpt_with_size_and_links(
+    dad_client, user, make_conversation, make_task
+):
+    task = make_task(conversation=make_conversation(owner=user), status="paused")
+    add_steps(
+        task,
+        1,
+        done=1,
+        payload=b"<script>alert('pwned')</script> quotes " + b"x" * 2000,
+        artifact_class=ArtifactClass.SNAPSHOT,
+    )
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    assert "&lt;script&gt;alert(&#x27;pwned&#x27;)&lt;/script&gt;" in body
+    assert "<script>alert" not in body
+    assert "2.0\xa0KB" in body
+    assert ">snapshot</span>" in body
+    assert "…</pre>" in body
+
+
+def test_the_running_timeline_polls_and_an_idle_one_does_not(dad_client, running_task):
+    live = dad_client.get(running_task.get_absolute_url()).content.decode()
+    assert 'hx-trigger="every 2s"' in live
+    Task.objects.filter(pk=running_task.pk).update(status=Task.Status.DONE)
+    idle = dad_client.get(running_task.get_absolute_url()).content.decode()
+    assert 'hx-trigger="every 2s"' not in idle
+    assert "Not running" in idle
+
+
+def test_an_htmx_poll_gets_only_the_timeline_fragment(dad_client, running_task):
+    response = dad_client.get(
+        running_task.get_absolute_url(),
+        headers={"HX-Request": "true", "HX-Target": "timeline"},
+    )
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert body.lstrip().startswith('<section id="timeline"')
+    assert "<html" not in body
+    assert "Step number 3" in body
+    assert 'id="events"' not in body
+
+
+def test_the_events_are_newest_first_paginated_and_filterable_by_kind(
+    dad_client, running_task
+):
+    add_events(running_task, selectors.EVENTS_PER_PAGE + 10, kind="lease_renewed")
+    add_events(running_task, 3, kind="tool_call_started")
+    last = running_task.last_seq
+
+    first_page = dad_client.get(running_task.get_absolute_url()).content.decode()
+    assert f"<td>{last}</td>" in first_page
+    assert "Older events →" in first_page
+    assert "<td>1</td>" not in first_page
+
+    older = dad_client.get(
+        running_task.get_absolute_url(),
+        {"before": last - selectors.EVENTS_PER_PAGE + 1},
+        headers={"HX-Request": "true", "HX-Target": "events"},
+    ).content.decode()
+    assert older.lstrip().startswith('<section id="events"')
+    assert "<td>1</td>" in older
+    assert "Older events →" not in older
+
+    filtered = dad_client.get(
+        running_task.get_absolute_url(), {"kind": "tool_call_started"}
+    ).content.decode()
+    assert filtered.count("<td>tool call started</td>") == 3
+    assert "<td>lease renewed</td>" not in filtered
+
+
+def test_the_task_page_query_count_does_not_grow_with_steps_or_events(
+    dad_client, user, make_conversation, make_task
+):
+    def count_queries(task) -> int:
+        with CaptureQueriesContext(connection) as ctx:
+            assert dad_client.get(task.get_absolute_url()).status_code == 200
+        return len(ctx.captured_queries)
+
+    conversation = make_conversation(owner=user)
+    small = make_task(conversation=conversation, status="running")
+    add_steps(small, 3, done=2)
+    add_events(small, 5)
+    big = make_task(conversation=conversation, status="running")
+    add_steps(big, 250, done=120)
+    add_events(big, 400)
+    assert count_queries(small) == count_queries(big)
+
+
+def test_a_long_timeline_opens_at_the_page_of_the_current_step(
+    dad_client, user, make_conversation, make_task
+):
+    task = make_task(conversation=make_conversation(owner=user), status="running")
+    add_steps(task, 250, done=150)
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    assert "Steps 101–200 of 250" in body
+    assert "Step number 151" in body
+    assert "Step number 99<" not in body
+    first = dad_client.get(task.get_absolute_url(), {"page": 1}).content.decode()
+    assert "Steps 1–100 of 250" in first
+    assert "Current step" in first
+
+
+def test_another_users_task_is_not_found(
+    dad_client, stranger, make_conversation, make_task
+):
+    task = make_task(conversation=make_conversation(owner=stranger), title="Secret")
+    for url in (
+        task.get_absolute_url(),
+        reverse("tasks:task_resume_context", args=[task.pk]),
+    ):
+        response = dad_client.get(url)
+        assert response.status_code == 404
+        assert b"Secret" not in response.content
+
+
+def test_the_task_page_carries_a_content_security_policy_and_no_inline_styles(
+    dad_client, running_task
+):
+    response = dad_client.get(running_task.get_absolute_url())
+    assert "script-src 'self' 'nonce-" in response["Content-Security-Policy"]
+    body = response.content.decode()
+    assert "style=" not in body
+    assert "<svg" not in body
+    assert "<script src" in body
+    assert "nonce=" in body
