@@ -95,6 +95,7 @@ INSTALLED_APPS = [
     "artifacts",
     "tasks",
     "council",
+    "pippa_site",
 ]
 
 MIDDLEWARE = [

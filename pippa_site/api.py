@@ -1,0 +1,465 @@
+"""The JSON API that a brain's runner uses from outside the Django process.
+
+Mounted at ``/api/v1/``; the OpenAPI schema is at ``/api/v1/openapi.json``.
+Every endpoint needs ``Authorization: Bearer <token>`` (tokens are made on
+/settings/tokens/) and is owner-checked: another user's conversation, task or
+artifact answers 404, exactly like one that does not exist. Every error is
+JSON ``{"detail": "..."}`` with a 4xx status that says what was wrong.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from ninja import Field, NinjaAPI, Query, Router, Schema
+from ninja.errors import AuthenticationError, ValidationError
+from ninja.security import HttpBearer
+from pydantic import ConfigDict
+
+from artifacts.services import ArtifactError
+from artifacts.store import BlobMissing, BlobTooLarge, default_store
+from pippa_site import services as api_services
+from pippa_site.selectors import (
+    artifact_get,
+    artifact_payload,
+    conversation_get_for_user,
+    conversation_payload,
+    step_payload,
+    task_get_for_user,
+    task_payload,
+)
+from pippa_site.services import UploadError, token_authenticate
+from tasks.models import Brain, Conversation
+from tasks.plan import PlanError
+
+ERR_AUTH = "missing, unknown or revoked API token (send Authorization: Bearer <token>)"
+ERR_BODY_TOO_LARGE = "request body too large: the limit is {limit} bytes"
+ERR_EMPTY_UPLOAD = "the upload is empty: send the artifact's bytes as the request body"
+ERR_BLOB_MISSING = "artifact {id} has lost its payload (the blob is missing)"
+ERR_INVALID = "invalid request: {reasons}"
+
+# JSON bodies are small (plans, args); payloads go through the upload endpoint.
+MAX_STEPS = 200
+ArtifactClassValue = Literal[1, 2, 3, 4]
+BrainName = Literal[tuple(Brain.values)]  # type: ignore[valid-type]
+
+
+class BearerToken(HttpBearer):
+    def authenticate(self, request: HttpRequest, token: str):
+        user = token_authenticate(raw=token)
+        if user is not None:
+            request.user = user
+        return user
+
+
+api = NinjaAPI(
+    title="Pippa Stateful API",
+    version="1",
+    description=(
+        "Durable task state for brains outside the process: plans, steps run by "
+        "the executor, resume context, artifacts and the council context."
+    ),
+    urls_namespace="api",
+    auth=BearerToken(),
+)
+
+
+# -- errors: always {"detail": "..."} -----------------------------------------
+
+
+def _fail(status: int, message: str):
+    from ninja.errors import HttpError
+
+    raise HttpError(status, message)
+
+
+@api.exception_handler(ValidationError)
+def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    reasons = []
+    for err in exc.errors[:10]:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body",))
+        reasons.append(f"{loc}: {err.get('msg', 'invalid')}" if loc else err["msg"])
+    return api.create_response(
+        request,
+        {
+            "detail": ERR_INVALID.format(reasons="; ".join(reasons)),
+            "errors": exc.errors,
+        },
+        status=422,
+    )
+
+
+@api.exception_handler(RequestDataTooBig)
+def _too_big(request: HttpRequest, exc: Exception) -> HttpResponse:
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return api.create_response(
+        request, {"detail": ERR_BODY_TOO_LARGE.format(limit=limit)}, status=413
+    )
+
+
+@api.exception_handler(AuthenticationError)
+def _unauthenticated(request: HttpRequest, exc: Exception) -> HttpResponse:
+    response = api.create_response(request, {"detail": ERR_AUTH}, status=401)
+    response["WWW-Authenticate"] = 'Bearer realm="pippa"'
+    return response
+
+
+@api.exception_handler(PlanError)
+def _plan_error(request: HttpRequest, exc: PlanError) -> HttpResponse:
+    """A plan that cannot be: 409 when it clashes with the task's state, else 400."""
+    status = 409 if _is_state_conflict(str(exc)) else 400
+    return api.create_response(request, {"detail": str(exc)}, status=status)
+
+
+@api.exception_handler(ArtifactError)
+def _artifact_error(request: HttpRequest, exc: ArtifactError) -> HttpResponse:
+    return api.create_response(request, {"detail": str(exc)}, status=400)
+
+
+@api.exception_handler(UploadError)
+def _upload_error(request: HttpRequest, exc: UploadError) -> HttpResponse:
+    return api.create_response(request, {"detail": str(exc)}, status=400)
+
+
+def _is_state_conflict(message: str) -> bool:
+    from tasks import plan
+
+    templates = (
+        plan.ERR_DONE_CHANGED,
+        plan.ERR_STARTED_DROPPED,
+        plan.ERR_DONE_ORDER,
+        plan.ERR_STARTED_ORDER,
+        plan.ERR_LEASED,
+    )
+    for template in templates:
+        head = template.split("{")[0]
+        tail = template.split("}")[-1]
+        if message.startswith(head) and message.endswith(tail):
+            return True
+    return False
+
+
+@api.exception_handler(Http404)
+def _not_found(request: HttpRequest, exc: Exception) -> HttpResponse:
+    return api.create_response(request, {"detail": str(exc) or "not found"}, status=404)
+
+
+# -- schemas ------------------------------------------------------------------
+
+
+class Error(Schema):
+    detail: str
+
+
+class StepIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    title: Annotated[str, Field(min_length=1, max_length=300)]
+    tool: Annotated[str, Field(min_length=1, max_length=100)]
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class PlanStepIn(StepIn):
+    id: int | None = Field(
+        default=None, description="An existing step's id keeps that step."
+    )
+
+
+class ConversationIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    title: Annotated[str, Field(min_length=1, max_length=300)]
+
+
+class TaskIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    title: Annotated[str, Field(min_length=1, max_length=300)]
+    steps: Annotated[list[StepIn], Field(min_length=1, max_length=MAX_STEPS)]
+    brain: BrainName = "scripted"
+    queue: bool = False
+
+
+class NewTaskIn(TaskIn):
+    conversation_title: Annotated[str, Field(min_length=1, max_length=300)]
+
+
+class PlanIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    steps: Annotated[list[PlanStepIn], Field(min_length=1, max_length=MAX_STEPS)]
+
+
+class BrainIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    brain: BrainName
+
+
+class StepRunIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    worker: Annotated[str, Field(default="runner", min_length=1, max_length=80)]
+
+
+class ArtifactRefOut(Schema):
+    id: int
+    sha256: str
+    artifact_class: int
+    media_type: str
+    title: str
+    size: int
+
+
+class ArtifactOut(ArtifactRefOut):
+    source_refs: list[int]
+    created_at: datetime
+    content_url: str
+
+
+class StepOut(Schema):
+    id: int
+    position: int
+    title: str
+    status: str
+    tool: str
+    args: dict[str, Any]
+    artifact_class: int
+    side_effects: bool
+    attempts: int
+    max_attempts: int
+    error: str
+    output: ArtifactRefOut | None
+
+
+class TaskOut(Schema):
+    id: int
+    conversation_id: int
+    title: str
+    status: str
+    brain: str
+    steps_total: int
+    steps_done: int
+    lease_owner: str
+    steps: list[StepOut]
+
+
+class ConversationOut(Schema):
+    id: int
+    title: str
+    created_at: datetime
+    task_ids: list[int]
+
+
+class StepRunOut(Schema):
+    ran: bool
+    detail: str
+    step: StepOut | None
+    task: TaskOut
+
+
+def _steps_in(steps: list) -> list[dict]:
+    return [s.model_dump(exclude_none=True) for s in steps]
+
+
+# -- conversations and tasks --------------------------------------------------
+
+conversations = Router(tags=["conversations"])
+tasks = Router(tags=["tasks"])
+artifacts = Router(tags=["artifacts"])
+council = Router(tags=["council"])
+
+NOT_FOUND = {404: Error}
+BAD = {400: Error, 404: Error, 409: Error, 413: Error, 422: Error}
+
+
+@conversations.post("", response={201: ConversationOut, **BAD})
+def conversation_create(request: HttpRequest, payload: ConversationIn):
+    from tasks.services import conversation_create as create
+
+    conv = create(owner=request.user, title=payload.title)
+    return 201, conversation_payload(conv)
+
+
+@conversations.get("", response=list[ConversationOut])
+def conversation_list(request: HttpRequest):
+    qs = Conversation.objects.for_user(request.user).order_by("-updated_at")[:200]
+    return [conversation_payload(c) for c in qs]
+
+
+@conversations.get("/{conversation_id}", response={200: ConversationOut, **NOT_FOUND})
+def conversation_detail(request: HttpRequest, conversation_id: int):
+    return conversation_payload(
+        conversation_get_for_user(user=request.user, conversation_id=conversation_id)
+    )
+
+
+@conversations.post("/{conversation_id}/tasks", response={201: TaskOut, **BAD})
+def task_create_in_conversation(
+    request: HttpRequest, conversation_id: int, payload: TaskIn
+):
+    conv = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
+    task = api_services.api_task_create(
+        conversation=conv,
+        title=payload.title,
+        steps=_steps_in(payload.steps),
+        brain=payload.brain,
+        queue=payload.queue,
+    )
+    return 201, task_payload(task)
+
+
+@tasks.post("", response={201: TaskOut, **BAD})
+def task_create_with_conversation(request: HttpRequest, payload: NewTaskIn):
+    """Create a conversation and a task with its plan, in one transaction."""
+    task = api_services.api_conversation_task_create(
+        owner=request.user,
+        conversation_title=payload.conversation_title,
+        title=payload.title,
+        steps=_steps_in(payload.steps),
+        brain=payload.brain,
+        queue=payload.queue,
+    )
+    return 201, task_payload(task)
+
+
+@tasks.get("/{task_id}", response={200: TaskOut, **NOT_FOUND})
+def task_detail(request: HttpRequest, task_id: int):
+    return task_payload(task_get_for_user(user=request.user, task_id=task_id))
+
+
+@tasks.put("/{task_id}/plan", response={200: TaskOut, **BAD})
+def task_plan_rewrite(request: HttpRequest, task_id: int, payload: PlanIn):
+    task = task_get_for_user(user=request.user, task_id=task_id)
+    task = api_services.api_plan_rewrite(task=task, steps=_steps_in(payload.steps))
+    return task_payload(task)
+
+
+@tasks.post("/{task_id}/brain", response={200: TaskOut, **BAD})
+def task_brain(request: HttpRequest, task_id: int, payload: BrainIn):
+    """Record which brain drives the task from now on (shown on the dashboard)."""
+    task = task_get_for_user(user=request.user, task_id=task_id)
+    api_services.task_brain_record(
+        task=task, brain=payload.brain, actor=f"api:{request.user.get_username()}"
+    )
+    return task_payload(task)
+
+
+@tasks.get("/{task_id}/resume-context", response={200: dict[str, Any], **NOT_FOUND})
+def task_resume_context(request: HttpRequest, task_id: int):
+    from tasks.resume import resume_context
+
+    return resume_context(task_get_for_user(user=request.user, task_id=task_id))
+
+
+@tasks.post("/{task_id}/steps/run", response={200: StepRunOut, **BAD})
+def task_step_run(request: HttpRequest, task_id: int, payload: StepRunIn):
+    """Run the next step through the executor; answer once its result is persisted."""
+    task = task_get_for_user(user=request.user, task_id=task_id)
+    result = api_services.api_step_run(
+        task=task,
+        worker_id=f"api:{request.user.get_username()}:{payload.worker}",
+    )
+    return {
+        "ran": result.ran,
+        "detail": result.detail,
+        "step": step_payload(result.step) if result.step is not None else None,
+        "task": task_payload(task),
+    }
+
+
+@tasks.post("/{task_id}/artifacts", response={201: ArtifactOut, **BAD})
+def task_artifact_upload(
+    request: HttpRequest,
+    task_id: int,
+    artifact_class: Query[ArtifactClassValue],
+    title: Annotated[str, Query(max_length=300)] = "",
+    source_refs: Annotated[list[int], Query(max_length=50)] = [],  # noqa: B006
+    step_id: int | None = None,
+):
+    """Upload an artifact's bytes as the raw request body (streamed to the blob store).
+
+    The request's Content-Type is the artifact's media type. ``source_refs``
+    name the artifacts it was derived from; each must be one you can read.
+    """
+    task = task_get_for_user(user=request.user, task_id=task_id)
+    limit = settings.PIPPA_MAX_UPLOAD_BYTES
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    if declared > limit:
+        _fail(413, ERR_BODY_TOO_LARGE.format(limit=limit))
+    if declared <= 0:
+        _fail(400, ERR_EMPTY_UPLOAD)
+    sources = [
+        artifact_get(user=request.user, artifact_id=sid)
+        for sid in dict.fromkeys(source_refs)
+    ]
+    media_type = (request.content_type or "application/octet-stream")[:255]
+    try:
+        artifact = api_services.api_artifact_upload(
+            task=task,
+            step_id=step_id,
+            stream=iter(lambda: request.read(64 * 1024), b""),
+            media_type=media_type,
+            artifact_class=artifact_class,
+            title=title,
+            source_ids=[s.pk for s in sources],
+            max_bytes=limit,
+        )
+    except BlobTooLarge:
+        _fail(413, ERR_BODY_TOO_LARGE.format(limit=limit))
+    return 201, artifact_payload(artifact)
+
+
+# -- artifacts ----------------------------------------------------------------
+
+
+@artifacts.get("/{artifact_id}", response={200: ArtifactOut, **NOT_FOUND})
+def artifact_detail(request: HttpRequest, artifact_id: int):
+    return artifact_payload(artifact_get(user=request.user, artifact_id=artifact_id))
+
+
+@artifacts.get(
+    "/{artifact_id}/content",
+    response={200: None, **NOT_FOUND, 410: Error},
+    openapi_extra={
+        "responses": {
+            200: {
+                "description": "The payload bytes",
+                "content": {
+                    "application/octet-stream": {
+                        "schema": {"type": "string", "format": "binary"}
+                    }
+                },
+            }
+        }
+    },
+)
+def artifact_content(request: HttpRequest, artifact_id: int):
+    """Stream the artifact's bytes (read-only: no lease, no state change)."""
+    artifact = artifact_get(user=request.user, artifact_id=artifact_id)
+    store = default_store()
+    try:
+        chunks = store.iter_chunks(artifact.sha256, chunk_size=64 * 1024)
+        store.size(artifact.sha256)
+    except BlobMissing:
+        _fail(410, ERR_BLOB_MISSING.format(id=artifact_id))
+    response = StreamingHttpResponse(chunks, content_type="application/octet-stream")
+    response["Content-Length"] = str(artifact.size)
+    response["X-Content-Type-Options"] = "nosniff"
+    response["X-Pippa-Media-Type"] = artifact.media_type
+    response["Content-Security-Policy"] = "default-src 'none'; sandbox"
+    response["Content-Disposition"] = f'attachment; filename="artifact-{artifact.pk}"'
+    return response
+
+
+api.add_router("/conversations", conversations)
+api.add_router("/tasks", tasks)
+api.add_router("/artifacts", artifacts)
+api.add_router("/council", council)

@@ -1,0 +1,118 @@
+"""Owner-checked reads for the API and the brain runner, and their JSON shapes.
+
+Both doors (the HTTP API and the in-process runner backend) use these, so a
+brain sees the same documents whichever way it is connected. Another user's
+object is reported exactly like a missing one (Http404).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import Http404
+
+from artifacts.models import Artifact
+from tasks.models import Conversation, Step, Task
+
+ERR_NO_CONVERSATION = "conversation {id} not found (or not yours)"
+ERR_NO_TASK = "task {id} not found (or not yours)"
+ERR_NO_ARTIFACT = "artifact {id} not found (or not yours)"
+
+
+def conversation_get_for_user(*, user, conversation_id: int) -> Conversation:
+    found = Conversation.objects.for_user(user).filter(pk=conversation_id).first()
+    if found is None:
+        raise Http404(ERR_NO_CONVERSATION.format(id=conversation_id))
+    return found
+
+
+def task_get_for_user(*, user, task_id: int) -> Task:
+    found = (
+        Task.objects.filter(conversation__in=Conversation.objects.for_user(user))
+        .filter(pk=task_id)
+        .first()
+    )
+    if found is None:
+        raise Http404(ERR_NO_TASK.format(id=task_id))
+    return found
+
+
+def artifact_get(*, user, artifact_id: int) -> Artifact:
+    """``artifacts.selectors.artifact_get_for_user`` with an API-worded 404."""
+    from artifacts.selectors import artifact_get_for_user
+
+    try:
+        return artifact_get_for_user(user=user, artifact_id=artifact_id)
+    except Http404:
+        raise Http404(ERR_NO_ARTIFACT.format(id=artifact_id)) from None
+
+
+def artifact_ref_payload(artifact: Artifact | None) -> dict[str, Any] | None:
+    if artifact is None:
+        return None
+    return {
+        "id": artifact.pk,
+        "sha256": artifact.sha256,
+        "artifact_class": artifact.artifact_class,
+        "media_type": artifact.media_type,
+        "title": artifact.title,
+        "size": artifact.size,
+    }
+
+
+def artifact_payload(artifact: Artifact) -> dict[str, Any]:
+    return {
+        **artifact_ref_payload(artifact),
+        "source_refs": list(
+            artifact.source_links.order_by("position", "id").values_list(
+                "source_id", flat=True
+            )
+        ),
+        "created_at": artifact.created_at,
+        "content_url": f"/api/v1/artifacts/{artifact.pk}/content",
+    }
+
+
+def step_payload(step: Step) -> dict[str, Any]:
+    return {
+        "id": step.pk,
+        "position": step.position,
+        "title": step.title,
+        "status": step.status,
+        "tool": step.tool,
+        "args": step.args,
+        "artifact_class": step.artifact_class,
+        "side_effects": step.side_effects,
+        "attempts": step.attempts,
+        "max_attempts": step.max_attempts,
+        "error": step.error,
+        "output": artifact_ref_payload(step.output),
+    }
+
+
+def task_payload(task: Task) -> dict[str, Any]:
+    """The task as it is in the database now, with its steps in order."""
+    task.refresh_from_db()
+    steps = task.steps.select_related("output").order_by("position")
+    return {
+        "id": task.pk,
+        "conversation_id": task.conversation_id,
+        "title": task.title,
+        "status": task.status,
+        "brain": task.brain,
+        "steps_total": task.steps_total,
+        "steps_done": task.steps_done,
+        "lease_owner": task.lease_owner,
+        "steps": [step_payload(s) for s in steps],
+    }
+
+
+def conversation_payload(conversation: Conversation) -> dict[str, Any]:
+    return {
+        "id": conversation.pk,
+        "title": conversation.title,
+        "created_at": conversation.created_at,
+        "task_ids": list(
+            conversation.tasks.order_by("created_at", "id").values_list("id", flat=True)
+        ),
+    }

@@ -1,0 +1,52 @@
+"""Dashboard pages for API tokens: list, create (shown once), revoke."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_POST
+
+from pippa_site.models import ApiToken
+from pippa_site.services import TokenError, token_create, token_revoke
+
+MSG_REVOKED = "Token “{name}” revoked. Runners using it now get 401."
+
+
+def _page(request: HttpRequest, **extra) -> HttpResponse:
+    tokens = ApiToken.objects.filter(user=request.user)[:200]
+    return render(request, "pippa_site/tokens.html", {"tokens": tokens, **extra})
+
+
+@require_GET
+@login_required
+def token_list(request: HttpRequest) -> HttpResponse:
+    return _page(request)
+
+
+@never_cache
+@require_POST
+@login_required
+def token_new(request: HttpRequest) -> HttpResponse:
+    """Create a token and show it once; the page is never cached."""
+    name = request.POST.get("name", "")
+    try:
+        new = token_create(user=request.user, name=name)
+    except TokenError as exc:
+        return _page(request, error=str(exc), name=name[:100])
+    return _page(request, new_token=new.raw, new_name=new.token.name)
+
+
+@require_POST
+@login_required
+def token_revoke_view(request: HttpRequest, token_id: int) -> HttpResponse:
+    token = get_object_or_404(ApiToken, pk=token_id, user=request.user)
+    try:
+        token_revoke(token=token)
+    except TokenError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, MSG_REVOKED.format(name=token.name))
+    return redirect("tokens:list")

@@ -1,0 +1,98 @@
+"""API tokens: made on the dashboard, shown once, stored hashed, revocable."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from pippa_site.models import ApiToken
+from pippa_site.services import token_create, token_revoke
+
+pytestmark = pytest.mark.django_db
+
+
+def test_token_page_creates_a_token_and_shows_it_only_once(client, user):
+    client.force_login(user)
+    response = client.post("/settings/tokens/new/", {"name": "codex on the laptop"})
+    assert response.status_code == 200
+    assert response["Cache-Control"].startswith("max-age=0")
+    token = ApiToken.objects.get(user=user)
+    raw = response.context["new_token"]
+    assert raw.encode() in response.content
+    assert raw.startswith(token.prefix)
+    again = client.get("/settings/tokens/")
+    assert raw.encode() not in again.content
+    assert b"codex on the laptop" in again.content
+    assert token.prefix.encode() in again.content
+
+
+def test_only_the_sha256_of_a_token_is_stored(user):
+    new = token_create(user=user, name="runner")
+    row = ApiToken.objects.get(pk=new.token.pk)
+    assert row.sha256 == hashlib.sha256(new.raw.encode()).hexdigest()
+    stored = [str(v) for v in ApiToken.objects.filter(pk=row.pk).values().first().values()]
+    assert new.raw not in stored
+
+
+def test_a_token_without_a_name_is_refused_with_a_reason(client, user):
+    client.force_login(user)
+    response = client.post("/settings/tokens/new/", {"name": "   "})
+    assert response.status_code == 200
+    assert b"give the token a name" in response.content
+    assert not ApiToken.objects.exists()
+
+
+def test_the_api_answers_401_with_a_reason_without_a_token(client):
+    response = client.get("/api/v1/conversations")
+    assert response.status_code == 401
+    assert "Bearer" in response.json()["detail"]
+    assert response["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_the_api_answers_401_for_a_made_up_token(client, user):
+    token_create(user=user, name="real")
+    response = client.get(
+        "/api/v1/conversations", headers={"Authorization": "Bearer pip_made-up"}
+    )
+    assert response.status_code == 401
+
+
+def test_a_token_works_until_it_is_revoked_on_the_dashboard(client, user):
+    new = token_create(user=user, name="runner")
+    headers = {"Authorization": f"Bearer {new.raw}"}
+    assert client.get("/api/v1/conversations", headers=headers).status_code == 200
+    client.force_login(user)
+    response = client.post(f"/settings/tokens/{new.token.pk}/revoke/", follow=True)
+    assert b"revoked" in response.content
+    client.logout()
+    assert client.get("/api/v1/conversations", headers=headers).status_code == 401
+    assert ApiToken.objects.get(pk=new.token.pk).revoked_at is not None
+
+
+def test_using_a_token_records_when_it_was_last_used(client, user):
+    new = token_create(user=user, name="runner")
+    assert new.token.last_used_at is None
+    client.get("/api/v1/conversations", headers={"Authorization": f"Bearer {new.raw}"})
+    assert ApiToken.objects.get(pk=new.token.pk).last_used_at is not None
+
+
+def test_nobody_can_revoke_another_users_token(client, user, make_user):
+    new = token_create(user=make_user(), name="theirs")
+    client.force_login(user)
+    response = client.post(f"/settings/tokens/{new.token.pk}/revoke/")
+    assert response.status_code == 404
+    assert ApiToken.objects.get(pk=new.token.pk).revoked_at is None
+
+
+def test_revoking_twice_says_it_is_already_revoked(user):
+    new = token_create(user=user, name="runner")
+    token_revoke(token=new.token)
+    with pytest.raises(ValueError, match="already revoked"):
+        token_revoke(token=new.token)
+
+
+def test_the_token_page_needs_a_login(client):
+    response = client.get("/settings/tokens/")
+    assert response.status_code == 302
+    assert response["Location"].startswith("/login/")
