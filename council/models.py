@@ -75,12 +75,16 @@ class Turn(models.Model):
 
 
 class TurnArtifactRole(models.TextChoices):
-    PRODUCED = "produced", "produced"
-    CITED = "cited", "cited"
+    PRODUCED = "produced", "produced"  # the turn's widget and its preview
+    CITED = "cited", "cited"  # an earlier artifact the turn refers to
+    # The branch context this turn's speaker received, kept as a small JSON
+    # artifact so the page can show it exactly, however many turns follow.
+    CONTEXT = "context", "context received"
 
 
 class TurnArtifact(models.Model):
-    """A turn produced an artifact (its widget, the preview) or cites one."""
+    """A turn produced an artifact (its widget, the preview), cites one, or
+    received one (its branch context). Every role keeps the artifact alive."""
 
     Role = TurnArtifactRole
 

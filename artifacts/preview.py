@@ -1,0 +1,206 @@
+"""PNG previews of widget artifacts (SVG, or HTML with an SVG inside).
+
+The widget is untrusted model output. It is rendered only in a subprocess
+(``artifacts/render_worker.py``) that caps its own memory, CPU time and file
+writes, refuses to open files, sockets or processes once it holds the input,
+and is killed by the wall-clock timeout here. Every failure is closed: the
+widget stays stored, and its ``meta["preview"]`` records
+``{"status": "failed", "reason": …}`` for the page to show.
+
+``meta["preview"]`` on the widget is the one place preview state lives:
+``{"status": "ok", "artifact_id": N, "sha256": …}`` or
+``{"status": "failed", "reason": "…"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.db import transaction
+
+from artifacts.models import Artifact, ArtifactClass
+from artifacts.services import artifact_store
+from artifacts.store import BlobError, default_store
+
+log = logging.getLogger("pippa.preview")
+
+WORKER = Path(__file__).resolve().parent / "render_worker.py"
+WIDGET_MEDIA_TYPES = frozenset({"image/svg+xml", "text/html"})
+PREVIEW_MEDIA_TYPE = "image/png"
+
+MAX_INPUT_BYTES = 512 * 1024
+WALL_SECONDS = 6.0
+CAPS = {
+    "max_input_bytes": MAX_INPUT_BYTES,
+    "memory_bytes": 768 * 1024 * 1024,
+    "cpu_seconds": 4,
+    "max_elements": 5000,
+    "max_depth": 64,
+    "max_uses": 200,
+    "max_expanded": 20000,
+    "max_declared_px": 8192,
+    "render_side": 960,
+    "thumb_side": 640,
+    "max_output_pixels": 2_000_000,
+}
+
+STATUS_OK = "ok"
+STATUS_FAILED = "failed"
+
+REASON_EMPTY = "empty widget: nothing to render"
+REASON_TOO_LARGE = f"widget is larger than the {MAX_INPUT_BYTES // 1024} KiB render cap"
+REASON_TIMEOUT = f"render ran past its {WALL_SECONDS:g} s time cap"
+REASON_CPU = "render ran past its CPU time cap"
+REASON_KILLED = "render was killed (memory or time cap)"
+REASON_NO_OUTPUT = "renderer produced no image"
+REASON_BLOB_MISSING = "widget blob is missing"
+REASON_NOT_A_WIDGET = "not a widget (SVG or HTML)"
+REASON_WORKER = "renderer failed"
+
+
+@dataclass(frozen=True)
+class RenderResult:
+    png: bytes | None
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.png is not None
+
+
+def _child_env() -> dict[str, str]:
+    # Nothing from our environment (no DATABASE_URL, no SECRET_KEY).
+    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/nonexistent"}
+
+
+def render_png(*, data: bytes, media_type: str) -> RenderResult:
+    """Render widget bytes to a PNG thumbnail in the capped subprocess.
+
+    Never raises for bad input; the result carries the PNG or a short reason.
+    """
+    if not data:
+        return RenderResult(None, REASON_EMPTY)
+    if len(data) > MAX_INPUT_BYTES:
+        return RenderResult(None, REASON_TOO_LARGE)
+    if media_type not in WIDGET_MEDIA_TYPES:
+        return RenderResult(None, REASON_NOT_A_WIDGET)
+    caps = {**CAPS, "media_type": media_type}
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", str(WORKER), json.dumps(caps)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_child_env(),
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError:
+        log.exception("could not start the render worker")
+        return RenderResult(None, REASON_WORKER)
+    try:
+        out, err = proc.communicate(data, timeout=WALL_SECONDS)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        return RenderResult(None, REASON_TIMEOUT)
+    code = proc.returncode
+    message = err.decode("utf-8", "replace").strip().splitlines()
+    last = message[-1][:200] if message else ""
+    if code == 0:
+        if not out.startswith(b"\x89PNG\r\n\x1a\n"):
+            return RenderResult(None, REASON_NO_OUTPUT)
+        return RenderResult(out)
+    if code == -signal.SIGXCPU:
+        return RenderResult(None, REASON_CPU)
+    if code < 0:
+        return RenderResult(None, REASON_KILLED)
+    if code in (3, 4) and last:
+        return RenderResult(None, last)
+    if "MemoryError" in err.decode("utf-8", "replace"):
+        return RenderResult(None, "render ran out of its memory cap")
+    log.warning("render worker exited %s: %s", code, last)
+    return RenderResult(None, REASON_WORKER)
+
+
+def preview_status(artifact: Artifact) -> dict:
+    """Return the widget's preview record ({} when none was attempted)."""
+    value = (artifact.meta or {}).get("preview")
+    return value if isinstance(value, dict) else {}
+
+
+def _record(artifact: Artifact, preview: dict) -> None:
+    # Re-read meta inside the write so another key set meanwhile survives.
+    with transaction.atomic():
+        meta = (
+            Artifact.objects.select_for_update()
+            .values_list("meta", flat=True)
+            .get(pk=artifact.pk)
+        ) or {}
+        meta = {**meta, "preview": preview}
+        Artifact.objects.filter(pk=artifact.pk).update(meta=meta)
+    artifact.meta = meta
+
+
+def preview_render(*, artifact: Artifact) -> Artifact | None:
+    """Render (or reuse) the PNG preview of a widget artifact; fail closed.
+
+    1. Not a widget: return None and record nothing.
+    2. A preview already recorded and still present: return it (idempotent;
+       content addressing makes the same widget the same row).
+    3. Read the widget blob; render it in the capped subprocess.
+    4. On success store the PNG as a class-4 artifact whose ``source_refs``
+       names the widget, and record ``status: ok`` on the widget.
+    5. On any failure record ``status: failed`` with the reason; return None.
+    """
+    if artifact.media_type not in WIDGET_MEDIA_TYPES:
+        return None
+    current = preview_status(artifact)
+    if current.get("status") == STATUS_OK:
+        existing = Artifact.objects.filter(pk=current.get("artifact_id")).first()
+        if existing is not None:
+            return existing
+    try:
+        data = default_store().get(artifact.sha256)
+    except BlobError:
+        _record(artifact, {"status": STATUS_FAILED, "reason": REASON_BLOB_MISSING})
+        return None
+    result = render_png(data=data, media_type=artifact.media_type)
+    if not result.ok:
+        _record(artifact, {"status": STATUS_FAILED, "reason": result.reason})
+        return None
+    title = f"Preview of {artifact.title}" if artifact.title else "Widget preview"
+    preview = artifact_store(
+        data=result.png,
+        media_type=PREVIEW_MEDIA_TYPE,
+        artifact_class=ArtifactClass.RENDER,
+        title=title,
+        meta={"preview_of": artifact.pk},
+        source_ids=[artifact.pk],
+    )
+    _record(
+        artifact,
+        {"status": STATUS_OK, "artifact_id": preview.pk, "sha256": preview.sha256},
+    )
+    return preview
+
+
+def preview_artifact_for(artifact: Artifact) -> Artifact | None:
+    """Return the PNG to show for ``artifact``: itself if a PNG, else its preview."""
+    if artifact.media_type == PREVIEW_MEDIA_TYPE:
+        return artifact
+    status = preview_status(artifact)
+    if status.get("status") != STATUS_OK:
+        return None
+    return Artifact.objects.filter(pk=status.get("artifact_id")).first()

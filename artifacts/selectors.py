@@ -1,0 +1,162 @@
+"""Reads of artifacts that span apps: who may see one, its lineage, its owners.
+
+Visibility rule (CONTRACT.md): a user sees an artifact when one of their
+conversations keeps it (a task link, a step output or a council turn link), or
+when an artifact they see that way was derived from it (lineage sources, to any
+depth). Staff see every artifact. Everyone else gets a 404, never a 403, so ids
+of other people's artifacts reveal nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from django.http import Http404
+
+from artifacts.models import Artifact, ArtifactSource
+
+# Lineage chains are short (data -> widget -> preview); the cap only bounds work.
+MAX_LINEAGE_DEPTH = 32
+MAX_TREE_NODES = 200
+
+ERR_NOT_FOUND = "No such artifact."
+
+
+def _kept_by_user(*, user, artifact_ids: Iterable[int]) -> bool:
+    from council.models import TurnArtifact
+    from tasks.models import Step, TaskArtifact
+
+    ids = list(artifact_ids)
+    if not ids:
+        return False
+    return (
+        TaskArtifact.objects.filter(
+            artifact_id__in=ids, task__conversation__owner=user
+        ).exists()
+        or TurnArtifact.objects.filter(
+            artifact_id__in=ids, turn__round__conversation__owner=user
+        ).exists()
+        or Step.objects.filter(
+            output_id__in=ids, task__conversation__owner=user
+        ).exists()
+    )
+
+
+def artifact_user_may_see(*, user, artifact_id: int) -> bool:
+    """Return whether ``user`` may see the artifact (see the module docstring).
+
+    Walks up the lineage from the artifact to what was derived from it, one
+    query per level, until something the user keeps is found.
+    """
+    if not getattr(user, "is_authenticated", False):
+        return False
+    if user.is_staff:
+        return Artifact.objects.filter(pk=artifact_id).exists()
+    seen: set[int] = set()
+    frontier = {int(artifact_id)}
+    for _ in range(MAX_LINEAGE_DEPTH):
+        if _kept_by_user(user=user, artifact_ids=frontier):
+            return True
+        seen |= frontier
+        frontier = (
+            set(
+                ArtifactSource.objects.filter(source_id__in=frontier).values_list(
+                    "artifact_id", flat=True
+                )
+            )
+            - seen
+        )
+        if not frontier:
+            return False
+    return False
+
+
+def artifact_get_for_user(*, user, artifact_id: int) -> Artifact:
+    """Return the artifact if ``user`` may see it; raise Http404 otherwise."""
+    artifact = Artifact.objects.filter(pk=artifact_id).first()
+    if artifact is None or not artifact_user_may_see(
+        user=user, artifact_id=artifact.pk
+    ):
+        raise Http404(ERR_NOT_FOUND)
+    return artifact
+
+
+@dataclass
+class LineageNode:
+    artifact: Artifact
+    children: list[LineageNode] = field(default_factory=list)
+    truncated: bool = False
+
+
+def _tree(
+    *, root: Artifact, up: bool, user, budget: list[int], depth: int = 0
+) -> list[LineageNode]:
+    """Sources (``up``) or derived artifacts of ``root``, nested, bounded."""
+    if depth >= 6:
+        return []
+    if up:
+        links = ArtifactSource.objects.filter(artifact=root).select_related("source")
+        related = [link.source for link in links]
+    else:
+        links = ArtifactSource.objects.filter(source=root).select_related("artifact")
+        related = [link.artifact for link in links]
+    nodes = []
+    for item in related:
+        # Sources of a visible artifact are visible; derived ones may not be.
+        if not up and not artifact_user_may_see(user=user, artifact_id=item.pk):
+            continue
+        if budget[0] <= 0:
+            nodes.append(LineageNode(item, truncated=True))
+            break
+        budget[0] -= 1
+        children = _tree(root=item, up=up, user=user, budget=budget, depth=depth + 1)
+        nodes.append(LineageNode(item, children))
+    return nodes
+
+
+def artifact_lineage(*, artifact: Artifact, user) -> dict[str, list[LineageNode]]:
+    """Return ``{"sources": [...], "derived": [...]}`` as nested node lists."""
+    return {
+        "sources": _tree(root=artifact, up=True, user=user, budget=[MAX_TREE_NODES]),
+        "derived": _tree(root=artifact, up=False, user=user, budget=[MAX_TREE_NODES]),
+    }
+
+
+@dataclass(frozen=True)
+class OwnerLink:
+    kind: str  # "task" or "turn"
+    role: str
+    obj: object  # a Task or a Turn
+
+
+def artifact_owners(*, artifact: Artifact, user) -> list[OwnerLink]:
+    """Tasks and council turns that keep ``artifact``, limited to what ``user`` sees."""
+    from council.models import TurnArtifact
+    from tasks.models import Step, TaskArtifact
+
+    task_links = TaskArtifact.objects.filter(artifact=artifact).select_related(
+        "task", "task__conversation"
+    )
+    step_outputs = Step.objects.filter(output=artifact).select_related(
+        "task", "task__conversation"
+    )
+    turn_links = TurnArtifact.objects.filter(artifact=artifact).select_related(
+        "turn", "turn__participant", "turn__round", "turn__round__conversation"
+    )
+    if not user.is_staff:
+        task_links = task_links.filter(task__conversation__owner=user)
+        step_outputs = step_outputs.filter(task__conversation__owner=user)
+        turn_links = turn_links.filter(turn__round__conversation__owner=user)
+    owners: list[OwnerLink] = []
+    seen_tasks: set[int] = set()
+    for link in task_links.order_by("task_id", "role"):
+        owners.append(OwnerLink("task", link.role, link.task))
+        seen_tasks.add(link.task_id)
+    for step in step_outputs.order_by("task_id", "position"):
+        if step.task_id not in seen_tasks:
+            owners.append(OwnerLink("task", "step output", step.task))
+            seen_tasks.add(step.task_id)
+    for link in turn_links.order_by("turn__round_id", "turn__order"):
+        owners.append(OwnerLink("turn", link.get_role_display(), link.turn))
+    return owners

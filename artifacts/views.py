@@ -1,0 +1,157 @@
+"""Artifact pages and payload endpoints. Every one is login-required and owner-checked.
+
+Payloads are untrusted (model output, fetched pages). The source endpoint
+serves raw bytes with ``Content-Security-Policy: sandbox`` and ``nosniff``, and
+as a download for anything a browser would render as a document (SVG, HTML,
+XML). Pages never inline payload markup: previews are ``<img>`` PNGs and the
+source view is escaped text.
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from artifacts.models import Artifact
+from artifacts.preview import preview_artifact_for, preview_status
+from artifacts.selectors import (
+    artifact_get_for_user,
+    artifact_lineage,
+    artifact_owners,
+)
+from artifacts.services import artifact_verify
+from artifacts.store import BlobError, default_store
+
+# The raw payload may be a document with script; give it no powers at all.
+SOURCE_CSP = "default-src 'none'; style-src 'unsafe-inline'; sandbox"
+# Rendered inline only when a browser cannot run anything in them.
+INLINE_MEDIA_TYPES = frozenset(
+    {"image/png", "image/jpeg", "image/gif", "text/plain", "application/json"}
+)
+TEXT_MEDIA_PREFIXES = ("text/", "image/svg+xml", "application/json", "application/xml")
+MAX_SOURCE_TEXT_BYTES = 256 * 1024
+
+ERR_BLOB_MISSING = "The payload of this artifact is missing from the blob store."
+MSG_VERIFIED = {
+    Artifact.Integrity.OK: "Verified: the blob matches its sha256.",
+    Artifact.Integrity.MISSING: "The blob is missing.",
+    Artifact.Integrity.CORRUPT: "The blob does not match its sha256 (corrupt).",
+}
+
+
+def _payload_response(artifact: Artifact, *, download: bool) -> FileResponse:
+    try:
+        fh = default_store().open(artifact.sha256)
+    except BlobError:
+        raise Http404(ERR_BLOB_MISSING) from None
+    response = FileResponse(
+        fh,
+        content_type=artifact.media_type,
+        as_attachment=download,
+        filename=_filename(artifact),
+    )
+    response["Content-Security-Policy"] = SOURCE_CSP
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Cross-Origin-Resource-Policy"] = "same-origin"
+    # Content-addressed: the bytes behind this URL never change.
+    response["Cache-Control"] = "private, max-age=31536000, immutable"
+    response["ETag"] = f'"{artifact.sha256}"'
+    return response
+
+
+def _filename(artifact: Artifact) -> str:
+    extension = {
+        "image/svg+xml": "svg",
+        "text/html": "html",
+        "image/png": "png",
+        "application/json": "json",
+        "text/plain": "txt",
+        "text/csv": "csv",
+    }.get(artifact.media_type, "bin")
+    return f"artifact-{artifact.pk}-{artifact.sha256[:12]}.{extension}"
+
+
+def _not_modified(request: HttpRequest, artifact: Artifact) -> bool:
+    return request.headers.get("If-None-Match") == f'"{artifact.sha256}"'
+
+
+@require_GET
+@login_required
+def artifact_source(request: HttpRequest, artifact_id: int) -> HttpResponse:
+    artifact = artifact_get_for_user(user=request.user, artifact_id=artifact_id)
+    download = artifact.media_type not in INLINE_MEDIA_TYPES
+    return _payload_response(artifact, download=download)
+
+
+@require_GET
+@login_required
+def artifact_preview(request: HttpRequest, artifact_id: int) -> HttpResponse:
+    artifact = artifact_get_for_user(user=request.user, artifact_id=artifact_id)
+    preview = preview_artifact_for(artifact)
+    if preview is None:
+        raise Http404("This artifact has no preview.")
+    if _not_modified(request, preview):
+        response = HttpResponse(status=304)
+        response["ETag"] = f'"{preview.sha256}"'
+        return response
+    return _payload_response(preview, download=False)
+
+
+@require_GET
+@login_required
+def artifact_source_text(request: HttpRequest, artifact_id: int) -> HttpResponse:
+    """The payload as escaped text (SVG/HTML source), capped, never as markup."""
+    artifact = artifact_get_for_user(user=request.user, artifact_id=artifact_id)
+    text, truncated, error = "", False, ""
+    if not artifact.media_type.startswith(TEXT_MEDIA_PREFIXES):
+        error = "This artifact is binary; download it instead."
+    else:
+        try:
+            with default_store().open(artifact.sha256) as fh:
+                raw = fh.read(MAX_SOURCE_TEXT_BYTES + 1)
+        except BlobError:
+            raw, error = b"", ERR_BLOB_MISSING
+        truncated = len(raw) > MAX_SOURCE_TEXT_BYTES
+        text = raw[:MAX_SOURCE_TEXT_BYTES].decode("utf-8", "replace")
+    return render(
+        request,
+        "artifacts/source_text.html",
+        {
+            "artifact": artifact,
+            "text": text,
+            "truncated": truncated,
+            "error": error,
+            "limit_kib": MAX_SOURCE_TEXT_BYTES // 1024,
+        },
+    )
+
+
+@require_GET
+@login_required
+def artifact_detail(request: HttpRequest, artifact_id: int) -> HttpResponse:
+    artifact = artifact_get_for_user(user=request.user, artifact_id=artifact_id)
+    return render(
+        request,
+        "artifacts/detail.html",
+        {
+            "artifact": artifact,
+            "preview": preview_artifact_for(artifact),
+            "preview_state": preview_status(artifact),
+            "lineage": artifact_lineage(artifact=artifact, user=request.user),
+            "owners": artifact_owners(artifact=artifact, user=request.user),
+            "is_text": artifact.media_type.startswith(TEXT_MEDIA_PREFIXES),
+        },
+    )
+
+
+@require_POST
+@login_required
+def artifact_verify_view(request: HttpRequest, artifact_id: int) -> HttpResponse:
+    artifact = artifact_get_for_user(user=request.user, artifact_id=artifact_id)
+    integrity = artifact_verify(artifact=artifact)
+    level = messages.SUCCESS if integrity == Artifact.Integrity.OK else messages.ERROR
+    messages.add_message(request, level, MSG_VERIFIED[integrity])
+    return redirect("artifacts:detail", artifact_id=artifact.pk)

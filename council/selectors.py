@@ -1,0 +1,206 @@
+"""Reads of council rounds for pages and the context endpoints. Read-only."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from django.db.models import Prefetch
+from django.http import Http404
+
+from artifacts.models import Artifact
+from artifacts.preview import STATUS_OK, WIDGET_MEDIA_TYPES, preview_status
+from artifacts.store import BlobError, default_store
+from council.models import CouncilRound, Participant, Turn, TurnArtifact
+from council.services import brain_label, serialize_branch_context
+
+ERR_ROUND_NOT_FOUND = "No such council round."
+ERR_TURN_NOT_FOUND = "No such turn."
+ERR_PARTICIPANT_NOT_FOUND = "No such participant in this round."
+ERR_CONTEXT_MISSING = "The stored context of this turn is missing."
+
+
+def round_get_for_user(*, user, round_id: int) -> CouncilRound:
+    """Return the round if ``user`` owns its conversation (staff: any); else 404."""
+    rounds = CouncilRound.objects.select_related("conversation")
+    if not user.is_staff:
+        rounds = rounds.filter(conversation__owner=user)
+    council_round = rounds.filter(pk=round_id).first()
+    if council_round is None:
+        raise Http404(ERR_ROUND_NOT_FOUND)
+    return council_round
+
+
+def turn_get_for_user(*, user, turn_id: int) -> Turn:
+    turns = Turn.objects.select_related("round", "round__conversation", "participant")
+    if not user.is_staff:
+        turns = turns.filter(round__conversation__owner=user)
+    turn = turns.filter(pk=turn_id).first()
+    if turn is None:
+        raise Http404(ERR_TURN_NOT_FOUND)
+    return turn
+
+
+def next_participant(*, council_round: CouncilRound) -> Participant | None:
+    """The participant after the last speaker, by position (round-robin)."""
+    participants = list(council_round.participants.all())
+    if not participants:
+        return None
+    last = (
+        Turn.objects.filter(round=council_round)
+        .order_by("-order")
+        .values_list("participant_id", flat=True)
+        .first()
+    )
+    if last is None:
+        return participants[0]
+    ids = [p.pk for p in participants]
+    index = ids.index(last) if last in ids else -1
+    return participants[(index + 1) % len(participants)]
+
+
+def participant_get(*, council_round: CouncilRound, participant_id) -> Participant:
+    try:
+        return council_round.participants.get(pk=int(participant_id))
+    except (TypeError, ValueError, Participant.DoesNotExist):
+        raise Http404(ERR_PARTICIPANT_NOT_FOUND) from None
+
+
+def turn_context_bytes(*, turn: Turn) -> bytes:
+    """Return the stored context document this turn's speaker received."""
+    link = (
+        TurnArtifact.objects.filter(turn=turn, role=TurnArtifact.Role.CONTEXT)
+        .select_related("artifact")
+        .first()
+    )
+    if link is None:
+        raise Http404(ERR_CONTEXT_MISSING)
+    try:
+        return default_store().get(link.artifact.sha256)
+    except BlobError:
+        raise Http404(ERR_CONTEXT_MISSING) from None
+
+
+@dataclass
+class WidgetView:
+    artifact: Artifact
+    preview_ok: bool
+    reason: str
+
+
+@dataclass
+class TurnView:
+    turn: Turn
+    brain: str
+    widgets: list[WidgetView] = field(default_factory=list)
+    cited: list[Artifact] = field(default_factory=list)
+    context_artifact: Artifact | None = None
+    context_text: str = ""
+    context_error: str = ""
+    highlight_ids: list[int] = field(default_factory=list)
+    # The exact stored text, cut into (text, is_ref) runs for <mark>.
+    context_segments: list[tuple[str, bool]] = field(default_factory=list)
+
+
+REFS_KEY = '"artifact_refs"'
+
+
+def highlight_refs(raw: str) -> list[tuple[str, bool]]:
+    """Cut a context's JSON text into runs; the ``artifact_refs`` arrays are marked.
+
+    Scans the exact text (tracking strings and escapes) for the key
+    ``"artifact_refs"`` and marks its array value up to the matching bracket,
+    so the page shows the bytes as received with the refs highlighted.
+    """
+    segments: list[tuple[str, bool]] = []
+    pos = 0
+    while True:
+        key = raw.find(REFS_KEY, pos)
+        if key < 0:
+            break
+        start = raw.find("[", key + len(REFS_KEY))
+        if start < 0:
+            break
+        depth, i, in_string = 0, start, False
+        while i < len(raw):
+            ch = raw[i]
+            if in_string:
+                if ch == "\\":
+                    i += 1
+                elif ch == '"':
+                    in_string = False
+            elif ch == '"':
+                in_string = True
+            elif ch == "[":
+                depth += 1
+            elif ch == "]":
+                depth -= 1
+                if depth == 0:
+                    break
+            i += 1
+        end = min(i + 1, len(raw))
+        segments.append((raw[pos:start], False))
+        segments.append((raw[start:end], True))
+        pos = end
+    segments.append((raw[pos:], False))
+    return [(text, marked) for text, marked in segments if text]
+
+
+def _context_text(artifact: Artifact | None) -> tuple[str, list[int], str]:
+    """Pretty text of a stored context plus the artifact ids its refs name."""
+    if artifact is None:
+        return "", [], ERR_CONTEXT_MISSING
+    try:
+        raw = default_store().get(artifact.sha256)
+        doc = json.loads(raw)
+    except (BlobError, ValueError):
+        return "", [], ERR_CONTEXT_MISSING
+    ids = [
+        ref.get("id")
+        for turn in doc.get("turns", [])
+        for ref in turn.get("artifact_refs", [])
+    ]
+    return raw.decode("utf-8"), [i for i in ids if isinstance(i, int)], ""
+
+
+def round_page(*, council_round: CouncilRound) -> list[TurnView]:
+    """Everything the round viewer shows, turn by turn, in a fixed number of queries."""
+    turns = (
+        Turn.objects.filter(round=council_round)
+        .select_related("participant")
+        .prefetch_related(
+            Prefetch(
+                "artifact_links",
+                queryset=TurnArtifact.objects.select_related("artifact").order_by("id"),
+            )
+        )
+        .order_by("order")
+    )
+    views = []
+    for turn in turns:
+        view = TurnView(turn=turn, brain=brain_label(turn.participant.brain))
+        preview_ids = set()
+        for link in turn.artifact_links.all():
+            artifact = link.artifact
+            if link.role == TurnArtifact.Role.CONTEXT:
+                view.context_artifact = artifact
+            elif link.role == TurnArtifact.Role.CITED:
+                view.cited.append(artifact)
+            elif artifact.media_type in WIDGET_MEDIA_TYPES:
+                status = preview_status(artifact)
+                ok = status.get("status") == STATUS_OK
+                preview_ids.add(status.get("artifact_id"))
+                reason = status.get("reason") or (
+                    "" if ok else "no preview was rendered"
+                )
+                view.widgets.append(WidgetView(artifact, ok, reason))
+        text, ids, error = _context_text(view.context_artifact)
+        view.context_text, view.highlight_ids, view.context_error = text, ids, error
+        view.context_segments = highlight_refs(text) if text else []
+        views.append(view)
+    return views
+
+
+def live_context(*, council_round: CouncilRound, participant: Participant) -> dict:
+    """The context ``participant`` would receive if they spoke next (read-only)."""
+    return serialize_branch_context(council_round, participant)

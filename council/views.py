@@ -1,0 +1,73 @@
+"""Council pages and the branch-context endpoints: login-required, owner-checked.
+
+Reading a round or a context is read-only: no lease, no state change.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_GET
+
+from council.selectors import (
+    live_context,
+    next_participant,
+    participant_get,
+    round_get_for_user,
+    round_page,
+    turn_context_bytes,
+    turn_get_for_user,
+)
+from council.services import brain_label, context_bytes
+
+ERR_NO_PARTICIPANTS = "This round has no participants."
+
+
+def _json(body: bytes) -> HttpResponse:
+    response = HttpResponse(body, content_type="application/json; charset=utf-8")
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Cache-Control"] = "private, no-store"
+    return response
+
+
+@require_GET
+@login_required
+def round_detail(request: HttpRequest, round_id: int) -> HttpResponse:
+    council_round = round_get_for_user(user=request.user, round_id=round_id)
+    participants = list(council_round.participants.all())
+    return render(
+        request,
+        "council/round_detail.html",
+        {
+            "round": council_round,
+            "participants": [(p, brain_label(p.brain)) for p in participants],
+            "turns": round_page(council_round=council_round),
+            "next": next_participant(council_round=council_round),
+        },
+    )
+
+
+@require_GET
+@login_required
+def round_context(request: HttpRequest, round_id: int) -> HttpResponse:
+    """The context the next speaker (or ``?participant=<id>``) would receive now."""
+    council_round = round_get_for_user(user=request.user, round_id=round_id)
+    if "participant" in request.GET:
+        participant = participant_get(
+            council_round=council_round, participant_id=request.GET["participant"]
+        )
+    else:
+        participant = next_participant(council_round=council_round)
+        if participant is None:
+            raise Http404(ERR_NO_PARTICIPANTS)
+    context = live_context(council_round=council_round, participant=participant)
+    return _json(context_bytes(context))
+
+
+@require_GET
+@login_required
+def turn_context(request: HttpRequest, turn_id: int) -> HttpResponse:
+    """The stored context this turn's speaker received, byte for byte."""
+    turn = turn_get_for_user(user=request.user, turn_id=turn_id)
+    return _json(turn_context_bytes(turn=turn))
