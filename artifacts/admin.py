@@ -1,0 +1,312 @@
+"""Admin for artifacts: find damaged blobs, verify them, re-render previews.
+
+An artifact's sha, size, class and integrity are read-only: the bytes are the
+identity. Verification goes through ``artifacts.services.artifact_verify`` and
+re-rendering through ``artifacts.preview.preview_render``. Each action logs an
+``admin_action`` event, naming the staff user, on every task that keeps the
+artifact, and an admin history entry on the artifact itself.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.template.defaultfilters import filesizeformat
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+
+from artifacts.models import Artifact, ArtifactSource
+from tasks.admin import actor_for
+from tasks.models import Event, Step, TaskArtifact
+
+MSG_VERIFIED = (
+    "Verified {n} artifact(s): {ok} intact, {missing} missing, {corrupt} corrupt."
+)
+MSG_DAMAGED = "Damaged: {items}. They are marked; the doctor can repair or remove them."
+MSG_PREVIEW_OK = "Rendered the preview of artifact {id} (artifact {preview})."
+MSG_PREVIEW_FAILED = "Could not render the preview of artifact {id}: {reason}"
+MSG_NOT_A_WIDGET = "Artifact {id} is not a widget (SVG or HTML): it has no preview."
+MSG_DELETE_REFUSED = "Artifact {id} cannot be deleted: it is kept — {reasons}."
+
+
+def keep_reasons(artifact: Artifact) -> list[str]:
+    """Say, in plain words, what alive keeps this artifact (empty: nothing)."""
+    reasons = []
+    for link in (
+        TaskArtifact.objects.filter(artifact=artifact)
+        .select_related("task")
+        .order_by("task_id")[:20]
+    ):
+        reasons.append(f"{link.role} by task {link.task_id} “{link.task.title}”")
+    steps = list(
+        Step.objects.filter(output=artifact).values_list("task_id", "position")[:20]
+    )
+    reasons.extend(f"output of task {t} step {p}" for t, p in steps)
+    from council.models import TurnArtifact
+
+    for link in TurnArtifact.objects.filter(artifact=artifact).select_related("turn")[
+        :20
+    ]:
+        reasons.append(
+            f"{link.role} by council turn {link.turn.order} (round {link.turn.round_id})"
+        )
+    derived = list(
+        ArtifactSource.objects.filter(source=artifact).values_list(
+            "artifact_id", flat=True
+        )[:20]
+    )
+    reasons.extend(f"named as a source by artifact {d}" for d in derived)
+    return reasons
+
+
+def _log_on_tasks(*, artifact: Artifact, actor: str, action: str, **data) -> None:
+    """Append an admin_action event to every task that keeps the artifact."""
+    from tasks.services import event_append
+
+    task_ids = set(
+        TaskArtifact.objects.filter(artifact=artifact).values_list("task_id", flat=True)
+    ) | set(Step.objects.filter(output=artifact).values_list("task_id", flat=True))
+    for task_id in sorted(task_ids):
+        event_append(
+            task_id=task_id,
+            kind=Event.Kind.ADMIN_ACTION,
+            data={"action": action, "actor": actor, "artifact_id": artifact.pk, **data},
+        )
+
+
+class SourceInline(admin.TabularInline):
+    model = ArtifactSource
+    fk_name = "artifact"
+    verbose_name = "source (lineage)"
+    verbose_name_plural = "sources (lineage: derived from)"
+    fields = ["source", "position"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Artifact)
+class ArtifactAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "title",
+        "artifact_class",
+        "media_type",
+        "size_shown",
+        "sha_prefix",
+        "integrity",
+        "verified_at",
+        "created_at",
+    ]
+    list_display_links = ["id", "title"]
+    list_filter = ["artifact_class", "integrity", "media_type"]
+    search_fields = ["title", "^sha256"]
+    search_help_text = "Search titles, or the start of a sha256."
+    ordering = ["-id"]
+    fields = [
+        "title",
+        "sha256",
+        "size",
+        "media_type",
+        "artifact_class",
+        "integrity",
+        "verified_at",
+        "meta",
+        "kept_by",
+        "derived_shown",
+        "links",
+        "created_at",
+    ]
+    readonly_fields = [f for f in fields if f != "title"]
+    inlines = [SourceInline]
+    actions = ["verify_artifacts", "rerender_previews"]
+    delete_confirmation_template = "admin/artifacts/artifact/delete_confirmation.html"
+    delete_selected_confirmation_template = (
+        "admin/artifacts/artifact/delete_selected_confirmation.html"
+    )
+
+    def has_add_permission(self, request):
+        # Artifacts are written by artifact_store (blob first, then row).
+        return False
+
+    def has_repair_permission(self, request) -> bool:
+        return request.user.has_perm("artifacts.change_artifact")
+
+    @admin.display(description="size", ordering="size")
+    def size_shown(self, obj):
+        return filesizeformat(obj.size)
+
+    @admin.display(description="sha256", ordering="sha256")
+    def sha_prefix(self, obj):
+        return format_html("<code>{}</code>", obj.sha256[:12])
+
+    @admin.display(description="kept by")
+    def kept_by(self, obj):
+        reasons = keep_reasons(obj)
+        if not reasons:
+            return "nothing alive (an orphan: the doctor may sweep it)"
+        return format_html(
+            "<ul>{}</ul>", format_html_join("", "<li>{}</li>", ((r,) for r in reasons))
+        )
+
+    @admin.display(description="derived artifacts")
+    def derived_shown(self, obj):
+        rows = obj.derived_links.select_related("artifact").order_by("artifact_id")[:50]
+        if not rows:
+            return "—"
+        return format_html_join(
+            ", ",
+            '<a href="{}">{}</a>',
+            (
+                (
+                    reverse("admin:artifacts_artifact_change", args=[r.artifact_id]),
+                    r.artifact,
+                )
+                for r in rows
+            ),
+        )
+
+    @admin.display(description="open")
+    def links(self, obj):
+        return format_html(
+            '<a href="{}">detail</a> · <a href="{}">source</a>',
+            reverse("artifacts:detail", args=[obj.pk]),
+            reverse("artifacts:source", args=[obj.pk]),
+        )
+
+    # -- actions --
+
+    @admin.action(
+        permissions=["repair"], description="Verify selected artifacts (sha check)"
+    )
+    def verify_artifacts(self, request, queryset):
+        from artifacts.services import artifact_verify
+
+        counts = dict.fromkeys(Artifact.Integrity.values, 0)
+        damaged = []
+        actor = actor_for(request)
+        for artifact in queryset.order_by("pk"):
+            integrity = artifact_verify(artifact=artifact)
+            counts[integrity] += 1
+            if integrity != Artifact.Integrity.OK:
+                damaged.append(
+                    f"artifact {artifact.pk} ({artifact.get_integrity_display()})"
+                )
+            _log_on_tasks(
+                artifact=artifact,
+                actor=actor,
+                action="artifact_verify",
+                integrity=integrity,
+            )
+            self.log_change(request, artifact, f"Verified: {integrity}.")
+        self.message_user(
+            request,
+            MSG_VERIFIED.format(
+                n=sum(counts.values()),
+                ok=counts["ok"],
+                missing=counts["missing"],
+                corrupt=counts["corrupt"],
+            ),
+            messages.WARNING if damaged else messages.SUCCESS,
+        )
+        if damaged:
+            self.message_user(
+                request, MSG_DAMAGED.format(items=", ".join(damaged)), messages.ERROR
+            )
+
+    @admin.action(
+        permissions=["repair"], description="Re-render the preview of selected widgets"
+    )
+    def rerender_previews(self, request, queryset):
+        from artifacts.preview import WIDGET_MEDIA_TYPES, preview_render, preview_status
+
+        actor = actor_for(request)
+        for artifact in queryset.order_by("pk"):
+            if artifact.media_type not in WIDGET_MEDIA_TYPES:
+                self.message_user(
+                    request, MSG_NOT_A_WIDGET.format(id=artifact.pk), messages.WARNING
+                )
+                continue
+            preview = preview_render(artifact=artifact)
+            if preview is None:
+                artifact.refresh_from_db(fields=["meta"])
+                reason = preview_status(artifact).get("reason", "render failed")
+                self.message_user(
+                    request,
+                    MSG_PREVIEW_FAILED.format(id=artifact.pk, reason=reason),
+                    messages.ERROR,
+                )
+                result = {"preview": "failed", "reason": reason}
+            else:
+                self.message_user(
+                    request,
+                    MSG_PREVIEW_OK.format(id=artifact.pk, preview=preview.pk),
+                    messages.SUCCESS,
+                )
+                result = {"preview": "ok", "preview_id": preview.pk}
+            _log_on_tasks(
+                artifact=artifact, actor=actor, action="preview_render", **result
+            )
+            self.log_change(
+                request, artifact, f"Preview re-rendered: {result['preview']}."
+            )
+
+    # -- deletion: refused while anything alive keeps the artifact --
+
+    def _refusals(self, artifacts, plan) -> list[str]:
+        kept = {r.id: r.reason for r in plan.keep}
+        refusals = []
+        for artifact in artifacts:
+            if artifact.pk in kept:
+                reasons = keep_reasons(artifact) or [kept[artifact.pk]]
+                refusals.append(
+                    MSG_DELETE_REFUSED.format(
+                        id=artifact.pk, reasons="; ".join(reasons)
+                    )
+                )
+        return refusals
+
+    def get_deleted_objects(self, objs, request):
+        """Plan with the GC rule (artifacts.gc.gc_plan); refuse kept artifacts.
+
+        Sources that only the deleted artifacts kept go with them, as the
+        rule says, and the page lists them.
+        """
+        from artifacts.gc import gc_plan
+
+        objs = list(objs)
+        plan = gc_plan(candidate_ids=[a.pk for a in objs])
+        protected = self._refusals(objs, plan)
+        deleted = [
+            f"Artifact {r.id}: {r.title or r.sha256[:12]} and its blob"
+            for r in plan.remove
+        ]
+        return deleted, {"artifacts": len(plan.remove)}, set(), protected
+
+    def delete_model(self, request, obj):
+        self._delete_unkept([obj])
+
+    def delete_queryset(self, request, queryset):
+        self._delete_unkept(list(queryset))
+
+    def _delete_unkept(self, artifacts) -> None:
+        """Delete artifacts nothing alive keeps: rows now, blobs after commit.
+
+        The plan is made again under lock (a link may have appeared since the
+        confirmation page); a kept artifact refuses the whole delete.
+        """
+        from artifacts.gc import artifacts_delete, gc_plan
+
+        with transaction.atomic():
+            plan = gc_plan(candidate_ids=[a.pk for a in artifacts], lock=True)
+            refusals = self._refusals(artifacts, plan)
+            if refusals:
+                raise PermissionDenied(" ".join(refusals))
+            artifacts_delete(records=plan.remove)

@@ -1,0 +1,747 @@
+"""Admin for manual repair: conversations, tasks, steps, events, ownership links.
+
+State fields (statuses, leases, attempts, output refs, event rows) are
+read-only in every form. Changes go through actions, and every action calls
+the same service the rest of the project uses (``tasks.executor``,
+``tasks.services``, ``tasks.doctor``), passing ``actor="staff:<username>"`` so
+the event it logs names the person who did it.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Q
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from tasks.models import Conversation, Event, Step, Task, TaskArtifact
+
+# User-facing messages (tests assert them).
+MSG_LEASE_RELEASED = "Released the stale lease of {n} task(s)."
+MSG_LEASE_NOT_STALE = (
+    "Left {n} task(s) alone: their lease is live or there is none "
+    "(only a stale lease can be released here)."
+)
+MSG_RESUMED = "Queued {n} task(s) for the worker."
+MSG_RETRIED = "Step {step} will run again."
+MSG_RESOLVED = "Step {step}: {words}"
+MSG_BRANCHED = "Made task {new} from task {old}, keeping steps 1–{k}."
+MSG_REFUSED = "{what}: {error}"
+MSG_ONE_AT_A_TIME = "Choose exactly one {what} for this action."
+MSG_NOT_OFFERED = "That action is not offered for this step now."
+MSG_NO_OPTIONS = (
+    "Step {step} has nothing to resolve: it is not in the uncertain state "
+    "and does not need review."
+)
+MSG_CONVERSATIONS_DELETED = "Deleted {n} conversation(s): {removed} row(s) removed."
+
+# What each resolution does, shown on the confirmation page.
+RESOLVE_WORDS = {
+    "adopt": (
+        "Adopt the payload that was already persisted as the step's output, "
+        "mark the step done, and let the task continue. The tool is not called."
+    ),
+    "rerun": (
+        "Allow one more run: the step goes back to pending and the worker "
+        "calls its tool again."
+    ),
+    "fail": (
+        "Mark the step failed. The task stops there until someone retries "
+        "the step or branches the task."
+    ),
+    "skip": (
+        "Skip the step: it gets no output and the task continues with the next step."
+    ),
+}
+RESOLVE_LABELS = {
+    "adopt": "Adopt the persisted payload",
+    "rerun": "Allow one more run",
+    "fail": "Mark failed",
+    "skip": "Skip",
+}
+
+
+admin.site.site_header = "Pippa Stateful admin"
+admin.site.site_title = "Pippa Stateful admin"
+admin.site.index_title = "Repair"
+
+
+def actor_for(request: HttpRequest) -> str:
+    """Return the actor string events carry for a staff user's action."""
+    return f"staff:{request.user.get_username()}"
+
+
+def _error_text(exc: Exception) -> str:
+    return str(exc.args[0]) if exc.args else str(exc)
+
+
+class RepairPermissionMixin:
+    """Actions that change state need the model's change permission."""
+
+    def has_repair_permission(self, request: HttpRequest) -> bool:
+        opts = self.opts
+        return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
+
+
+# -- filters ------------------------------------------------------------------
+
+
+def stale_lease_q(now=None) -> Q:
+    """Tasks whose lease has a holder but no future: the worker is gone."""
+    now = now or timezone.now()
+    return ~Q(lease_owner="") & (
+        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
+    )
+
+
+class LeaseExpiredFilter(admin.SimpleListFilter):
+    title = "lease expired"
+    parameter_name = "lease_expired"
+
+    def lookups(self, request, model_admin):
+        return [
+            ("yes", "Yes (stale: held, past expiry)"),
+            ("no", "No (live, or no lease)"),
+        ]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(stale_lease_q())
+        if self.value() == "no":
+            return queryset.exclude(stale_lease_q())
+        return queryset
+
+
+class NeedsReviewFilter(admin.SimpleListFilter):
+    title = "needs review"
+    parameter_name = "needs_review"
+
+    def lookups(self, request, model_admin):
+        return [
+            ("yes", "Yes"),
+            ("stuck", "Stuck running (task lease stale or gone)"),
+            ("no", "No"),
+        ]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(status=Step.Status.NEEDS_REVIEW)
+        if self.value() == "stuck":
+            now = timezone.now()
+            return queryset.filter(status=Step.Status.RUNNING).filter(
+                Q(task__lease_owner="")
+                | Q(task__lease_expires_at__isnull=True)
+                | Q(task__lease_expires_at__lt=now)
+            )
+        if self.value() == "no":
+            return queryset.exclude(status=Step.Status.NEEDS_REVIEW)
+        return queryset
+
+
+# -- conversations --------------------------------------------------------------
+
+
+@admin.register(Conversation)
+class ConversationAdmin(admin.ModelAdmin):
+    list_display = ["title", "owner", "task_count", "round_count", "updated_at"]
+    list_select_related = ["owner"]
+    list_filter = ["owner"]
+    search_fields = ["title", "owner__username"]
+    readonly_fields = ["owner", "created_at", "updated_at", "task_links"]
+    fields = ["title", "owner", "created_at", "updated_at", "task_links"]
+    actions = ["delete_selected"]
+    delete_confirmation_template = "admin/tasks/conversation/delete_confirmation.html"
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                n_tasks=Count("tasks", distinct=True),
+                n_rounds=Count("council_rounds", distinct=True),
+            )
+        )
+
+    def has_add_permission(self, request):
+        # A conversation is created by its owner on the dashboard.
+        return False
+
+    @admin.display(description="tasks", ordering="n_tasks")
+    def task_count(self, obj):
+        return obj.n_tasks
+
+    @admin.display(description="council rounds", ordering="n_rounds")
+    def round_count(self, obj):
+        return obj.n_rounds
+
+    @admin.display(description="tasks")
+    def task_links(self, obj):
+        url = reverse("admin:tasks_task_changelist")
+        return format_html(
+            '<a href="{}?conversation__id__exact={}">{} task(s)</a>',
+            url,
+            obj.pk,
+            obj.tasks.count(),
+        )
+
+    # Deletion: only through conversation_delete, confirmed against its preview.
+
+    def _previews(self, objs) -> list[tuple[Conversation, object]]:
+        from tasks.services import conversation_deletion_preview
+
+        return [(c, conversation_deletion_preview(conversation=c)) for c in objs]
+
+    @staticmethod
+    def _summary(previews) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for _conv, report in previews:
+            for label, n in report.removed_counts().items():
+                counts[label] = counts.get(label, 0) + n
+        return counts
+
+    def get_deleted_objects(self, objs, request):
+        previews = self._previews(objs)
+        deleted = [
+            f"Conversation: {conv.title} ({report.total_removed} rows)"
+            for conv, report in previews
+        ]
+        return deleted, self._summary(previews), set(), []
+
+    def delete_view(self, request, object_id, extra_context=None):
+        obj = self.get_object(request, object_id)
+        context = dict(extra_context or {})
+        if obj is not None and request.method != "POST":
+            previews = self._previews([obj])
+            context["previews"] = previews
+        return super().delete_view(request, object_id, context)
+
+    def delete_model(self, request, obj):
+        from tasks.services import conversation_delete
+
+        conversation_delete(conversation_id=obj.pk)
+
+    def delete_queryset(self, request, queryset):
+        from tasks.services import conversation_delete
+
+        for pk in list(queryset.values_list("pk", flat=True)):
+            conversation_delete(conversation_id=pk)
+
+    @admin.action(permissions=["delete"], description="Delete selected conversations…")
+    def delete_selected(self, request, queryset):
+        from tasks.services import conversation_delete
+
+        conversations = list(queryset.order_by("pk"))
+        if request.POST.get("post") == "yes":
+            self.log_deletions(request, conversations)
+            removed = 0
+            for conv in conversations:
+                removed += conversation_delete(conversation_id=conv.pk).total_removed
+            self.message_user(
+                request,
+                MSG_CONVERSATIONS_DELETED.format(n=len(conversations), removed=removed),
+                messages.SUCCESS,
+            )
+            return None
+        previews = self._previews(conversations)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Delete conversations",
+            "opts": self.opts,
+            "queryset": conversations,
+            "previews": previews,
+            "model_count": self._summary(previews).items(),
+            "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(
+            request,
+            "admin/tasks/conversation/delete_selected_confirmation.html",
+            context,
+        )
+
+
+# -- tasks ----------------------------------------------------------------------
+
+
+class StepInline(admin.TabularInline):
+    model = Step
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    fields = [
+        "position",
+        "title",
+        "tool",
+        "artifact_class",
+        "status",
+        "attempts_shown",
+        "output",
+        "resolve_link",
+    ]
+    readonly_fields = fields
+    ordering = ["position"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="attempts")
+    def attempts_shown(self, obj):
+        return f"{obj.attempts}/{obj.max_attempts}"
+
+    @admin.display(description="repair")
+    def resolve_link(self, obj):
+        return _resolve_link(obj)
+
+
+def _resolve_link(step: Step) -> str:
+    if step.status not in (Step.Status.NEEDS_REVIEW, Step.Status.RUNNING):
+        return "—"
+    url = reverse("admin:tasks_step_resolve", args=[step.pk])
+    return format_html('<a href="{}">Resolve…</a>', url)
+
+
+@admin.register(Task)
+class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
+    list_display = [
+        "id",
+        "title",
+        "conversation",
+        "status",
+        "brain",
+        "progress",
+        "lease_shown",
+        "updated_at",
+    ]
+    list_display_links = ["id", "title"]
+    list_select_related = ["conversation"]
+    list_filter = ["status", LeaseExpiredFilter, "brain", "created_at"]
+    search_fields = ["title", "conversation__title"]
+    search_help_text = "Search task and conversation titles."
+    ordering = ["-updated_at"]
+    inlines = [StepInline]
+    fields = [
+        "title",
+        "conversation",
+        "status",
+        "brain",
+        "progress",
+        "lease_owner",
+        "lease_expires_at",
+        "lease_state",
+        "branched_from",
+        "branched_at",
+        "last_seq",
+        "events_link",
+        "created_at",
+        "updated_at",
+        "finished_at",
+    ]
+    readonly_fields = [f for f in fields if f != "title"]
+    actions = ["release_stale_lease", "resume_tasks", "branch_task"]
+    change_list_template = "admin/tasks/task/change_list.html"
+
+    def has_add_permission(self, request):
+        # Tasks are made by tasks.plan.task_create (and branch), never by hand.
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        # A task leaves only with its conversation (conversation_delete).
+        return False
+
+    @admin.display(description="progress")
+    def progress(self, obj):
+        return f"{obj.steps_done}/{obj.steps_total}"
+
+    @admin.display(description="lease", ordering="lease_expires_at")
+    def lease_shown(self, obj):
+        if not obj.lease_owner:
+            return "—"
+        if obj.lease_expired:
+            return format_html("<strong>stale</strong> {}", obj.lease_owner)
+        return obj.lease_owner
+
+    @admin.display(description="lease state")
+    def lease_state(self, obj):
+        if not obj.lease_owner:
+            return "no lease"
+        return "stale (expired)" if obj.lease_expired else "live"
+
+    @admin.display(description="events")
+    def events_link(self, obj):
+        url = reverse("admin:tasks_event_changelist")
+        return format_html(
+            '<a href="{}?task__id__exact={}">{} event(s)</a>', url, obj.pk, obj.last_seq
+        )
+
+    def get_urls(self):
+        return [
+            path(
+                "<int:task_id>/branch/",
+                self.admin_site.admin_view(self.branch_view),
+                name="tasks_task_branch",
+            ),
+            path(
+                "doctor/",
+                self.admin_site.admin_view(self.doctor_view),
+                name="tasks_doctor",
+            ),
+            *super().get_urls(),
+        ]
+
+    # -- actions --
+
+    @admin.action(
+        permissions=["repair"], description="Release the stale lease of selected tasks"
+    )
+    def release_stale_lease(self, request, queryset):
+        from tasks.executor import ExecutorError, lease_release
+
+        released, refused = 0, 0
+        for task in queryset.order_by("pk"):
+            try:
+                ok = lease_release(task=task, actor=actor_for(request))
+            except ExecutorError as exc:
+                self.message_user(
+                    request,
+                    MSG_REFUSED.format(what=f"Task {task.pk}", error=_error_text(exc)),
+                    messages.ERROR,
+                )
+                continue
+            if ok:
+                released += 1
+                self.log_change(request, task, "Released the stale lease.")
+            else:
+                refused += 1
+        if released:
+            self.message_user(
+                request, MSG_LEASE_RELEASED.format(n=released), messages.SUCCESS
+            )
+        if refused:
+            self.message_user(
+                request, MSG_LEASE_NOT_STALE.format(n=refused), messages.WARNING
+            )
+
+    @admin.action(permissions=["repair"], description="Resume selected tasks")
+    def resume_tasks(self, request, queryset):
+        from tasks.executor import ExecutorError, task_resume
+
+        resumed = 0
+        for task in queryset.order_by("pk"):
+            try:
+                task_resume(task=task, actor=actor_for(request))
+            except ExecutorError as exc:
+                self.message_user(
+                    request,
+                    MSG_REFUSED.format(what=f"Task {task.pk}", error=_error_text(exc)),
+                    messages.ERROR,
+                )
+                continue
+            resumed += 1
+            self.log_change(request, task, "Resumed.")
+        if resumed:
+            self.message_user(request, MSG_RESUMED.format(n=resumed), messages.SUCCESS)
+
+    @admin.action(permissions=["repair"], description="Branch the selected task…")
+    def branch_task(self, request, queryset):
+        tasks = list(queryset[:2])
+        if len(tasks) != 1:
+            self.message_user(
+                request, MSG_ONE_AT_A_TIME.format(what="task"), messages.ERROR
+            )
+            return None
+        return HttpResponseRedirect(
+            reverse("admin:tasks_task_branch", args=[tasks[0].pk])
+        )
+
+    # -- views --
+
+    def branch_view(self, request: HttpRequest, task_id: int) -> HttpResponse:
+        """Confirm, then branch a task keeping steps 1..k."""
+        if not self.has_repair_permission(request):
+            raise PermissionDenied
+        task = get_object_or_404(Task, pk=task_id)
+        steps = list(task.steps.order_by("position"))
+        change_url = reverse("admin:tasks_task_change", args=[task.pk])
+        if request.method == "POST":
+            from tasks.executor import ExecutorError, task_branch
+
+            try:
+                k = int(request.POST.get("after_position", ""))
+            except ValueError:
+                k = -1
+            try:
+                new = task_branch(task=task, after_position=k, actor=actor_for(request))
+            except ExecutorError as exc:
+                self.message_user(
+                    request,
+                    MSG_REFUSED.format(what=f"Task {task.pk}", error=_error_text(exc)),
+                    messages.ERROR,
+                )
+                return HttpResponseRedirect(request.path)
+            self.log_change(
+                request, task, f"Branched into task {new.pk} after step {k}."
+            )
+            self.message_user(
+                request,
+                MSG_BRANCHED.format(new=new.pk, old=task.pk, k=k),
+                messages.SUCCESS,
+            )
+            return HttpResponseRedirect(
+                reverse("admin:tasks_task_change", args=[new.pk])
+            )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Branch task “{task.title}”",
+            "opts": self.opts,
+            "task": task,
+            "steps": steps,
+            "change_url": change_url,
+        }
+        return TemplateResponse(request, "admin/tasks/task/branch.html", context)
+
+    def doctor_view(self, request: HttpRequest) -> HttpResponse:
+        """Run the doctor's checks and show the report; POST repairs."""
+        from tasks import doctor
+
+        if request.method == "POST":
+            if not self.has_repair_permission(request):
+                raise PermissionDenied
+            report = doctor.doctor_repair(actor=actor_for(request))
+            repaired = True
+        else:
+            report = doctor.doctor_check()
+            repaired = False
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Doctor",
+            "opts": self.opts,
+            "report": report,
+            "repaired": repaired,
+            "can_repair": self.has_repair_permission(request),
+        }
+        return TemplateResponse(request, "admin/tasks/doctor.html", context)
+
+
+# -- steps ----------------------------------------------------------------------
+
+
+@admin.register(Step)
+class StepAdmin(RepairPermissionMixin, admin.ModelAdmin):
+    list_display = [
+        "id",
+        "task",
+        "position",
+        "title",
+        "tool",
+        "artifact_class",
+        "status",
+        "attempts_shown",
+        "side_effects",
+        "output",
+        "repair_link",
+    ]
+    list_display_links = ["id", "title"]
+    list_select_related = ["task", "output"]
+    list_filter = [
+        NeedsReviewFilter,
+        "status",
+        "artifact_class",
+        "side_effects",
+        "task__brain",
+    ]
+    search_fields = ["title", "tool", "task__title"]
+    search_help_text = "Search step titles, tool names and task titles."
+    ordering = ["task", "position"]
+    fields = [
+        "task",
+        "position",
+        "title",
+        "status",
+        "tool",
+        "args",
+        "artifact_class",
+        "side_effects",
+        "attempts",
+        "max_attempts",
+        "generation",
+        "output",
+        "error",
+        "resume_words",
+        "resolve_options",
+        "started_at",
+        "finished_at",
+        "created_at",
+    ]
+    readonly_fields = fields
+    actions = ["resolve_step", "retry_steps"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="attempts")
+    def attempts_shown(self, obj):
+        return f"{obj.attempts}/{obj.max_attempts}"
+
+    @admin.display(description="repair")
+    def repair_link(self, obj):
+        return _resolve_link(obj)
+
+    @admin.display(description="what resume will do")
+    def resume_words(self, obj):
+        try:
+            from tasks.resume import resume_advice
+        except ImportError:
+            return "—"
+        return resume_advice(obj).words
+
+    @admin.display(description="resolutions the class rules allow")
+    def resolve_options(self, obj):
+        from tasks.executor import step_resolve_options
+
+        options = step_resolve_options(obj)
+        if not options:
+            return "none (nothing to resolve)"
+        url = reverse("admin:tasks_step_resolve", args=[obj.pk])
+        return format_html(
+            '{} — <a href="{}">Resolve…</a>',
+            ", ".join(RESOLVE_LABELS.get(o, o) for o in options),
+            url,
+        )
+
+    def get_urls(self):
+        return [
+            path(
+                "<int:step_id>/resolve/",
+                self.admin_site.admin_view(self.resolve_view),
+                name="tasks_step_resolve",
+            ),
+            *super().get_urls(),
+        ]
+
+    @admin.action(permissions=["repair"], description="Resolve the selected step…")
+    def resolve_step(self, request, queryset):
+        steps = list(queryset[:2])
+        if len(steps) != 1:
+            self.message_user(
+                request, MSG_ONE_AT_A_TIME.format(what="step"), messages.ERROR
+            )
+            return None
+        return HttpResponseRedirect(
+            reverse("admin:tasks_step_resolve", args=[steps[0].pk])
+        )
+
+    @admin.action(permissions=["repair"], description="Retry selected steps")
+    def retry_steps(self, request, queryset):
+        from tasks.executor import ExecutorError, step_retry
+
+        for step in queryset.select_related("task").order_by("task_id", "position"):
+            try:
+                step_retry(step=step, actor=actor_for(request))
+            except ExecutorError as exc:
+                self.message_user(
+                    request,
+                    MSG_REFUSED.format(what=f"Step {step.pk}", error=_error_text(exc)),
+                    messages.ERROR,
+                )
+                continue
+            self.log_change(request, step, "Retried.")
+            self.message_user(
+                request, MSG_RETRIED.format(step=step.pk), messages.SUCCESS
+            )
+
+    def resolve_view(self, request: HttpRequest, step_id: int) -> HttpResponse:
+        """Say what each allowed resolution will do; on POST, do the chosen one."""
+        from tasks.executor import ExecutorError, step_resolve, step_resolve_options
+
+        if not self.has_repair_permission(request):
+            raise PermissionDenied
+        step = get_object_or_404(Step.objects.select_related("task"), pk=step_id)
+        change_url = reverse("admin:tasks_step_change", args=[step.pk])
+        options = step_resolve_options(step)
+        if request.method == "POST":
+            action = request.POST.get("action", "")
+            if action not in options:
+                self.message_user(request, MSG_NOT_OFFERED, messages.ERROR)
+                return HttpResponseRedirect(request.path)
+            try:
+                step = step_resolve(step=step, action=action, actor=actor_for(request))
+            except ExecutorError as exc:
+                self.message_user(
+                    request,
+                    MSG_REFUSED.format(what=f"Step {step.pk}", error=_error_text(exc)),
+                    messages.ERROR,
+                )
+                return HttpResponseRedirect(request.path)
+            self.log_change(request, step, f"Resolved: {action}.")
+            self.message_user(
+                request,
+                MSG_RESOLVED.format(step=step.pk, words=RESOLVE_LABELS[action]),
+                messages.SUCCESS,
+            )
+            return HttpResponseRedirect(change_url)
+        if not options:
+            self.message_user(
+                request, MSG_NO_OPTIONS.format(step=step.pk), messages.WARNING
+            )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Resolve step {step.position}: {step.title}",
+            "opts": self.opts,
+            "step": step,
+            "task": step.task,
+            "options": [
+                (o, RESOLVE_LABELS.get(o, o), RESOLVE_WORDS.get(o, "")) for o in options
+            ],
+            "advice": self.resume_words(step),
+            "change_url": change_url,
+        }
+        return TemplateResponse(request, "admin/tasks/step/resolve.html", context)
+
+
+# -- events and links -------------------------------------------------------------
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """View-only: rows change only through services."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Event)
+class EventAdmin(ReadOnlyAdmin):
+    list_display = ["seq", "task", "step", "kind", "actor", "created_at"]
+    list_display_links = ["seq", "kind"]
+    list_select_related = ["task", "step"]
+    list_filter = ["kind", "created_at"]
+    search_fields = ["kind", "task__title"]
+    ordering = ["-created_at", "-id"]
+
+    @admin.display(description="actor")
+    def actor(self, obj):
+        return (obj.data or {}).get("actor", "")
+
+
+@admin.register(TaskArtifact)
+class TaskArtifactAdmin(ReadOnlyAdmin):
+    list_display = ["id", "task", "step", "artifact", "role", "created_at"]
+    list_select_related = ["task", "step", "artifact"]
+    list_filter = ["role"]
+    search_fields = ["task__title", "artifact__title", "^artifact__sha256"]
