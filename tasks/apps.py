@@ -1,7 +1,18 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.conf import settings
+from django.db.models.signals import pre_delete
 
 
 class TasksConfig(AppConfig):
     name = "tasks"
+
+    def ready(self) -> None:
+        from tasks.signals import user_conversations_delete
+
+        pre_delete.connect(
+            user_conversations_delete,
+            sender=settings.AUTH_USER_MODEL,
+            dispatch_uid="tasks.user_conversations_delete",
+        )

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connection, transaction
 from django.utils import timezone
 
-from tasks.models import Conversation, Event, Task
+from artifacts.gc import ArtifactRecord, artifacts_delete, gc_plan
+from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 
 ERR_EVENT_DATA_TOO_LARGE = "event data must stay small (refs and sizes, not payloads)"
 ERR_NO_TASK = "no such task"
@@ -116,3 +118,154 @@ def events_append(
     checked = [(kind, step_id, _check_data(data)) for kind, step_id, data in entries]
     last = _next_seqs(task_id, len(checked))
     return _insert_events(task_id, last - len(checked) + 1, checked)
+
+
+# -- deletion -----------------------------------------------------------------
+
+ERR_FOREIGN_KEYS_OFF = (
+    "foreign keys are off on this connection: refusing to delete, because the "
+    "schema's cascade would not fire and steps and events would be orphaned"
+)
+ERR_CASCADE_INCOMPLETE = (
+    "the database did not cascade the conversation's delete to its tasks"
+)
+ERR_GC_MISMATCH = "artifact GC deleted a different number of rows than it planned"
+
+
+@dataclass
+class DeletionReport:
+    """What ``conversation_delete`` removed (or, for a preview, would remove)
+    and which artifacts it kept, each with the reason in plain words."""
+
+    conversation_id: int
+    conversations: int = 0
+    rounds: int = 0
+    turns: int = 0
+    tasks: int = 0
+    steps: int = 0
+    events: int = 0
+    links: int = 0
+    removed_artifacts: list[ArtifactRecord] = field(default_factory=list)
+    kept_artifacts: list[ArtifactRecord] = field(default_factory=list)
+
+    def removed_counts(self) -> dict[str, int]:
+        return {
+            "conversations": self.conversations,
+            "rounds": self.rounds,
+            "turns": self.turns,
+            "tasks": self.tasks,
+            "steps": self.steps,
+            "events": self.events,
+            "links": self.links,
+            "artifacts": len(self.removed_artifacts),
+        }
+
+    @property
+    def total_removed(self) -> int:
+        return sum(self.removed_counts().values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "conversation_id": self.conversation_id,
+            "removed": self.removed_counts(),
+            "removed_artifacts": [r.as_dict() for r in self.removed_artifacts],
+            "kept_artifacts": [r.as_dict() for r in self.kept_artifacts],
+        }
+
+
+def _deletion_plan(conversation_id: int, *, lock: bool) -> DeletionReport:
+    """Count the subtree with aggregate queries and run the artifact rule.
+
+    Shared by the delete and its preview, so both give the same numbers.
+    """
+    from council.models import CouncilRound, Turn, TurnArtifact
+
+    own_tasks = Task.objects.filter(conversation_id=conversation_id)
+    own_turns = Turn.objects.filter(round__conversation_id=conversation_id)
+    task_links = TaskArtifact.objects.filter(task__conversation_id=conversation_id)
+    turn_links = TurnArtifact.objects.filter(
+        turn__round__conversation_id=conversation_id
+    )
+    steps = Step.objects.filter(task__conversation_id=conversation_id)
+    report = DeletionReport(
+        conversation_id=conversation_id,
+        conversations=1,
+        rounds=CouncilRound.objects.filter(conversation_id=conversation_id).count(),
+        turns=own_turns.count(),
+        tasks=own_tasks.count(),
+        steps=steps.count(),
+        events=Event.objects.filter(task__conversation_id=conversation_id).count(),
+        links=task_links.count() + turn_links.count(),
+    )
+    candidates: set[int] = set()
+    candidates.update(task_links.values_list("artifact_id", flat=True).distinct())
+    candidates.update(
+        steps.filter(output__isnull=False)
+        .values_list("output_id", flat=True)
+        .distinct()
+    )
+    candidates.update(turn_links.values_list("artifact_id", flat=True).distinct())
+    plan = gc_plan(
+        candidate_ids=candidates,
+        leaving_conversation_id=conversation_id,
+        lock=lock,
+    )
+    report.removed_artifacts = plan.remove
+    report.kept_artifacts = plan.keep
+    return report
+
+
+def _foreign_keys_enforced() -> bool:
+    if connection.vendor != "sqlite":
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA foreign_keys")
+        return bool(cursor.fetchone()[0])
+
+
+def conversation_deletion_preview(*, conversation: Conversation) -> DeletionReport:
+    """Return what ``conversation_delete`` would remove and keep; write nothing.
+
+    Counts come from aggregate queries (no event row is loaded), and the
+    artifact rule is the same code the delete runs.
+    """
+    return _deletion_plan(conversation.pk, lock=False)
+
+
+@transaction.atomic
+def conversation_delete(*, conversation_id: int) -> DeletionReport:
+    """Delete a conversation with its whole stateful subtree.
+
+    1. Take the lock: SQLite's write lock is held from BEGIN (IMMEDIATE);
+       PostgreSQL locks the conversation row. Refuse if foreign keys are off.
+    2. Count the subtree and plan the artifact rule to its fixed point
+       (locking the candidate artifact rows on PostgreSQL).
+    3. Delete the conversation row; the schema cascades to council rounds,
+       participants, turns and turn links, tasks, steps, events and ownership
+       links. No row is loaded into Python.
+    4. Delete the artifacts nothing alive keeps; their lineage edges cascade.
+    5. After commit, unlink their blob files (a rollback leaves every file).
+
+    A conversation that is already gone gives an empty report.
+    """
+    if not _foreign_keys_enforced():
+        raise RuntimeError(ERR_FOREIGN_KEYS_OFF)
+    exists = (
+        Conversation.objects.select_for_update()
+        .filter(pk=conversation_id)
+        .values_list("pk", flat=True)
+    )
+    if not list(exists):
+        return DeletionReport(conversation_id=conversation_id)
+    report = _deletion_plan(conversation_id, lock=True)
+
+    table = connection.ops.quote_name(Conversation._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {table} WHERE id = %s", [conversation_id])
+    if Task.objects.filter(conversation_id=conversation_id).exists():
+        raise RuntimeError(ERR_CASCADE_INCOMPLETE)
+
+    deleted = artifacts_delete(records=report.removed_artifacts)
+    if deleted != len(report.removed_artifacts):
+        raise RuntimeError(ERR_GC_MISMATCH)
+    return report

@@ -1,0 +1,388 @@
+"""Artifact garbage collection by lineage.
+
+The rule (DESIGN.md, "Deletion"): an artifact goes with the last live task
+that persisted it or points at it, unless a surviving artifact names it in
+``source_refs``. "Points at" means any ownership link (``TaskArtifact``, any
+role), a step's output ref, or a council turn link (``TurnArtifact``).
+
+Two users:
+
+- ``conversation_delete`` plans the GC for the artifacts one conversation
+  reaches (``gc_plan``) and deletes them (``artifacts_delete``), all inside
+  its locked transaction. Only candidates reachable from that conversation are
+  examined, never the whole table.
+- The doctor sweeps everything nothing alive keeps (``unowned_artifact_ids``),
+  whatever older code or a crash left behind.
+
+Blob files go only after the commit (``transaction.on_commit``); a rollback
+leaves every file in place, and a failed unlink is logged, not raised: the
+doctor sweeps files that no row names.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db import connection, transaction
+
+from artifacts.models import Artifact, ArtifactSource
+from artifacts.store import BlobStore, default_store
+
+logger = logging.getLogger("pippa.gc")
+
+# Ids per IN list: far under SQLite's variable limit (32,766 since 3.32, 999
+# before) and PostgreSQL's 65,535 parameters, and small enough for the planner.
+BATCH = 500
+
+REASON_SHARED_TASK = "shared with task {task} in another conversation"
+REASON_SHARED_STEP = "output of a step of task {task} in another conversation"
+REASON_SHARED_TURN = "used by council turn {turn} in another conversation"
+REASON_DANGLING = (
+    "still linked from task {task}, which no longer exists "
+    "(pippa_doctor --repair clears such links)"
+)
+REASON_SOURCE = "named as a source by artifact {artifact}"
+
+
+@dataclass(frozen=True)
+class ArtifactRecord:
+    """A small, printable record of an artifact that was (or would be) removed or kept."""
+
+    id: int
+    sha256: str
+    title: str
+    artifact_class: int
+    reason: str = ""
+
+    def as_dict(self) -> dict:
+        return {
+            "id": self.id,
+            "sha256": self.sha256,
+            "title": self.title,
+            "artifact_class": self.artifact_class,
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class GcPlan:
+    """What the artifact rule decides for a set of candidates."""
+
+    remove: list[ArtifactRecord] = field(default_factory=list)
+    keep: list[ArtifactRecord] = field(default_factory=list)
+
+    @property
+    def remove_ids(self) -> list[int]:
+        return [r.id for r in self.remove]
+
+
+def batched(ids: Iterable[int], size: int = BATCH) -> Iterator[list[int]]:
+    chunk: list[int] = []
+    for pk in ids:
+        chunk.append(pk)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _lineage_closure(start: set[int]) -> set[int]:
+    """Return ``start`` plus every artifact reachable through ``source_refs``."""
+    seen = set(start)
+    frontier = sorted(start)
+    while frontier:
+        found: set[int] = set()
+        for chunk in batched(frontier):
+            found.update(
+                ArtifactSource.objects.filter(artifact_id__in=chunk).values_list(
+                    "source_id", flat=True
+                )
+            )
+        frontier = sorted(found - seen)
+        seen.update(frontier)
+    return seen
+
+
+def _outside_keepers(
+    ids: Sequence[int], leaving_conversation_id: int | None
+) -> dict[int, str]:
+    """Return {artifact id: reason} for candidates a ref outside the leaving
+    conversation keeps: a task link, a step output or a council turn link.
+
+    A link whose task is already gone (the old foreign-keys-off bug) still
+    keeps the artifact: the database would refuse the delete anyway, and the
+    doctor is the one to clear such links.
+    """
+    from council.models import Turn, TurnArtifact
+    from tasks.models import Step, Task, TaskArtifact
+
+    links = TaskArtifact.objects.all()
+    steps = Step.objects.filter(output__isnull=False)
+    turn_links = TurnArtifact.objects.all()
+    if leaving_conversation_id is not None:
+        own_tasks = Task.objects.filter(conversation_id=leaving_conversation_id).values(
+            "pk"
+        )
+        own_turns = Turn.objects.filter(
+            round__conversation_id=leaving_conversation_id
+        ).values("pk")
+        links = links.exclude(task_id__in=own_tasks)
+        steps = steps.exclude(task_id__in=own_tasks)
+        turn_links = turn_links.exclude(turn_id__in=own_turns)
+
+    task_of: dict[int, tuple[str, int]] = {}
+    turn_of: dict[int, int] = {}
+    for chunk in batched(ids):
+        for artifact_id, task_id in links.filter(artifact_id__in=chunk).values_list(
+            "artifact_id", "task_id"
+        ):
+            task_of.setdefault(artifact_id, ("link", task_id))
+        for artifact_id, task_id in steps.filter(output_id__in=chunk).values_list(
+            "output_id", "task_id"
+        ):
+            task_of.setdefault(artifact_id, ("step", task_id))
+        for artifact_id, turn_id in turn_links.filter(
+            artifact_id__in=chunk
+        ).values_list("artifact_id", "turn_id"):
+            turn_of.setdefault(artifact_id, turn_id)
+
+    live_tasks: set[int] = set()
+    for chunk in batched(sorted({t for _, t in task_of.values()})):
+        live_tasks.update(
+            Task.objects.filter(pk__in=chunk).values_list("pk", flat=True)
+        )
+
+    reasons: dict[int, str] = {}
+    for artifact_id, turn_id in turn_of.items():
+        reasons[artifact_id] = REASON_SHARED_TURN.format(turn=turn_id)
+    for artifact_id, (kind, task_id) in task_of.items():
+        if task_id not in live_tasks:
+            reasons[artifact_id] = REASON_DANGLING.format(task=task_id)
+        elif kind == "link":
+            reasons[artifact_id] = REASON_SHARED_TASK.format(task=task_id)
+        else:
+            reasons[artifact_id] = REASON_SHARED_STEP.format(task=task_id)
+    return reasons
+
+
+def _records(ids: Iterable[int]) -> dict[int, ArtifactRecord]:
+    records = {}
+    for chunk in batched(sorted(ids)):
+        for pk, sha, title, cls in Artifact.objects.filter(pk__in=chunk).values_list(
+            "pk", "sha256", "title", "artifact_class"
+        ):
+            records[pk] = ArtifactRecord(pk, sha, title, cls)
+    return records
+
+
+def gc_plan(
+    *,
+    candidate_ids: Iterable[int],
+    leaving_conversation_id: int | None = None,
+    lock: bool = False,
+) -> GcPlan:
+    """Decide which candidates go and which stay (with why), without writing.
+
+    1. Close the candidates under lineage: the sources of a candidate may lose
+       their last keeper when it goes.
+    2. Keep every candidate that a ref from outside the leaving conversation
+       points at (task link, step output, turn link).
+    3. Of the rest, keep any that a surviving artifact names as a source; that
+       survivor may itself be a candidate that was just kept, so repeat until
+       nothing changes (the fixed point). Everything left goes.
+
+    With ``lock`` (inside ``conversation_delete``) the candidate rows are
+    locked first on PostgreSQL (``SELECT … FOR UPDATE``), so a concurrent
+    writer cannot link one between the check and the delete; SQLite already
+    holds the database's write lock.
+    """
+    considered = _lineage_closure(set(candidate_ids))
+    if not considered:
+        return GcPlan()
+    ordered = sorted(considered)
+    if lock and connection.features.has_select_for_update:
+        for chunk in batched(ordered):
+            list(
+                Artifact.objects.select_for_update()
+                .filter(pk__in=chunk)
+                .values_list("pk", flat=True)
+            )
+    reasons = _outside_keepers(ordered, leaving_conversation_id)
+
+    # (source, derived) lineage edges into the considered set.
+    namers: dict[int, list[int]] = {}
+    for chunk in batched(ordered):
+        for source_id, artifact_id in ArtifactSource.objects.filter(
+            source_id__in=chunk
+        ).values_list("source_id", "artifact_id"):
+            namers.setdefault(source_id, []).append(artifact_id)
+
+    doomed = considered - reasons.keys()
+    changed = True
+    while changed:
+        changed = False
+        for pk in sorted(doomed):
+            survivors = [a for a in namers.get(pk, ()) if a not in doomed]
+            if survivors:
+                doomed.discard(pk)
+                reasons[pk] = REASON_SOURCE.format(artifact=min(survivors))
+                changed = True
+
+    records = _records(considered)
+    plan = GcPlan()
+    for pk in ordered:
+        if pk not in records:  # vanished meanwhile (preview only; delete locks)
+            continue
+        if pk in doomed:
+            plan.remove.append(records[pk])
+        else:
+            record = records[pk]
+            plan.keep.append(
+                ArtifactRecord(
+                    record.id,
+                    record.sha256,
+                    record.title,
+                    record.artifact_class,
+                    reasons[pk],
+                )
+            )
+    return plan
+
+
+def artifacts_delete(
+    *, records: Sequence[ArtifactRecord], store: BlobStore | None = None
+) -> int:
+    """Delete artifact rows by id (lineage edges go by the schema's cascade)
+    and unlink their blobs after the surrounding transaction commits.
+
+    The caller has decided that nothing keeps these rows; the refs to artifacts
+    are NO ACTION in the schema, so a wrong decision fails at commit instead of
+    leaving a dangling ref. Return the number of rows deleted.
+    """
+    if not records:
+        return 0
+    table = connection.ops.quote_name(Artifact._meta.db_table)
+    deleted = 0
+    with connection.cursor() as cursor:
+        for chunk in batched([r.id for r in records]):
+            marks = ", ".join(["%s"] * len(chunk))
+            cursor.execute(f"DELETE FROM {table} WHERE id IN ({marks})", chunk)
+            deleted += cursor.rowcount
+    blobs_unlink_after_commit(shas=[r.sha256 for r in records], store=store)
+    return deleted
+
+
+def blobs_unlink_after_commit(
+    *, shas: Sequence[str], store: BlobStore | None = None
+) -> None:
+    """Schedule the unlink of these blobs for after the commit (never before)."""
+    if not shas:
+        return
+    store = store or default_store()
+    shas = list(shas)
+    transaction.on_commit(lambda: blobs_unlink(shas=shas, store=store))
+
+
+def blobs_unlink(
+    *, shas: Sequence[str], store: BlobStore, on_error: Callable | None = None
+) -> int:
+    """Unlink the blobs of these shas that no artifact row names (re-checked
+    here: the same bytes may have been stored again since). Failures are
+    logged and skipped; the doctor sweeps what is left. Return the count removed.
+    """
+    removed = 0
+    for chunk in batched(list(shas)):
+        named = set(
+            Artifact.objects.filter(sha256__in=chunk).values_list("sha256", flat=True)
+        )
+        for sha in chunk:
+            if sha in named:
+                continue
+            try:
+                if store.unlink(sha):
+                    removed += 1
+            except OSError as exc:
+                logger.warning("could not unlink blob %s: %s", sha, exc)
+                if on_error:
+                    on_error(sha, exc)
+    return removed
+
+
+def unowned_artifacts(*, created_before: datetime) -> list[tuple[int, str]]:
+    """Return (id, sha256) of every artifact nothing alive keeps, oldest first.
+
+    Alive keepers: a task link, step output or turn link whose chain up to its
+    conversation is intact. Kept artifacts keep their sources (recursively).
+    Artifacts created after ``created_before`` count as kept: a writer may be
+    between storing the artifact and linking it.
+    """
+    from council.models import CouncilRound, Turn, TurnArtifact
+    from tasks.models import Conversation, Step, Task, TaskArtifact
+
+    q = connection.ops.quote_name
+    a = q(Artifact._meta.db_table)
+    src = q(ArtifactSource._meta.db_table)
+    conv = q(Conversation._meta.db_table)
+    task = q(Task._meta.db_table)
+    step = q(Step._meta.db_table)
+    link = q(TaskArtifact._meta.db_table)
+    rnd = q(CouncilRound._meta.db_table)
+    turn = q(Turn._meta.db_table)
+    tlink = q(TurnArtifact._meta.db_table)
+    sql = f"""
+        WITH RECURSIVE kept(id) AS (
+            SELECT x.id FROM {a} x WHERE x.created_at >= %s
+            UNION
+            SELECT l.artifact_id FROM {link} l
+              JOIN {task} t ON t.id = l.task_id
+              JOIN {conv} c ON c.id = t.conversation_id
+            UNION
+            SELECT s.output_id FROM {step} s
+              JOIN {task} t ON t.id = s.task_id
+              JOIN {conv} c ON c.id = t.conversation_id
+             WHERE s.output_id IS NOT NULL
+            UNION
+            SELECT tl.artifact_id FROM {tlink} tl
+              JOIN {turn} u ON u.id = tl.turn_id
+              JOIN {rnd} r ON r.id = u.round_id
+              JOIN {conv} c ON c.id = r.conversation_id
+            UNION
+            SELECT e.source_id FROM {src} e JOIN kept k ON e.artifact_id = k.id
+        )
+        SELECT y.id, y.sha256 FROM {a} y
+         WHERE y.id NOT IN (SELECT id FROM kept)
+         ORDER BY y.id
+    """
+    cutoff = connection.ops.adapt_datetimefield_value(created_before)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [cutoff])
+        return [(row[0], row[1]) for row in cursor.fetchall()]
+
+
+def unowned_artifacts_delete(
+    *, created_before: datetime, store: BlobStore | None = None
+) -> list[tuple[int, str]]:
+    """Delete every artifact nothing alive keeps; blobs go after the commit.
+
+    The unowned set is closed under "names as a source" (a kept artifact keeps
+    its sources), so deleting all of it in one transaction satisfies the
+    schema's NO ACTION refs. Return the (id, sha256) pairs deleted.
+    """
+    with transaction.atomic():
+        rows = unowned_artifacts(created_before=created_before)
+        if connection.features.has_select_for_update and rows:
+            for chunk in batched([pk for pk, _ in rows]):
+                list(
+                    Artifact.objects.select_for_update()
+                    .filter(pk__in=chunk)
+                    .values_list("pk", flat=True)
+                )
+            rows = unowned_artifacts(created_before=created_before)
+        artifacts_delete(
+            records=[ArtifactRecord(pk, sha, "", 0) for pk, sha in rows], store=store
+        )
+    return rows
