@@ -322,6 +322,9 @@ class Event(models.Model):
         STEP_SKIPPED = "step_skipped"
         STEP_FAILED = "step_failed"
         ADMIN_ACTION = "admin_action"
+        # A person resolved a failed or uncertain step (adopt/rerun/fail/skip).
+        STEP_RESOLVED = "step_resolved"
+        TASK_PAUSED = "task_paused"
 
     task = models.ForeignKey(Task, on_delete=models.DB_CASCADE, related_name="events")
     step = models.ForeignKey(

@@ -1,0 +1,284 @@
+"""A task's plan: an ordered step list, created once and rewritten like a todo list."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from tasks.models import Conversation, Event, Step, Task
+from tasks.services import events_append
+from tasks.tools import ToolNotFound, tool_get
+
+MAX_ARGS_CHARS = 2048
+MAX_STEPS = 200
+
+ERR_NO_STEPS = "a plan needs at least one step"
+ERR_TOO_MANY_STEPS = f"a plan may have at most {MAX_STEPS} steps"
+ERR_STEP_NOT_DICT = "step {n}: each step is a dict with title, tool and args"
+ERR_NO_TITLE = "step {n}: a step needs a title"
+ERR_ARGS_NOT_DICT = "step {n}: args must be a dict"
+ERR_ARGS_TOO_LARGE = (
+    f"step {{n}}: args must stay small (under {MAX_ARGS_CHARS} characters of JSON);"
+    " pass refs, not payloads"
+)
+ERR_ARGS_NOT_JSON = "step {n}: args must be plain JSON values"
+ERR_BAD_MAX_ATTEMPTS = "step {n}: max_attempts must be a whole number from 1 to 1000"
+ERR_UNKNOWN_STEP = "step id {id} is not part of this task"
+ERR_STEP_TWICE = "step id {id} appears twice in the new plan"
+ERR_DONE_CHANGED = (
+    "step {position} is {status}: its title, tool and args cannot change"
+    " (retry or branch instead)"
+)
+ERR_STARTED_DROPPED = (
+    "step {position} has already been attempted ({status}); it cannot be dropped"
+)
+ERR_DONE_ORDER = (
+    "finished steps must stay first and in their order; step {position} moved"
+)
+ERR_STARTED_ORDER = "attempted steps keep their order; step {position} moved"
+ERR_LEASED = "a worker is running this task right now; pause it or wait for the step"
+
+
+class PlanError(ValueError):
+    pass
+
+
+FINISHED = (Step.Status.DONE, Step.Status.SKIPPED)
+
+
+def _clean_step(raw: Any, n: int) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise PlanError(ERR_STEP_NOT_DICT.format(n=n))
+    title = str(raw.get("title") or "").strip()
+    if not title:
+        raise PlanError(ERR_NO_TITLE.format(n=n))
+    try:
+        found = tool_get(str(raw.get("tool") or ""))
+    except ToolNotFound as exc:
+        raise PlanError(f"step {n}: {exc}") from None
+    args = raw.get("args") or {}
+    if not isinstance(args, dict):
+        raise PlanError(ERR_ARGS_NOT_DICT.format(n=n))
+    try:
+        encoded = json.dumps(args, allow_nan=False)
+    except (TypeError, ValueError):
+        raise PlanError(ERR_ARGS_NOT_JSON.format(n=n)) from None
+    if len(encoded) > MAX_ARGS_CHARS:
+        raise PlanError(ERR_ARGS_TOO_LARGE.format(n=n))
+    max_attempts = raw.get("max_attempts", settings.PIPPA_MAX_ATTEMPTS)
+    if (
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= 1000
+    ):
+        raise PlanError(ERR_BAD_MAX_ATTEMPTS.format(n=n))
+    return {
+        "title": title[:300],
+        "tool": found.name,
+        "args": args,
+        "artifact_class": found.artifact_class,
+        "side_effects": found.side_effects,
+        "max_attempts": max_attempts,
+    }
+
+
+@transaction.atomic
+def task_create(
+    *,
+    conversation: Conversation,
+    title: str,
+    steps: list[dict],
+    brain: str = "scripted",
+    queue: bool = True,
+) -> Task:
+    """Create a task with its ordered steps; queue it for a worker unless told not to.
+
+    The tool registry fills each step's artifact class and side-effect flag, so
+    the resume rule is fixed when the plan is made.
+    """
+    if not steps:
+        raise PlanError(ERR_NO_STEPS)
+    if len(steps) > MAX_STEPS:
+        raise PlanError(ERR_TOO_MANY_STEPS)
+    cleaned = [_clean_step(raw, n) for n, raw in enumerate(steps, start=1)]
+    now = timezone.now()
+    task = Task.objects.create(
+        conversation=conversation,
+        title=(title.strip() or "Untitled task")[:300],
+        brain=brain or "scripted",
+        status=Task.Status.QUEUED if queue else Task.Status.PAUSED,
+        steps_total=len(cleaned),
+        created_at=now,
+        updated_at=now,
+    )
+    Step.objects.bulk_create(
+        [
+            Step(task=task, position=n, created_at=now, **fields)
+            for n, fields in enumerate(cleaned, start=1)
+        ]
+    )
+    entries = [
+        (
+            Event.Kind.TASK_CREATED,
+            None,
+            {"steps": len(cleaned), "brain": task.brain, "title": task.title[:200]},
+        )
+    ]
+    if queue:
+        entries.append((Event.Kind.TASK_QUEUED, None, {"reason": "created"}))
+    events_append(task_id=task.pk, entries=entries)
+    Conversation.objects.filter(pk=conversation.pk).update(updated_at=now)
+    task.refresh_from_db()
+    return task
+
+
+@transaction.atomic
+def plan_rewrite(*, task: Task, steps: list[dict]) -> Task:
+    """Replace a task's plan the way a todo list is rewritten.
+
+    1. Lock the task; refuse while a worker holds a live lease.
+    2. Finished (done/skipped) steps must all be listed, first, in their order,
+       unchanged: their outputs stand. A dict with ``"id"`` names an existing step.
+    3. Attempted steps (running, failed, needs review, or pending with earlier
+       attempts) keep their relative order and cannot be dropped: their events
+       are history.
+    4. Never-attempted pending steps may be reordered, edited or dropped; dicts
+       without ``"id"`` are new pending steps.
+    5. Renumber, recount progress, log ``plan_rewritten``; reopen a done task
+       that gained steps.
+    """
+    locked = Task.objects.select_for_update().get(pk=task.pk)
+    if locked.lease_owner and not locked.lease_expired:
+        raise PlanError(ERR_LEASED)
+    if not steps:
+        raise PlanError(ERR_NO_STEPS)
+    if len(steps) > MAX_STEPS:
+        raise PlanError(ERR_TOO_MANY_STEPS)
+    existing = {s.pk: s for s in Step.objects.filter(task=locked).order_by("position")}
+    attempted_ids = set(
+        Event.objects.filter(task=locked, kind=Event.Kind.TOOL_CALL_STARTED)
+        .values_list("step_id", flat=True)
+        .distinct()
+    )
+
+    new_order: list[tuple[Step | None, dict[str, Any]]] = []
+    seen: set[int] = set()
+    for n, raw in enumerate(steps, start=1):
+        if isinstance(raw, dict) and raw.get("id") is not None:
+            try:
+                step_id = int(raw["id"])
+            except (TypeError, ValueError):
+                raise PlanError(ERR_UNKNOWN_STEP.format(id=raw["id"])) from None
+            if step_id not in existing:
+                raise PlanError(ERR_UNKNOWN_STEP.format(id=step_id))
+            if step_id in seen:
+                raise PlanError(ERR_STEP_TWICE.format(id=step_id))
+            seen.add(step_id)
+            old = existing[step_id]
+            merged = {
+                "title": raw.get("title", old.title),
+                "tool": raw.get("tool", old.tool),
+                "args": raw.get("args", old.args),
+                "max_attempts": raw.get("max_attempts", old.max_attempts),
+            }
+            if (old.status in FINISHED or old.pk in attempted_ids) and (
+                str(merged["title"]).strip()[:300] != old.title
+                or merged["tool"] != old.tool
+                or merged["args"] != old.args
+            ):
+                raise PlanError(
+                    ERR_DONE_CHANGED.format(
+                        position=old.position, status=old.get_status_display()
+                    )
+                )
+            new_order.append((old, _clean_step(merged, n)))
+        else:
+            new_order.append((None, _clean_step(raw, n)))
+
+    for old in existing.values():
+        if old.pk in seen:
+            continue
+        if old.status in FINISHED or old.pk in attempted_ids or old.attempts:
+            raise PlanError(
+                ERR_STARTED_DROPPED.format(
+                    position=old.position, status=old.get_status_display()
+                )
+            )
+
+    finished_old = [s.pk for s in existing.values() if s.status in FINISHED]
+    new_ids = [old.pk if old else None for old, _ in new_order]
+    if new_ids[: len(finished_old)] != finished_old:
+        moved = next(
+            (
+                existing[pk].position
+                for i, pk in enumerate(finished_old)
+                if i >= len(new_ids) or new_ids[i] != pk
+            ),
+            0,
+        )
+        raise PlanError(ERR_DONE_ORDER.format(position=moved))
+    attempted_old = [
+        s.pk
+        for s in existing.values()
+        if s.status not in FINISHED and (s.pk in attempted_ids or s.attempts)
+    ]
+    attempted_new = [pk for pk in new_ids if pk in set(attempted_old)]
+    if attempted_new != attempted_old:
+        moved = next(
+            existing[a].position
+            for a, b in zip(attempted_old, attempted_new, strict=True)
+            if a != b
+        )
+        raise PlanError(ERR_STARTED_ORDER.format(position=moved))
+
+    dropped = [pk for pk in existing if pk not in seen]
+    # Dropped steps were never attempted, so they carry no events.
+    Step.objects.filter(pk__in=dropped).delete()
+    # Two passes keep (task, position) unique while positions move.
+    offset = 10 * MAX_STEPS + len(existing) + len(new_order)
+    Step.objects.filter(task=locked).update(position=F("position") + offset)
+    now = timezone.now()
+    added = 0
+    for n, (old, fields) in enumerate(new_order, start=1):
+        if old is None:
+            Step.objects.create(task=locked, position=n, created_at=now, **fields)
+            added += 1
+        else:
+            update = {"position": n}
+            if old.status not in FINISHED and old.pk not in attempted_ids:
+                update.update(fields)
+            Step.objects.filter(pk=old.pk).update(**update)
+
+    done = Step.objects.filter(task=locked, status__in=FINISHED).count()
+    total = len(new_order)
+    changes: dict[str, Any] = {
+        "steps_total": total,
+        "steps_done": done,
+        "updated_at": now,
+    }
+    if locked.status == Task.Status.DONE and done < total:
+        changes.update(status=Task.Status.QUEUED, finished_at=None)
+    Task.objects.filter(pk=locked.pk).update(**changes)
+    entries = [
+        (
+            Event.Kind.PLAN_REWRITTEN,
+            None,
+            {
+                "steps": total,
+                "kept": len(seen),
+                "added": added,
+                "dropped": len(dropped),
+                "order": [pk for pk in new_ids if pk is not None][:200],
+            },
+        )
+    ]
+    if changes.get("status") == Task.Status.QUEUED:
+        entries.append((Event.Kind.TASK_QUEUED, None, {"reason": "plan_rewritten"}))
+    events_append(task_id=locked.pk, entries=entries)
+    task.refresh_from_db()
+    return task

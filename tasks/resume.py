@@ -1,0 +1,346 @@
+"""What a resumed brain reads, and what resume will do with each step.
+
+``resume_context(task)`` is the one document every brain gets: the plan with
+statuses, each done step's artifact ref (never its payload) and, for a step
+left in the uncertain state, the rule resume will apply. ``resume_advice`` is
+the same rule for one step, in words a person understands; the executor acts
+on exactly the decision ``uncertain_decide`` returns, so the advice shown is
+the thing that happens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from artifacts.models import Artifact, ArtifactClass
+from artifacts.store import CHUNK, default_store
+from tasks.models import Event, Step, Task
+from tasks.tools import files_root
+
+SCHEMA = "pippa.resume/1"
+
+# Kinds that open or close a tool-call envelope, in the step's own log.
+ENVELOPE_KINDS = (
+    Event.Kind.TOOL_CALL_STARTED,
+    Event.Kind.PAYLOAD_PERSISTED,
+    Event.Kind.TOOL_RESULT_PERSISTED,
+    Event.Kind.TOOL_CALL_FAILED,
+    Event.Kind.STEP_RETRIED,
+    Event.Kind.STEP_RESOLVED,
+    Event.Kind.STEP_NEEDS_REVIEW,
+    Event.Kind.UNCERTAIN_RESOLVED,
+)
+CLOSING_KINDS = {
+    Event.Kind.TOOL_RESULT_PERSISTED,
+    Event.Kind.TOOL_CALL_FAILED,
+    Event.Kind.STEP_RETRIED,
+    Event.Kind.STEP_RESOLVED,
+}
+
+ADOPT = "adopt"
+CALL_AGAIN = "call_again"
+REVIEW = "review"
+
+
+@dataclass(frozen=True)
+class ResumeAdvice:
+    rule: str
+    words: str
+    # What the executor does: adopt / call_again / review (uncertain), run,
+    # wait (a live worker has it), none (nothing to do), blocked (needs a person).
+    action: str = "none"
+
+
+@dataclass
+class Envelope:
+    """The step's current tool-call envelope, read from its own events."""
+
+    open: bool = False
+    started: dict[str, Any] | None = None
+    payload: dict[str, Any] | None = None
+    starts: int = 0
+    review_reason: str = ""
+    review_rule: str = ""
+
+
+def envelope_read(step_id: int) -> Envelope:
+    """Fold the step's envelope events (current generation only) into an Envelope."""
+    env = Envelope()
+    rows = (
+        Event.objects.filter(step_id=step_id, kind__in=ENVELOPE_KINDS)
+        .order_by("seq")
+        .values_list("kind", "data")
+    )
+    for kind, data in rows:
+        if kind == Event.Kind.STEP_RETRIED:
+            env = Envelope()
+        elif kind == Event.Kind.TOOL_CALL_STARTED:
+            env.open, env.started, env.payload = True, data, None
+            env.starts += 1
+        elif kind == Event.Kind.PAYLOAD_PERSISTED:
+            env.payload = data
+        elif kind == Event.Kind.STEP_NEEDS_REVIEW:
+            env.review_reason = data.get("reason", "")
+            env.review_rule = data.get("rule", "")
+        if kind in CLOSING_KINDS:
+            env.open = False
+    return env
+
+
+def _file_sha(path: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(CHUNK), b""):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def class1_file(payload: dict[str, Any]) -> Path | None:
+    """Return the class-1 file a payload names, if it is there and hashes to its sha."""
+    rel = payload.get("path")
+    if not rel:
+        return None
+    root = files_root().resolve()
+    path = (root / rel).resolve()
+    if not path.is_relative_to(root):
+        return None
+    return path if _file_sha(path) == payload.get("sha") else None
+
+
+def payload_intact(step_class: int, payload: dict[str, Any] | None) -> bool:
+    """True when the persisted payload can be adopted as it is."""
+    if not payload or not payload.get("sha"):
+        return False
+    if step_class == ArtifactClass.FILE:
+        return class1_file(payload) is not None
+    return default_store().verify(payload["sha"])
+
+
+def source_ids_for(step: Step, payload: dict[str, Any] | None) -> list[int] | None:
+    """The artifacts a class-4 step renders from; None when a source step has no output.
+
+    The persisted payload names them when there is one; otherwise the step's
+    ``sources`` arg (positions) does, else every earlier step.
+    """
+    if payload and payload.get("source_ids"):
+        return [int(x) for x in payload["source_ids"]]
+    args = step.args if isinstance(step.args, dict) else {}
+    wanted = args.get("sources", args.get("source"))
+    if isinstance(wanted, int):
+        wanted = [wanted]
+    earlier = Step.objects.filter(task_id=step.task_id, position__lt=step.position)
+    if wanted:
+        earlier = earlier.filter(position__in=[int(x) for x in wanted])
+    rows = list(earlier.values_list("status", "output_id"))
+    if wanted and len(rows) != len(set(wanted)):
+        return None
+    ids = []
+    for status, output_id in rows:
+        if status == Step.Status.SKIPPED:
+            continue
+        if output_id is None:
+            return None
+        ids.append(output_id)
+    return ids
+
+
+def sources_alive(ids: list[int] | None) -> bool:
+    if ids is None:
+        return False
+    shas = dict(Artifact.objects.filter(pk__in=ids).values_list("pk", "sha256"))
+    if len(shas) != len(set(ids)):
+        return False
+    store = default_store()
+    return all(store.verify(sha) for sha in shas.values())
+
+
+def uncertain_decide(step: Step, env: Envelope) -> ResumeAdvice:
+    """Apply DESIGN.md's class table to a step whose envelope is open."""
+    has_payload = bool(env.payload and env.payload.get("sha"))
+    if step.side_effects:
+        return ResumeAdvice(
+            "side_effects_review", "needs you: the tool has outside effects", REVIEW
+        )
+    cls = step.artifact_class
+    if cls == ArtifactClass.FILE:
+        if has_payload and payload_intact(cls, env.payload):
+            return ResumeAdvice(
+                "class1_reuse_file",
+                "will reuse the saved file (its sha matches)",
+                ADOPT,
+            )
+        if has_payload:
+            return ResumeAdvice(
+                "class1_regenerate_missing",
+                "will make the file again: it is gone or no longer matches its sha",
+                CALL_AGAIN,
+            )
+        return ResumeAdvice(
+            "class1_regenerate_unsaved",
+            "will make the file again: its checksum was never saved",
+            CALL_AGAIN,
+        )
+    if cls == ArtifactClass.FETCH:
+        return ResumeAdvice("class2_fetch_again", "will fetch again", CALL_AGAIN)
+    if cls == ArtifactClass.SNAPSHOT:
+        if has_payload and payload_intact(cls, env.payload):
+            return ResumeAdvice(
+                "class3_adopt_snapshot",
+                f"will reuse the saved {_noun(step)} snapshot",
+                ADOPT,
+            )
+        if has_payload:
+            return ResumeAdvice(
+                "class3_snapshot_lost",
+                "needs you: the saved snapshot is missing or damaged,"
+                " and a snapshot is never taken twice",
+                REVIEW,
+            )
+        return ResumeAdvice(
+            "class3_issue_again_unshown",
+            "will issue the call again: no snapshot was saved, so none was shown",
+            CALL_AGAIN,
+        )
+    # Class 4: a derived render.
+    if has_payload and payload_intact(cls, env.payload):
+        return ResumeAdvice(
+            "class4_reuse_render",
+            "will reuse the saved render (its sha matches)",
+            ADOPT,
+        )
+    if sources_alive(source_ids_for(step, env.payload)):
+        return ResumeAdvice(
+            "class4_rerender",
+            "will render again from its sources (all present and intact)",
+            CALL_AGAIN,
+        )
+    return ResumeAdvice(
+        "class4_sources_gone",
+        "needs you: a source of this render is gone or damaged",
+        REVIEW,
+    )
+
+
+def _noun(step: Step) -> str:
+    name = step.tool.rsplit(".", 1)[-1].replace("_", " ")
+    return "search" if "search" in name else name
+
+
+def resume_advice(step: Step, *, task: Task | None = None) -> ResumeAdvice:
+    """Say, in plain words, what resuming the task will do with this step."""
+    task = task or step.task
+    status = step.status
+    if status == Step.Status.DONE:
+        return ResumeAdvice("done_keep", "done: its saved output is kept")
+    if status == Step.Status.SKIPPED:
+        return ResumeAdvice("skipped", "skipped: resume passes over it")
+    if status == Step.Status.FAILED:
+        return ResumeAdvice(
+            "failed_retry",
+            f"failed after {step.attempts} attempt(s): retry it to run again",
+            "blocked",
+        )
+    if status == Step.Status.NEEDS_REVIEW:
+        env = envelope_read(step.pk)
+        reason = env.review_reason or "needs you: it was set aside for a person"
+        return ResumeAdvice(
+            env.review_rule or "needs_review",
+            reason if reason.startswith("needs you") else f"needs you: {reason}",
+            "blocked",
+        )
+    if status == Step.Status.RUNNING:
+        if task.lease_owner and not task.lease_expired:
+            return ResumeAdvice(
+                "in_progress", f"running now on {task.lease_owner}", "wait"
+            )
+        env = envelope_read(step.pk)
+        if env.open:
+            return uncertain_decide(step, env)
+    if step.attempts >= step.max_attempts:
+        return ResumeAdvice("no_attempts_left", "will fail: no attempts left", "run")
+    return ResumeAdvice(
+        "run",
+        f"will run (attempt {step.attempts + 1} of {step.max_attempts})",
+        "run",
+    )
+
+
+def artifact_ref(artifact: Artifact) -> dict[str, Any]:
+    """The brain-facing ref of an artifact: metadata and sha, never the payload."""
+    return {
+        "id": artifact.pk,
+        "sha256": artifact.sha256,
+        "class": artifact.artifact_class,
+        "class_label": artifact.class_label,
+        "media_type": artifact.media_type,
+        "size": artifact.size,
+        "title": artifact.title,
+    }
+
+
+def resume_context(task: Task) -> dict[str, Any]:
+    """Return the brain-agnostic document a resumed brain reads.
+
+    The same document for every brain: the plan with statuses, each done
+    step's artifact ref, and for each unfinished step what resume will do.
+    """
+    task = Task.objects.get(pk=task.pk)
+    steps = list(
+        Step.objects.filter(task=task).select_related("output").order_by("position")
+    )
+    next_position = next(
+        (
+            s.position
+            for s in steps
+            if s.status not in (Step.Status.DONE, Step.Status.SKIPPED)
+        ),
+        None,
+    )
+    out_steps = []
+    for s in steps:
+        entry: dict[str, Any] = {
+            "position": s.position,
+            "title": s.title,
+            "tool": s.tool,
+            "args": s.args,
+            "status": s.status,
+            "artifact_class": s.artifact_class,
+            "side_effects": s.side_effects,
+            "attempts": s.attempts,
+            "max_attempts": s.max_attempts,
+            "idempotency_key": s.idempotency_key(),
+            "output": artifact_ref(s.output) if s.output_id else None,
+        }
+        if s.status not in (Step.Status.DONE, Step.Status.SKIPPED):
+            advice = resume_advice(s, task=task)
+            entry["resume"] = {"rule": advice.rule, "words": advice.words}
+            if s.error:
+                entry["error"] = s.error[:500]
+        out_steps.append(entry)
+    return {
+        "schema": SCHEMA,
+        "task": {
+            "id": task.pk,
+            "title": task.title,
+            "status": task.status,
+            "brain": task.brain,
+            "conversation_id": task.conversation_id,
+            "steps_total": task.steps_total,
+            "steps_done": task.steps_done,
+            "branched_from": task.branched_from_id,
+            "branched_after_step": task.branched_at,
+        },
+        "next_step": next_position,
+        "steps": out_steps,
+    }
+
+
+def resume_context_json(task: Task) -> str:
+    return json.dumps(resume_context(task), indent=2, sort_keys=False)

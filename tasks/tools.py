@@ -1,0 +1,209 @@
+"""The tool registry: what a step may call, and how its output behaves on resume.
+
+A tool is a function ``fn(ctx: ToolContext, **args) -> ToolResult`` registered
+under a name with the artifact class of its output (1–4, DESIGN.md "Four
+artifact classes") and whether it has outside side effects. A tool that
+declares no class is filed as class 3 (a snapshot: never re-run once its
+output was persisted).
+
+Built-in demo tools live in ``tasks.demo.tools``; users add their own by
+listing modules in ``PIPPA_TOOLS`` (comma-separated import paths). The modules
+are imported once, the first time the registry is read, and by the worker at
+start-up so a broken module fails loudly there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from artifacts.models import ArtifactClass
+
+BUILTIN_TOOL_MODULES = ("tasks.demo.tools",)
+
+ERR_UNKNOWN_TOOL = "no tool named {name!r} is registered"
+ERR_DUPLICATE_TOOL = "a different tool is already registered as {name!r}"
+ERR_BAD_TOOL_CLASS = "a tool's artifact class must be 1, 2, 3 or 4"
+ERR_NO_EARLIER_OUTPUT = "step {position} has no saved output to read"
+
+
+class ToolNotFound(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    fn: Callable[..., Any]
+    artifact_class: int = ArtifactClass.SNAPSHOT
+    side_effects: bool = False
+    media_type: str = "application/octet-stream"
+    description: str = ""
+
+
+@dataclass
+class ToolResult:
+    """What a tool hands back.
+
+    Classes 2–4 return ``data`` (the payload bytes). A class-1 tool writes its
+    file under ``ctx.files_dir`` and returns its ``path``; the executor copies
+    the bytes into the blob store and records the path and sha, and a resume
+    reuses the file while it still hashes to that sha. ``source_ids`` names the
+    artifacts a class-4 render was derived from.
+    """
+
+    data: bytes | None = None
+    path: Path | str | None = None
+    media_type: str = ""
+    title: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+    source_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class ToolContext:
+    """What a tool call may know: who it is, where to write, earlier outputs."""
+
+    task_id: int
+    step_id: int
+    position: int
+    generation: int
+    attempt: int
+    idempotency_key: str
+    files_root: Path
+
+    @property
+    def files_dir(self) -> Path:
+        """A folder for this call's class-1 files (created on first use)."""
+        path = (
+            self.files_root / f"t{self.task_id}" / f"s{self.step_id}-g{self.generation}"
+        )
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def output(self, position: int):
+        """Return the output artifact of an earlier step of this task."""
+        from tasks.models import Step
+
+        step = (
+            Step.objects.select_related("output")
+            .filter(task_id=self.task_id, position=position, output__isnull=False)
+            .first()
+        )
+        if step is None:
+            raise ToolNotFound(ERR_NO_EARLIER_OUTPUT.format(position=position))
+        return step.output
+
+    def read(self, position: int) -> bytes:
+        """Return the payload bytes of an earlier step's output."""
+        from artifacts.store import default_store
+
+        return default_store().get(self.output(position).sha256)
+
+
+def files_root() -> Path:
+    """Where class-1 tools write their files: beside the blob folder by default."""
+    configured = getattr(settings, "PIPPA_FILES_DIR", None)
+    return Path(configured) if configured else Path(settings.BLOB_DIR).parent / "files"
+
+
+_registry: dict[str, Tool] = {}
+_loaded = False
+_lock = threading.RLock()
+
+
+def tool_register(
+    name: str,
+    fn: Callable[..., Any],
+    *,
+    artifact_class: int | None = None,
+    side_effects: bool = False,
+    media_type: str = "application/octet-stream",
+    description: str = "",
+) -> Tool:
+    """Register ``fn`` as the tool ``name``; no class means class 3."""
+    if artifact_class is None:
+        artifact_class = ArtifactClass.SNAPSHOT
+    try:
+        artifact_class = ArtifactClass(int(artifact_class)).value
+    except (TypeError, ValueError):
+        raise ValueError(ERR_BAD_TOOL_CLASS) from None
+    entry = Tool(
+        name=name,
+        fn=fn,
+        artifact_class=artifact_class,
+        side_effects=bool(side_effects),
+        media_type=media_type,
+        description=description or (fn.__doc__ or "").strip().split("\n")[0],
+    )
+    with _lock:
+        existing = _registry.get(name)
+        # Re-importing a module (autoreload, tests) registers the same function again.
+        if existing is not None and (
+            existing.fn.__module__,
+            existing.fn.__qualname__,
+        ) != (fn.__module__, fn.__qualname__):
+            raise ValueError(ERR_DUPLICATE_TOOL.format(name=name))
+        _registry[name] = entry
+    return entry
+
+
+def tool(
+    name: str,
+    *,
+    artifact_class: int | None = None,
+    side_effects: bool = False,
+    media_type: str = "application/octet-stream",
+    description: str = "",
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator form of ``tool_register``."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        tool_register(
+            name,
+            fn,
+            artifact_class=artifact_class,
+            side_effects=side_effects,
+            media_type=media_type,
+            description=description,
+        )
+        return fn
+
+    return decorate
+
+
+def tools_load(modules: list[str] | None = None) -> list[str]:
+    """Import the built-in tool modules and those in ``PIPPA_TOOLS``; return them."""
+    global _loaded
+    names = list(BUILTIN_TOOL_MODULES) + list(
+        settings.PIPPA_TOOLS if modules is None else modules
+    )
+    with _lock:
+        for module in names:
+            importlib.import_module(module)
+        _loaded = True
+    return names
+
+
+def _ensure_loaded() -> None:
+    if not _loaded:
+        tools_load()
+
+
+def tool_get(name: str) -> Tool:
+    _ensure_loaded()
+    try:
+        return _registry[name]
+    except KeyError:
+        raise ToolNotFound(ERR_UNKNOWN_TOOL.format(name=name)) from None
+
+
+def tools_all() -> list[Tool]:
+    _ensure_loaded()
+    return sorted(_registry.values(), key=lambda t: t.name)
