@@ -9,6 +9,7 @@ JSON ``{"detail": "..."}`` with a 4xx status that says what was wrong.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -40,6 +41,7 @@ ERR_AUTH = "missing, unknown or revoked API token (send Authorization: Bearer <t
 ERR_BODY_TOO_LARGE = "request body too large: the limit is {limit} bytes"
 ERR_EMPTY_UPLOAD = "the upload is empty: send the artifact's bytes as the request body"
 ERR_BLOB_MISSING = "artifact {id} has lost its payload (the blob is missing)"
+ERR_NO_PARTICIPANTS = "this council round has no participants"
 ERR_INVALID = "invalid request: {reasons}"
 
 # JSON bodies are small (plans, args); payloads go through the upload endpoint.
@@ -457,6 +459,81 @@ def artifact_content(request: HttpRequest, artifact_id: int):
     response["Content-Security-Policy"] = "default-src 'none'; sandbox"
     response["Content-Disposition"] = f'attachment; filename="artifact-{artifact.pk}"'
     return response
+
+
+# -- council ------------------------------------------------------------------
+
+
+class ParticipantOut(Schema):
+    id: int
+    name: str
+    brain: str
+    position: int
+
+
+class RoundOut(Schema):
+    id: int
+    number: int
+    topic: str
+    participants: list[ParticipantOut]
+
+
+@conversations.get(
+    "/{conversation_id}/council", response={200: list[RoundOut], **NOT_FOUND}
+)
+def council_rounds(request: HttpRequest, conversation_id: int):
+    """The council rounds of a conversation, with their participants."""
+    conv = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
+    rounds = conv.council_rounds.prefetch_related("participants").order_by("number")
+    return [
+        {
+            "id": r.pk,
+            "number": r.number,
+            "topic": r.topic,
+            "participants": [
+                {"id": p.pk, "name": p.name, "brain": p.brain, "position": p.position}
+                for p in r.participants.all()
+            ],
+        }
+        for r in rounds
+    ]
+
+
+@council.get("/rounds/{round_id}/context", response={200: dict[str, Any], **NOT_FOUND})
+def council_context(
+    request: HttpRequest, round_id: int, participant_id: int | None = None
+):
+    """The branch context the next speaker (or ``participant_id``) receives.
+
+    Earlier turns' text and ``artifact_refs[]`` (refs, never payloads); read an
+    artifact's bytes with GET /artifacts/{id}/content. Read-only.
+    """
+    from council.selectors import (
+        live_context,
+        next_participant,
+        participant_get,
+        round_get_for_user,
+    )
+
+    council_round = round_get_for_user(user=request.user, round_id=round_id)
+    if participant_id is None:
+        participant = next_participant(council_round=council_round)
+        if participant is None:
+            _fail(404, ERR_NO_PARTICIPANTS)
+    else:
+        participant = participant_get(
+            council_round=council_round, participant_id=participant_id
+        )
+    return live_context(council_round=council_round, participant=participant)
+
+
+@council.get("/turns/{turn_id}/context", response={200: dict[str, Any], **NOT_FOUND})
+def council_turn_context(request: HttpRequest, turn_id: int):
+    """The context document that turn's speaker received, as it was stored."""
+    from council.selectors import turn_context_bytes, turn_get_for_user
+
+    turn = turn_get_for_user(user=request.user, turn_id=turn_id)
+    return json.loads(turn_context_bytes(turn=turn))
 
 
 api.add_router("/conversations", conversations)

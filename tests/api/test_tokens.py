@@ -31,7 +31,9 @@ def test_only_the_sha256_of_a_token_is_stored(user):
     new = token_create(user=user, name="runner")
     row = ApiToken.objects.get(pk=new.token.pk)
     assert row.sha256 == hashlib.sha256(new.raw.encode()).hexdigest()
-    stored = [str(v) for v in ApiToken.objects.filter(pk=row.pk).values().first().values()]
+    stored = [
+        str(v) for v in ApiToken.objects.filter(pk=row.pk).values().first().values()
+    ]
     assert new.raw not in stored
 
 

@@ -1,0 +1,70 @@
+"""Brain adapters: one neutral interface over the vendors' chat APIs.
+
+``brain_make`` builds an adapter from plain options (the ``pippa_brain``
+command and tests use it): ``kind`` picks the wire format, ``brain`` the name
+recorded on the task (a ``tasks.models.Brain`` value).
+"""
+
+from __future__ import annotations
+
+from tasks.brains.base import BrainAdapter, BrainError
+
+KINDS = ("openai", "anthropic", "gemini", "scripted")
+# The wire format each brain speaks by default.
+DEFAULT_KIND = {
+    "claude": "anthropic",
+    "gemini": "gemini",
+    "codex": "openai",
+    "kimi": "openai",
+    "grok": "openai",
+    "glm": "openai",
+    "ollama": "openai",
+    "scripted": "scripted",
+}
+ERR_UNKNOWN_KIND = "unknown brain kind {kind!r}: use one of " + ", ".join(KINDS)
+
+__all__ = ["KINDS", "BrainAdapter", "BrainError", "brain_make"]
+
+
+def brain_make(
+    *,
+    kind: str,
+    brain: str = "",
+    model: str = "",
+    base_url: str | None = None,
+    api_key: str = "",
+    timeout: float = 60.0,
+    retries: int = 2,
+    backoff: float = 0.5,
+) -> BrainAdapter:
+    """Return the adapter for ``kind`` (see ``KINDS``)."""
+    http = {"timeout": timeout, "retries": retries, "backoff": backoff}
+    if kind == "openai":
+        from tasks.brains.openai_compat import OpenAICompatBrain
+
+        return OpenAICompatBrain(
+            model=model,
+            brain=brain or "codex",
+            base_url=base_url,
+            api_key=api_key,
+            **http,
+        )
+    if kind == "anthropic":
+        from tasks.brains.anthropic import AnthropicBrain
+
+        extra = {"base_url": base_url} if base_url else {}
+        return AnthropicBrain(
+            model=model, api_key=api_key, brain=brain or "claude", **extra, **http
+        )
+    if kind == "gemini":
+        from tasks.brains.gemini import GeminiBrain
+
+        extra = {"base_url": base_url} if base_url else {}
+        return GeminiBrain(
+            model=model, api_key=api_key, brain=brain or "gemini", **extra, **http
+        )
+    if kind == "scripted":
+        from tasks.brains.scripted import ScriptedBrain
+
+        return ScriptedBrain(brain=brain or "scripted")
+    raise ValueError(ERR_UNKNOWN_KIND.format(kind=kind))

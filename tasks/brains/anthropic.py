@@ -1,0 +1,152 @@
+"""Anthropic Messages API (Claude).
+
+Wire format (POST ``{base_url}/v1/messages`` with ``x-api-key`` and
+``anthropic-version: 2023-06-01``): request ``{"model", "max_tokens",
+"system", "messages", "tools": [{"name", "description", "input_schema"}]}``.
+The answer's ``content[]`` holds ``{"type": "text"}`` and ``{"type":
+"tool_use", "id", "name", "input"}`` blocks with ``stop_reason`` "tool_use";
+results go back in the next user message as ``{"type": "tool_result",
+"tool_use_id", "content"}`` blocks.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tasks.brains.base import (
+    ERR_SHAPE,
+    BrainAdapter,
+    BrainError,
+    BrainReply,
+    HttpJsonClient,
+    Message,
+    ToolCall,
+    ToolSpec,
+    parse_arguments,
+)
+
+API_VERSION = "2023-06-01"
+
+
+class AnthropicBrain(BrainAdapter):
+    name = "claude"
+    vendor = "Anthropic"
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        api_key: str,
+        base_url: str = "https://api.anthropic.com",
+        max_tokens: int = 4096,
+        timeout: float = 60.0,
+        retries: int = 2,
+        backoff: float = 0.5,
+        brain: str = "claude",
+    ):
+        self.name = brain
+        self.model = model
+        self.api_key = api_key
+        self.base_url = base_url.rstrip("/")
+        self.max_tokens = max_tokens
+        self.http = HttpJsonClient(
+            vendor=self.vendor, timeout=timeout, retries=retries, backoff=backoff
+        )
+
+    def request_body(
+        self, *, system: str, messages: list[Message], tools: list[ToolSpec]
+    ) -> dict[str, Any]:
+        wire: list[dict[str, Any]] = []
+        for m in messages:
+            if m.role == "user":
+                wire.append({"role": "user", "content": m.text})
+            elif m.role == "assistant":
+                blocks: list[dict[str, Any]] = []
+                if m.text:
+                    blocks.append({"type": "text", "text": m.text})
+                blocks.extend(
+                    {
+                        "type": "tool_use",
+                        "id": c.id,
+                        "name": c.name,
+                        "input": c.arguments,
+                    }
+                    for c in m.tool_calls
+                )
+                wire.append({"role": "assistant", "content": blocks})
+            elif m.role == "tool":
+                block = {
+                    "type": "tool_result",
+                    "tool_use_id": m.tool_call_id,
+                    "content": json.dumps(m.result),
+                }
+                if (m.result or {}).get("error"):
+                    block["is_error"] = True
+                # Consecutive tool results share one user message.
+                if (
+                    wire
+                    and wire[-1]["role"] == "user"
+                    and isinstance(wire[-1]["content"], list)
+                ):
+                    wire[-1]["content"].append(block)
+                else:
+                    wire.append({"role": "user", "content": [block]})
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "system": system,
+            "messages": wire,
+        }
+        if tools:
+            body["tools"] = [
+                {
+                    "name": t.name,
+                    "description": t.description,
+                    "input_schema": t.parameters,
+                }
+                for t in tools
+            ]
+        return body
+
+    def parse_reply(self, data: dict[str, Any]) -> BrainReply:
+        content = data.get("content")
+        if data.get("type") == "error" or not isinstance(content, list):
+            raise BrainError(ERR_SHAPE.format(vendor=self.vendor, what="no content[]"))
+        texts, calls = [], []
+        for block in content:
+            kind = block.get("type")
+            if kind == "text":
+                texts.append(block.get("text") or "")
+            elif kind == "tool_use":
+                if not block.get("id") or not block.get("name"):
+                    raise BrainError(
+                        ERR_SHAPE.format(
+                            vendor=self.vendor, what="tool_use without id or name"
+                        )
+                    )
+                calls.append(
+                    ToolCall(
+                        id=block["id"],
+                        name=block["name"],
+                        arguments=parse_arguments(
+                            block.get("input"), vendor=self.vendor
+                        ),
+                    )
+                )
+        return BrainReply(
+            text="\n".join(t for t in texts if t),
+            tool_calls=calls,
+            stop_reason=data.get("stop_reason") or "",
+            usage=data.get("usage") or {},
+        )
+
+    def complete(
+        self, *, system: str, messages: list[Message], tools: list[ToolSpec]
+    ) -> BrainReply:
+        data = self.http.post(
+            f"{self.base_url}/v1/messages",
+            self.request_body(system=system, messages=messages, tools=tools),
+            {"x-api-key": self.api_key, "anthropic-version": API_VERSION},
+        )
+        return self.parse_reply(data)

@@ -1,0 +1,149 @@
+"""Gemini ``generateContent`` (Google AI Studio REST).
+
+Wire format (POST ``{base_url}/v1beta/models/{model}:generateContent`` with
+``x-goog-api-key``): request ``{"systemInstruction": {"parts": [{"text"}]},
+"contents": [{"role": "user"|"model", "parts": [...]}], "tools":
+[{"functionDeclarations": [{"name", "description", "parameters"}]}]}``. The
+answer's ``candidates[0].content.parts[]`` holds ``{"text"}`` and
+``{"functionCall": {"name", "args", "id"?}}`` parts; results go back as a user
+turn of ``{"functionResponse": {"name", "id"?, "response": {...}}}`` parts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+from tasks.brains.base import (
+    ERR_SHAPE,
+    BrainAdapter,
+    BrainError,
+    BrainReply,
+    HttpJsonClient,
+    Message,
+    ToolCall,
+    ToolSpec,
+    parse_arguments,
+)
+
+
+def _declaration(tool: ToolSpec) -> dict[str, Any]:
+    """A function declaration; a tool without arguments gets no parameters object."""
+    decl: dict[str, Any] = {"name": tool.name, "description": tool.description}
+    if tool.parameters.get("properties"):
+        decl["parameters"] = tool.parameters
+    return decl
+
+
+class GeminiBrain(BrainAdapter):
+    name = "gemini"
+    vendor = "Gemini"
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        api_key: str,
+        base_url: str = "https://generativelanguage.googleapis.com",
+        timeout: float = 60.0,
+        retries: int = 2,
+        backoff: float = 0.5,
+        brain: str = "gemini",
+    ):
+        self.name = brain
+        self.model = model
+        self.api_key = api_key
+        self.base_url = base_url.rstrip("/")
+        self.http = HttpJsonClient(
+            vendor=self.vendor, timeout=timeout, retries=retries, backoff=backoff
+        )
+
+    def request_body(
+        self, *, system: str, messages: list[Message], tools: list[ToolSpec]
+    ) -> dict[str, Any]:
+        contents: list[dict[str, Any]] = []
+        for m in messages:
+            if m.role == "user":
+                contents.append({"role": "user", "parts": [{"text": m.text}]})
+            elif m.role == "assistant":
+                parts: list[dict[str, Any]] = []
+                if m.text:
+                    parts.append({"text": m.text})
+                for c in m.tool_calls:
+                    call: dict[str, Any] = {"name": c.name, "args": c.arguments}
+                    if not c.id.startswith("gemini-"):
+                        call["id"] = c.id
+                    parts.append({"functionCall": call})
+                contents.append({"role": "model", "parts": parts})
+            elif m.role == "tool":
+                response: dict[str, Any] = {
+                    "name": m.tool_name,
+                    "response": m.result or {},
+                }
+                if not m.tool_call_id.startswith("gemini-"):
+                    response["id"] = m.tool_call_id
+                part = {"functionResponse": response}
+                last = contents[-1] if contents else None
+                if (
+                    last
+                    and last["role"] == "user"
+                    and "functionResponse" in last["parts"][0]
+                ):
+                    last["parts"].append(part)
+                else:
+                    contents.append({"role": "user", "parts": [part]})
+        body: dict[str, Any] = {
+            "systemInstruction": {"parts": [{"text": system}]},
+            "contents": contents,
+        }
+        if tools:
+            body["tools"] = [{"functionDeclarations": [_declaration(t) for t in tools]}]
+        return body
+
+    def parse_reply(self, data: dict[str, Any]) -> BrainReply:
+        try:
+            candidate = data["candidates"][0]
+        except (KeyError, IndexError, TypeError):
+            feedback = (data.get("promptFeedback") or {}).get("blockReason")
+            what = (
+                f"no candidates (blocked: {feedback})" if feedback else "no candidates"
+            )
+            raise BrainError(ERR_SHAPE.format(vendor=self.vendor, what=what)) from None
+        parts = (candidate.get("content") or {}).get("parts") or []
+        texts, calls = [], []
+        for i, part in enumerate(parts):
+            if "text" in part and not part.get("thought"):
+                texts.append(part["text"] or "")
+            elif "functionCall" in part:
+                fc = part["functionCall"] or {}
+                if not fc.get("name"):
+                    raise BrainError(
+                        ERR_SHAPE.format(
+                            vendor=self.vendor, what="functionCall without name"
+                        )
+                    )
+                calls.append(
+                    ToolCall(
+                        # Older models send no id; keep one locally, never sent back.
+                        id=fc.get("id") or f"gemini-{i}",
+                        name=fc["name"],
+                        arguments=parse_arguments(fc.get("args"), vendor=self.vendor),
+                    )
+                )
+        return BrainReply(
+            text="".join(texts),
+            tool_calls=calls,
+            stop_reason=candidate.get("finishReason") or "",
+            usage=data.get("usageMetadata") or {},
+        )
+
+    def complete(
+        self, *, system: str, messages: list[Message], tools: list[ToolSpec]
+    ) -> BrainReply:
+        url = f"{self.base_url}/v1beta/models/{quote(self.model, safe='')}:generateContent"
+        data = self.http.post(
+            url,
+            self.request_body(system=system, messages=messages, tools=tools),
+            {"x-goog-api-key": self.api_key},
+        )
+        return self.parse_reply(data)

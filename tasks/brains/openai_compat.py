@@ -1,0 +1,146 @@
+"""OpenAI-compatible Chat Completions: OpenAI/Codex, Kimi, Grok, GLM, Ollama.
+
+Wire format (POST ``{base_url}/chat/completions``, ``Authorization: Bearer``):
+request ``{"model", "messages", "tools": [{"type": "function", "function":
+{"name", "description", "parameters"}}]}``; the assistant's calls come back in
+``choices[0].message.tool_calls[]`` as ``{"id", "type": "function",
+"function": {"name", "arguments": "<JSON string>"}}`` with ``finish_reason``
+"tool_calls"; each result goes back as ``{"role": "tool", "tool_call_id",
+"content"}``. Ollama serves the same shape at ``http://host:11434/v1``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tasks.brains.base import (
+    ERR_SHAPE,
+    BrainAdapter,
+    BrainError,
+    BrainReply,
+    HttpJsonClient,
+    Message,
+    ToolCall,
+    ToolSpec,
+    parse_arguments,
+)
+
+# Where each brain's OpenAI-compatible endpoint lives by default.
+DEFAULT_BASE_URLS = {
+    "codex": "https://api.openai.com/v1",
+    "kimi": "https://api.moonshot.ai/v1",
+    "grok": "https://api.x.ai/v1",
+    "glm": "https://open.bigmodel.cn/api/paas/v4",
+    "ollama": "http://127.0.0.1:11434/v1",
+}
+
+
+class OpenAICompatBrain(BrainAdapter):
+    vendor = "openai-compatible"
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        brain: str = "codex",
+        base_url: str | None = None,
+        api_key: str = "",
+        timeout: float = 60.0,
+        retries: int = 2,
+        backoff: float = 0.5,
+    ):
+        self.name = brain
+        self.model = model
+        self.base_url = (base_url or DEFAULT_BASE_URLS.get(brain, "")).rstrip("/")
+        self.api_key = api_key
+        self.vendor = f"{brain} (OpenAI-compatible)"
+        self.http = HttpJsonClient(
+            vendor=self.vendor, timeout=timeout, retries=retries, backoff=backoff
+        )
+
+    def request_body(
+        self, *, system: str, messages: list[Message], tools: list[ToolSpec]
+    ) -> dict[str, Any]:
+        wire: list[dict[str, Any]] = [{"role": "system", "content": system}]
+        for m in messages:
+            if m.role == "user":
+                wire.append({"role": "user", "content": m.text})
+            elif m.role == "assistant":
+                entry: dict[str, Any] = {"role": "assistant", "content": m.text or None}
+                if m.tool_calls:
+                    entry["tool_calls"] = [
+                        {
+                            "id": c.id,
+                            "type": "function",
+                            "function": {
+                                "name": c.name,
+                                "arguments": json.dumps(c.arguments),
+                            },
+                        }
+                        for c in m.tool_calls
+                    ]
+                wire.append(entry)
+            elif m.role == "tool":
+                wire.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": m.tool_call_id,
+                        "content": json.dumps(m.result),
+                    }
+                )
+        body: dict[str, Any] = {"model": self.model, "messages": wire}
+        if tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.parameters,
+                    },
+                }
+                for t in tools
+            ]
+            body["tool_choice"] = "auto"
+        return body
+
+    def parse_reply(self, data: dict[str, Any]) -> BrainReply:
+        try:
+            choice = data["choices"][0]
+            message = choice["message"]
+        except (KeyError, IndexError, TypeError):
+            raise BrainError(
+                ERR_SHAPE.format(vendor=self.vendor, what="no choices[0].message")
+            ) from None
+        calls = []
+        for i, raw in enumerate(message.get("tool_calls") or []):
+            fn = raw.get("function") or {}
+            if not fn.get("name"):
+                raise BrainError(
+                    ERR_SHAPE.format(vendor=self.vendor, what="a tool call has no name")
+                )
+            calls.append(
+                ToolCall(
+                    id=raw.get("id") or f"call_{i}",
+                    name=fn["name"],
+                    arguments=parse_arguments(fn.get("arguments"), vendor=self.vendor),
+                )
+            )
+        return BrainReply(
+            text=message.get("content") or "",
+            tool_calls=calls,
+            stop_reason=choice.get("finish_reason") or "",
+            usage=data.get("usage") or {},
+        )
+
+    def complete(
+        self, *, system: str, messages: list[Message], tools: list[ToolSpec]
+    ) -> BrainReply:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        data = self.http.post(
+            f"{self.base_url}/chat/completions",
+            self.request_body(system=system, messages=messages, tools=tools),
+            headers,
+        )
+        return self.parse_reply(data)

@@ -1,0 +1,456 @@
+"""Drive one task with one brain: the brain decides, the executor does.
+
+The runner tells the brain the plan and the resume context, offers it a few
+tools, and carries out each tool call through Pippa's durable state:
+
+- ``run_next_step``: the executor runs the next unfinished step; the result
+  is handed to the brain only after it is persisted;
+- ``rewrite_plan``: replace the not-yet-run part of the plan;
+- ``read_artifact``: read an artifact by ref (metadata and a text excerpt);
+- ``read_resume_context``: the task's current state, as a resumed brain sees it.
+
+Two backends carry the calls: ``LocalBackend`` (in-process services, for the
+``pippa_brain`` command) and ``HttpBackend`` (the JSON API with a bearer
+token, for a runner on another machine). Both give the brain the same
+documents. A bad tool call is answered with ``{"error": ...}`` so the brain
+can correct itself; it never crashes the runner.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tasks.brains.base import BrainAdapter, Message, ToolSpec
+
+logger = logging.getLogger("pippa.brains")
+
+MAX_EXCERPT_BYTES = 4096
+MAX_CONTEXT_CHARS = 24_000
+TEXT_TYPES = ("text/", "application/json", "image/svg+xml", "application/xml")
+
+SYSTEM_PROMPT = """\
+You drive a task whose plan and progress live in Pippa's durable state, not in \
+this chat. The plan is an ordered list of steps; each step runs one tool and its \
+output is stored as an artifact (a ref: id, sha256, class). Never redo finished \
+work: the resume context below says which steps are done and what each unfinished \
+step will do on resume.
+Call run_next_step to run the next unfinished step; its result reaches you only \
+after it is saved. Call it again until the task is done, failed or needs review. \
+Use rewrite_plan to change steps that have not run yet (finished steps must stay \
+as they are), read_artifact to read an output by its id, and read_resume_context \
+to see the current state. When the task is settled, answer with a short summary \
+and no tool call."""
+
+TOOL_SPECS = [
+    ToolSpec(
+        name="run_next_step",
+        description=(
+            "Run the task's next unfinished step through the durable executor and "
+            "return its saved result and the task's progress."
+        ),
+        parameters={"type": "object", "properties": {}},
+    ),
+    ToolSpec(
+        name="rewrite_plan",
+        description=(
+            "Replace the plan. List every step in order; give an existing step's id "
+            "to keep it. Finished steps must stay first and unchanged."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "steps": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "id": {"type": "integer"},
+                            "title": {"type": "string"},
+                            "tool": {"type": "string"},
+                            "args": {"type": "object"},
+                        },
+                        "required": ["title", "tool"],
+                    },
+                }
+            },
+            "required": ["steps"],
+        },
+    ),
+    ToolSpec(
+        name="read_artifact",
+        description=(
+            "Read an artifact by id: its metadata, source refs and, for text, "
+            "the first few KiB."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {"artifact_id": {"type": "integer"}},
+            "required": ["artifact_id"],
+        },
+    ),
+    ToolSpec(
+        name="read_resume_context",
+        description="Return the task's current state as a resumed brain sees it.",
+        parameters={"type": "object", "properties": {}},
+    ),
+]
+
+ERR_UNKNOWN_TOOL = "unknown tool {name!r}; use one of: {names}"
+ERR_BAD_ARGS = "bad arguments for {name}: {reason}"
+ERR_LEASE_WAIT = "the task's lease stayed with another worker for {seconds:g}s"
+
+
+class ToolFailure(Exception):
+    """A tool call the backend refused (4xx); the brain is told why."""
+
+
+class LeaseBusy(ToolFailure):
+    """Another worker holds the task's lease right now."""
+
+
+class Backend(Protocol):
+    def record_brain(self, task_id: int, brain: str) -> None: ...
+    def resume_context(self, task_id: int) -> dict[str, Any]: ...
+    def task(self, task_id: int) -> dict[str, Any]: ...
+    def run_step(self, task_id: int, worker: str) -> dict[str, Any]: ...
+    def rewrite_plan(self, task_id: int, steps: list[dict]) -> dict[str, Any]: ...
+    def read_artifact(self, artifact_id: int) -> dict[str, Any]: ...
+
+
+@dataclass
+class RunReport:
+    task_id: int
+    brain: str
+    turns: int = 0
+    steps_run: int = 0
+    tool_calls: list[str] = field(default_factory=list)
+    final_text: str = ""
+    task_status: str = ""
+    stopped_because: str = ""
+
+
+def _compact(task: dict[str, Any]) -> dict[str, Any]:
+    """The small view of a task a brain needs after each step."""
+    return {
+        "id": task.get("id"),
+        "status": task.get("status"),
+        "steps_done": task.get("steps_done"),
+        "steps_total": task.get("steps_total"),
+    }
+
+
+def _excerpt(data: bytes, media_type: str) -> dict[str, Any]:
+    if not media_type.startswith(TEXT_TYPES):
+        return {"excerpt": None, "note": "binary payload; not shown"}
+    text = data[:MAX_EXCERPT_BYTES].decode("utf-8", "replace")
+    return {"excerpt": text, "truncated": len(data) > MAX_EXCERPT_BYTES}
+
+
+class Runner:
+    """One brain, one task, one backend: the loop of the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        brain: BrainAdapter,
+        backend: Backend,
+        task_id: int,
+        worker: str = "runner",
+        max_turns: int = 60,
+        lease_wait: float = 0.0,
+        poll: float = 0.25,
+        on_event: Callable[[str], None] | None = None,
+    ):
+        self.brain = brain
+        self.backend = backend
+        self.task_id = task_id
+        self.worker = worker
+        self.max_turns = max_turns
+        self.lease_wait = lease_wait
+        self.poll = poll
+        self.on_event = on_event or (lambda line: logger.info("%s", line))
+        self.report = RunReport(task_id=task_id, brain=brain.name)
+
+    def opening(self) -> list[Message]:
+        context = self.backend.resume_context(self.task_id)
+        text = json.dumps(context, default=str, sort_keys=True)
+        if len(text) > MAX_CONTEXT_CHARS:
+            text = text[:MAX_CONTEXT_CHARS] + " …(truncated; call read_resume_context)"
+        return [
+            Message(
+                role="user",
+                text=(
+                    f"Task {self.task_id}. Resume context (JSON, from durable state):\n"
+                    f"{text}\nContinue the task from where it stands."
+                ),
+            )
+        ]
+
+    def run(self) -> RunReport:
+        self.backend.record_brain(self.task_id, self.brain.name)
+        messages = self.opening()
+        for _ in range(self.max_turns):
+            reply = self.brain.complete(
+                system=SYSTEM_PROMPT, messages=messages, tools=TOOL_SPECS
+            )
+            self.report.turns += 1
+            messages.append(
+                Message(role="assistant", text=reply.text, tool_calls=reply.tool_calls)
+            )
+            if not reply.tool_calls:
+                self.report.final_text = reply.text
+                self.report.stopped_because = "the brain answered without a tool call"
+                break
+            for call in reply.tool_calls:
+                result = self.call_tool(call.name, call.arguments)
+                self.report.tool_calls.append(call.name)
+                messages.append(
+                    Message(
+                        role="tool",
+                        tool_call_id=call.id,
+                        tool_name=call.name,
+                        result=result,
+                    )
+                )
+        else:
+            self.report.stopped_because = f"turn limit ({self.max_turns}) reached"
+        self.report.task_status = self.backend.task(self.task_id).get("status", "")
+        return self.report
+
+    def call_tool(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        handlers = {
+            "run_next_step": self._run_next_step,
+            "rewrite_plan": self._rewrite_plan,
+            "read_artifact": self._read_artifact,
+            "read_resume_context": self._read_resume_context,
+        }
+        handler = handlers.get(name)
+        if handler is None:
+            return {
+                "error": ERR_UNKNOWN_TOOL.format(name=name, names=", ".join(handlers))
+            }
+        try:
+            result = handler(args)
+        except ToolFailure as exc:
+            result = {"error": str(exc)}
+        self.on_event(f"{self.brain.name}: {name} -> {_summary(result)}")
+        return result
+
+    def _run_next_step(self, args: dict[str, Any]) -> dict[str, Any]:
+        deadline = time.monotonic() + self.lease_wait
+        while True:
+            try:
+                outcome = self.backend.run_step(self.task_id, self.worker)
+                break
+            except LeaseBusy:
+                if time.monotonic() >= deadline:
+                    raise ToolFailure(
+                        ERR_LEASE_WAIT.format(seconds=self.lease_wait)
+                    ) from None
+                time.sleep(self.poll)
+        if outcome.get("ran"):
+            self.report.steps_run += 1
+        step = outcome.get("step") or {}
+        return {
+            "ran": bool(outcome.get("ran")),
+            "detail": outcome.get("detail", ""),
+            "step": {
+                k: step.get(k)
+                for k in ("id", "position", "title", "status", "error", "output")
+            }
+            if step
+            else None,
+            "task": _compact(outcome.get("task") or {}),
+        }
+
+    def _rewrite_plan(self, args: dict[str, Any]) -> dict[str, Any]:
+        steps = args.get("steps")
+        if not isinstance(steps, list) or not steps:
+            raise ToolFailure(
+                ERR_BAD_ARGS.format(name="rewrite_plan", reason="steps must be a list")
+            )
+        task = self.backend.rewrite_plan(self.task_id, steps)
+        return {
+            "task": _compact(task),
+            "steps": [
+                {k: s.get(k) for k in ("id", "position", "title", "tool", "status")}
+                for s in task.get("steps", [])
+            ],
+        }
+
+    def _read_artifact(self, args: dict[str, Any]) -> dict[str, Any]:
+        artifact_id = args.get("artifact_id")
+        if isinstance(artifact_id, float) and artifact_id.is_integer():
+            artifact_id = int(artifact_id)
+        if not isinstance(artifact_id, int) or isinstance(artifact_id, bool):
+            raise ToolFailure(
+                ERR_BAD_ARGS.format(
+                    name="read_artifact", reason="artifact_id must be an integer"
+                )
+            )
+        return self.backend.read_artifact(artifact_id)
+
+    def _read_resume_context(self, args: dict[str, Any]) -> dict[str, Any]:
+        return self.backend.resume_context(self.task_id)
+
+
+def _summary(result: dict[str, Any]) -> str:
+    if result.get("error"):
+        return f"error: {result['error']}"
+    step = result.get("step") or {}
+    task = result.get("task") or {}
+    if step:
+        return f"step {step.get('position')} {step.get('status')}; task {task.get('status')}"
+    return ", ".join(f"{k}={v}" for k, v in list(result.items())[:3])
+
+
+def run_brain(
+    *, brain: BrainAdapter, backend: Backend, task_id: int, **kwargs
+) -> RunReport:
+    """Run ``brain`` on task ``task_id`` until it settles or stops; return a report."""
+    return Runner(brain=brain, backend=backend, task_id=task_id, **kwargs).run()
+
+
+# -- backends -------------------------------------------------------------------
+
+
+class LocalBackend:
+    """In-process services, owner-checked as ``user`` (the ``pippa_brain`` command)."""
+
+    def __init__(self, *, user):
+        self.user = user
+
+    def _task(self, task_id: int):
+        from pippa_site.selectors import task_get_for_user
+
+        return task_get_for_user(user=self.user, task_id=task_id)
+
+    def record_brain(self, task_id: int, brain: str) -> None:
+        from pippa_site.services import task_brain_record
+
+        task_brain_record(
+            task=self._task(task_id), brain=brain, actor=f"runner:{brain}"
+        )
+
+    def resume_context(self, task_id: int) -> dict[str, Any]:
+        from tasks.resume import resume_context
+
+        return json.loads(json.dumps(resume_context(self._task(task_id)), default=str))
+
+    def task(self, task_id: int) -> dict[str, Any]:
+        from pippa_site.selectors import task_payload
+
+        return task_payload(self._task(task_id))
+
+    def run_step(self, task_id: int, worker: str) -> dict[str, Any]:
+        from pippa_site.selectors import step_payload, task_payload
+        from pippa_site.services import api_step_run
+
+        task = self._task(task_id)
+        result = api_step_run(task=task, worker_id=worker)
+        if result.lease_busy:
+            raise LeaseBusy(result.detail)
+        return {
+            "ran": result.ran,
+            "detail": result.detail,
+            "step": step_payload(result.step) if result.step is not None else None,
+            "task": task_payload(task),
+        }
+
+    def rewrite_plan(self, task_id: int, steps: list[dict]) -> dict[str, Any]:
+        from pippa_site.selectors import task_payload
+        from pippa_site.services import api_plan_rewrite
+        from tasks.plan import PlanError
+
+        try:
+            task = api_plan_rewrite(task=self._task(task_id), steps=steps)
+        except PlanError as exc:
+            raise ToolFailure(str(exc)) from None
+        return task_payload(task)
+
+    def read_artifact(self, artifact_id: int) -> dict[str, Any]:
+        from django.http import Http404
+
+        from artifacts.store import BlobMissing, default_store
+        from pippa_site.selectors import artifact_get, artifact_payload
+
+        try:
+            artifact = artifact_get(user=self.user, artifact_id=artifact_id)
+        except Http404 as exc:
+            raise ToolFailure(str(exc)) from None
+        payload = json.loads(json.dumps(artifact_payload(artifact), default=str))
+        try:
+            with default_store().open(artifact.sha256) as fh:
+                head = fh.read(MAX_EXCERPT_BYTES + 1)
+        except BlobMissing:
+            return {**payload, "error": "the artifact's payload is missing"}
+        return {**payload, **_excerpt(head, artifact.media_type)}
+
+
+class HttpBackend:
+    """The JSON API at ``base_url`` (e.g. http://host:8000) with a bearer token."""
+
+    def __init__(self, *, base_url: str, token: str, timeout: float = 600.0):
+        self.base_url = base_url.rstrip("/") + "/api/v1"
+        self.token = token
+        self.timeout = timeout
+
+    def _call(
+        self, method: str, path: str, body: Any = None, *, raw_limit: int = 0
+    ) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.base_url + path,
+            data=data,
+            method=method,
+            headers={
+                "Authorization": f"Bearer {self.token}",
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                content = response.read(raw_limit) if raw_limit else response.read()
+        except urllib.error.HTTPError as exc:
+            try:
+                detail = json.loads(exc.read()).get("detail", exc.reason)
+            except ValueError:
+                detail = exc.reason
+            if exc.code == 409 and isinstance(detail, str) and "lease" in detail:
+                raise LeaseBusy(detail) from None
+            if 400 <= exc.code < 500:
+                raise ToolFailure(f"{exc.code}: {detail}") from None
+            raise
+        return content if raw_limit else json.loads(content)
+
+    def record_brain(self, task_id: int, brain: str) -> None:
+        self._call("POST", f"/tasks/{task_id}/brain", {"brain": brain})
+
+    def resume_context(self, task_id: int) -> dict[str, Any]:
+        return self._call("GET", f"/tasks/{task_id}/resume-context")
+
+    def task(self, task_id: int) -> dict[str, Any]:
+        return self._call("GET", f"/tasks/{task_id}")
+
+    def run_step(self, task_id: int, worker: str) -> dict[str, Any]:
+        return self._call(
+            "POST", f"/tasks/{task_id}/steps/run", {"worker": worker[:80]}
+        )
+
+    def rewrite_plan(self, task_id: int, steps: list[dict]) -> dict[str, Any]:
+        return self._call("PUT", f"/tasks/{task_id}/plan", {"steps": steps})
+
+    def read_artifact(self, artifact_id: int) -> dict[str, Any]:
+        meta = self._call("GET", f"/artifacts/{artifact_id}")
+        head = self._call(
+            "GET", f"/artifacts/{artifact_id}/content", raw_limit=MAX_EXCERPT_BYTES + 1
+        )
+        return {**meta, **_excerpt(head, meta["media_type"])}

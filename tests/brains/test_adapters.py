@@ -1,0 +1,248 @@
+"""Each adapter speaks its vendor's wire format to a loopback fake of that vendor."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.brains import brain_make
+from tasks.brains.base import BrainError, Message, ToolCall
+from tasks.brains.runner import SYSTEM_PROMPT, TOOL_SPECS
+from tests.support.fake_vendors import (
+    API_KEY,
+    FakeAnthropic,
+    FakeGemini,
+    FakeOpenAI,
+    Fault,
+)
+
+VENDORS = [
+    ("openai", "codex", FakeOpenAI),
+    ("openai", "kimi", FakeOpenAI),
+    ("openai", "ollama", FakeOpenAI),
+    ("anthropic", "claude", FakeAnthropic),
+    ("gemini", "gemini", FakeGemini),
+]
+IDS = [f"{kind}-{brain}" for kind, brain, _ in VENDORS]
+
+
+def make(kind, brain, fake, **kwargs):
+    kwargs.setdefault("timeout", 5)
+    kwargs.setdefault("retries", 2)
+    kwargs.setdefault("backoff", 0.01)
+    return brain_make(
+        kind=kind,
+        brain=brain,
+        model="test-model",
+        base_url=fake.base_url,
+        api_key=kwargs.pop("api_key", API_KEY),
+        **kwargs,
+    )
+
+
+def opening():
+    return [Message(role="user", text="Task 1. Resume context: {}")]
+
+
+@pytest.fixture(params=VENDORS, ids=IDS)
+def vendor(request):
+    kind, brain, fake_cls = request.param
+    with fake_cls() as fake:
+        yield kind, brain, fake
+
+
+def test_a_first_turn_comes_back_as_a_run_next_step_tool_call(vendor):
+    kind, brain, fake = vendor
+    adapter = make(kind, brain, fake)
+    reply = adapter.complete(system=SYSTEM_PROMPT, messages=opening(), tools=TOOL_SPECS)
+    assert [c.name for c in reply.tool_calls] == ["run_next_step"]
+    assert reply.tool_calls[0].arguments == {}
+    assert reply.tool_calls[0].id
+    assert adapter.name == brain
+    assert fake.errors == []
+    sent = fake.requests[0]
+    assert sorted(fake.tool_names(sent.body)) == sorted(t.name for t in TOOL_SPECS)
+
+
+def test_tool_results_go_back_answering_the_calls_that_asked_for_them(vendor):
+    kind, brain, fake = vendor
+    adapter = make(kind, brain, fake)
+    first = adapter.complete(system=SYSTEM_PROMPT, messages=opening(), tools=TOOL_SPECS)
+    call = first.tool_calls[0]
+    result = {
+        "ran": True,
+        "step": {"position": 1, "status": "done", "output": {"id": 7}},
+        "task": {"status": "done", "steps_done": 1, "steps_total": 1},
+    }
+    messages = [
+        *opening(),
+        Message(role="assistant", text="", tool_calls=[call]),
+        Message(role="tool", tool_call_id=call.id, tool_name=call.name, result=result),
+    ]
+    second = adapter.complete(system=SYSTEM_PROMPT, messages=messages, tools=TOOL_SPECS)
+    assert fake.errors == []
+    assert second.tool_calls == []
+    assert "done" in second.text
+    assert fake.tool_results(fake.requests[1].body) == [("run_next_step", result)]
+
+
+def test_arguments_of_a_tool_call_reach_the_runner_as_a_dict(vendor):
+    from tests.support.fake_vendors import Move
+
+    kind, brain, fake = vendor
+    fake.script = [Move(calls=[("read_artifact", {"artifact_id": 42})])]
+    reply = make(kind, brain, fake).complete(
+        system=SYSTEM_PROMPT, messages=opening(), tools=TOOL_SPECS
+    )
+    assert reply.tool_calls[0].name == "read_artifact"
+    assert reply.tool_calls[0].arguments == {"artifact_id": 42}
+
+
+def test_a_rate_limit_is_retried_and_then_answered(vendor):
+    kind, brain, fake = vendor
+    fake.faults = [Fault(status=429, message="slow down")]
+    reply = make(kind, brain, fake).complete(
+        system=SYSTEM_PROMPT, messages=opening(), tools=TOOL_SPECS
+    )
+    assert reply.tool_calls[0].name == "run_next_step"
+    assert len(fake.requests) == 2
+
+
+def test_a_server_error_that_persists_fails_with_the_vendors_own_message(vendor):
+    kind, brain, fake = vendor
+    fake.faults = [Fault(status=503, message="model overloaded")] * 3
+    adapter = make(kind, brain, fake, retries=2)
+    with pytest.raises(BrainError, match="HTTP 503: model overloaded") as info:
+        adapter.complete(system=SYSTEM_PROMPT, messages=opening(), tools=TOOL_SPECS)
+    assert info.value.status == 503
+    assert len(fake.requests) == 3
+
+
+def test_a_bad_request_is_not_retried(vendor):
+    kind, brain, fake = vendor
+    adapter = make(kind, brain, fake, api_key="wrong-key")
+    with pytest.raises(BrainError, match="HTTP 400") as info:
+        adapter.complete(system=SYSTEM_PROMPT, messages=opening(), tools=TOOL_SPECS)
+    assert info.value.retryable is False
+    assert len(fake.requests) == 1
+
+
+def test_a_vendor_that_does_not_answer_in_time_gives_a_clear_timeout(vendor):
+    kind, brain, fake = vendor
+    fake.faults = [Fault(delay=1.0), Fault(delay=1.0)]
+    adapter = make(kind, brain, fake, timeout=0.2, retries=1)
+    with pytest.raises(
+        BrainError, match=r"no answer within 0.2s \(2 attempts\)"
+    ) as info:
+        adapter.complete(system=SYSTEM_PROMPT, messages=opening(), tools=TOOL_SPECS)
+    assert info.value.kind == "timeout"
+
+
+def test_an_answer_that_is_not_json_is_a_clear_error(vendor):
+    kind, brain, fake = vendor
+    fake.faults = [Fault(garbage=True)]
+    with pytest.raises(BrainError, match="not JSON"):
+        make(kind, brain, fake).complete(
+            system=SYSTEM_PROMPT, messages=opening(), tools=TOOL_SPECS
+        )
+
+
+def test_a_vendor_that_is_not_listening_gives_a_connection_error():
+    with FakeOpenAI() as fake:
+        url = fake.base_url
+    adapter = brain_make(
+        kind="openai", model="m", base_url=url, api_key=API_KEY, retries=0
+    )
+    with pytest.raises(BrainError, match="cannot connect") as info:
+        adapter.complete(system="s", messages=opening(), tools=TOOL_SPECS)
+    assert info.value.kind == "connect"
+
+
+def test_openai_tool_arguments_that_are_not_json_are_reported():
+    from tasks.brains.openai_compat import OpenAICompatBrain
+
+    adapter = OpenAICompatBrain(model="m", base_url="http://127.0.0.1:9")
+    data = {
+        "choices": [
+            {
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "run_next_step", "arguments": "{oops"},
+                        }
+                    ],
+                },
+                "finish_reason": "tool_calls",
+            }
+        ]
+    }
+    with pytest.raises(BrainError, match="tool arguments are not JSON"):
+        adapter.parse_reply(data)
+
+
+def test_anthropic_tool_results_of_one_turn_share_one_user_message():
+    from tasks.brains.anthropic import AnthropicBrain
+
+    calls = [
+        ToolCall("t1", "read_artifact", {"artifact_id": 1}),
+        ToolCall("t2", "read_artifact", {"artifact_id": 2}),
+    ]
+    messages = [
+        *opening(),
+        Message(role="assistant", tool_calls=calls),
+        Message(
+            role="tool", tool_call_id="t1", tool_name="read_artifact", result={"id": 1}
+        ),
+        Message(
+            role="tool", tool_call_id="t2", tool_name="read_artifact", result={"id": 2}
+        ),
+    ]
+    body = AnthropicBrain(model="m", api_key="k").request_body(
+        system="s", messages=messages, tools=TOOL_SPECS
+    )
+    assert [m["role"] for m in body["messages"]] == ["user", "assistant", "user"]
+    assert [b["tool_use_id"] for b in body["messages"][2]["content"]] == ["t1", "t2"]
+
+
+def test_gemini_declares_argument_free_tools_without_a_parameters_object():
+    from tasks.brains.gemini import GeminiBrain
+
+    body = GeminiBrain(model="m", api_key="k").request_body(
+        system="s", messages=opening(), tools=TOOL_SPECS
+    )
+    decls = {d["name"]: d for d in body["tools"][0]["functionDeclarations"]}
+    assert "parameters" not in decls["run_next_step"]
+    assert decls["read_artifact"]["parameters"]["required"] == ["artifact_id"]
+
+
+def test_the_scripted_brain_runs_steps_until_the_task_settles():
+    from tasks.brains.scripted import ScriptedBrain
+
+    brain = ScriptedBrain()
+    first = brain.complete(system="s", messages=opening(), tools=TOOL_SPECS)
+    assert first.tool_calls[0].name == "run_next_step"
+    done = Message(
+        role="tool",
+        tool_call_id=first.tool_calls[0].id,
+        tool_name="run_next_step",
+        result={"ran": True, "task": {"status": "done"}},
+    )
+    last = brain.complete(
+        system="s",
+        messages=[
+            *opening(),
+            Message(role="assistant", tool_calls=first.tool_calls),
+            done,
+        ],
+        tools=TOOL_SPECS,
+    )
+    assert last.tool_calls == []
+    assert "done" in last.text
+
+
+def test_an_unknown_brain_kind_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown brain kind 'cobol'"):
+        brain_make(kind="cobol")
