@@ -1,0 +1,535 @@
+"""The doctor: find, and on request repair, what older code or a crash left.
+
+``doctor_run(repair=False)`` checks; ``doctor_run(repair=True)`` checks,
+repairs in dependency order, then checks again, so every finding carries
+``found``, ``repaired`` and ``remaining``. The ``pippa_doctor`` command and
+the admin only present the ``DoctorReport``.
+
+Repair order (each step may free rows for the next):
+
+1. Rows whose parent is gone (the foreign-keys-off bug): tasks, council rows,
+   steps, events, links, lineage edges. Deleting a parent lets the schema
+   cascade to its children; each chunk is its own short transaction.
+2. Artifacts nothing alive keeps (after 1, artifacts kept only by orphans
+   are among them); their blobs are unlinked after the commit.
+3. Blob files no row names and stale temp files, older than the grace period
+   so an in-flight write (blob first, row second) is never swept.
+4. Rows whose blob is missing or fails its sha: flagged through
+   ``Artifact.integrity``, never deleted; they stay problems for a person.
+5. Expired leases: released, with a ``lease_released`` event.
+6. Tool-call envelopes open longer than a lease on a task no worker holds:
+   the step goes to ``needs_review`` (uncertain state is resolved by a person
+   or by its class, never by a blind re-run), with an event saying why.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from artifacts.gc import batched, unowned_artifacts, unowned_artifacts_delete
+from artifacts.models import Artifact, ArtifactSource
+from artifacts.store import BlobStore, default_store
+from council.models import CouncilRound, Participant, Turn, TurnArtifact
+from tasks.models import Conversation, Event, Step, Task, TaskArtifact
+from tasks.services import event_append
+
+DEFAULT_GRACE_SECONDS = 3600
+CHUNK = 5000
+SAMPLE = 10
+PROGRESS_EVERY = 2000
+
+ACTOR = "doctor"
+ENVELOPE_OPEN_REASON = "tool call open longer than a lease with no worker on it"
+# Events after a tool_call_started that close its envelope.
+CLOSING_KINDS = (
+    Event.Kind.TOOL_RESULT_PERSISTED,
+    Event.Kind.TOOL_CALL_FAILED,
+    Event.Kind.UNCERTAIN_RESOLVED,
+    Event.Kind.STEP_NEEDS_REVIEW,
+    Event.Kind.STEP_RETRIED,
+    Event.Kind.STEP_SKIPPED,
+    Event.Kind.STEP_FAILED,
+)
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Finding:
+    key: str
+    label: str
+    found: int = 0
+    repaired: int = 0
+    remaining: int = 0
+    fixable: bool = True
+    advice: str = ""
+    sample: list[Any] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "label": self.label,
+            "found": self.found,
+            "repaired": self.repaired,
+            "remaining": self.remaining,
+            "fixable": self.fixable,
+            "advice": self.advice,
+            "sample": self.sample,
+        }
+
+
+@dataclass
+class DoctorReport:
+    repair: bool
+    findings: list[Finding] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def problems(self) -> int:
+        return sum(f.remaining for f in self.findings)
+
+    @property
+    def clean(self) -> bool:
+        return self.problems == 0
+
+    def finding(self, key: str) -> Finding:
+        return next(f for f in self.findings if f.key == key)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "clean": self.clean,
+            "repair": self.repair,
+            "problems": self.problems,
+            "seconds": round(self.seconds, 3),
+            "findings": [f.as_dict() for f in self.findings],
+        }
+
+
+# -- rows whose parent is gone ---------------------------------------------------
+
+
+def _q(model) -> str:
+    return connection.ops.quote_name(model._meta.db_table)
+
+
+def _missing(model, column: str) -> str:
+    """SQL: the row ``x``'s ``column`` names no row of ``model``."""
+    return f"NOT EXISTS (SELECT 1 FROM {_q(model)} p WHERE p.id = x.{column})"
+
+
+def _orphan_checks() -> list[tuple[str, str, Any, str, bool, str]]:
+    """(key, label, model, SQL condition on alias x, fixable, advice), parents first."""
+    step_gone = f"(x.step_id IS NOT NULL AND {_missing(Step, 'step_id')})"
+    return [
+        ("orphan_tasks", "tasks whose conversation is gone", Task,
+         _missing(Conversation, "conversation_id"), True, ""),
+        ("orphan_rounds", "council rounds whose conversation is gone", CouncilRound,
+         _missing(Conversation, "conversation_id"), True, ""),
+        ("orphan_participants", "council participants whose round is gone",
+         Participant, _missing(CouncilRound, "round_id"), True, ""),
+        ("orphan_turns", "council turns whose round or participant is gone", Turn,
+         f"({_missing(CouncilRound, 'round_id')} OR "
+         f"{_missing(Participant, 'participant_id')})", True, ""),
+        ("orphan_turn_links", "turn links whose turn is gone", TurnArtifact,
+         _missing(Turn, "turn_id"), True, ""),
+        ("orphan_steps", "steps whose task is gone", Step,
+         _missing(Task, "task_id"), True, ""),
+        ("orphan_events", "events whose task or step is gone", Event,
+         f"({_missing(Task, 'task_id')} OR {step_gone})", True, ""),
+        ("orphan_links", "task links whose task or step is gone", TaskArtifact,
+         f"({_missing(Task, 'task_id')} OR {step_gone})", True, ""),
+        ("dangling_task_links", "task links whose artifact is gone", TaskArtifact,
+         _missing(Artifact, "artifact_id"), True, ""),
+        ("dangling_turn_links", "turn links whose artifact is gone", TurnArtifact,
+         _missing(Artifact, "artifact_id"), True, ""),
+        ("orphan_lineage", "lineage edges whose artifact or source is gone",
+         ArtifactSource,
+         f"({_missing(Artifact, 'artifact_id')} OR {_missing(Artifact, 'source_id')})",
+         True, ""),
+        ("dangling_outputs", "steps whose output artifact is gone", Step,
+         f"(x.output_id IS NOT NULL AND {_missing(Artifact, 'output_id')})", False,
+         "a person must retry or branch the step: its output is lost"),
+    ]  # fmt: skip
+
+
+def _count(model, condition: str) -> tuple[int, list[int]]:
+    table = _q(model)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT COUNT(*) FROM {table} x WHERE {condition}")
+        count = cursor.fetchone()[0]
+        ids: list[int] = []
+        if count:
+            cursor.execute(
+                f"SELECT x.id FROM {table} x WHERE {condition} ORDER BY x.id LIMIT {SAMPLE}"
+            )
+            ids = [row[0] for row in cursor.fetchall()]
+    return count, ids
+
+
+def _delete_in_chunks(model, condition: str, label: str, total: int, progress) -> int:
+    """Delete matching rows a chunk per short transaction; return rows deleted."""
+    table = _q(model)
+    deleted = 0
+    while True:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                f"DELETE FROM {table} WHERE id IN "
+                f"(SELECT x.id FROM {table} x WHERE {condition} LIMIT {CHUNK})"
+            )
+            n = cursor.rowcount
+        if n <= 0:
+            return deleted
+        deleted += n
+        progress(f"removed {deleted:,}/{total:,} {label}")
+
+
+# -- blobs -------------------------------------------------------------------------
+
+
+def _orphan_blobs(store: BlobStore, cutoff: float) -> list[tuple[str, Any]]:
+    """(sha, path) of blob files older than ``cutoff`` that no row names."""
+    found = []
+    pending: list[tuple[str, Any]] = []
+
+    def flush():
+        named = set(
+            Artifact.objects.filter(sha256__in=[s for s, _ in pending]).values_list(
+                "sha256", flat=True
+            )
+        )
+        for sha, path in pending:
+            if sha in named:
+                continue
+            try:
+                if path.stat().st_mtime < cutoff:
+                    found.append((sha, path))
+            except FileNotFoundError:
+                pass
+        pending.clear()
+
+    for sha, path in store.iter_shas():
+        pending.append((sha, path))
+        if len(pending) >= 500:
+            flush()
+    if pending:
+        flush()
+    return found
+
+
+def _stale_temp_files(store: BlobStore, cutoff: float) -> list[Any]:
+    stale = []
+    for path in store.iter_temp_files():
+        try:
+            if path.is_file() and path.stat().st_mtime < cutoff:
+                stale.append(path)
+        except FileNotFoundError:
+            pass
+    return stale
+
+
+def _integrity_scan(
+    store: BlobStore, *, verify: bool, progress: Progress
+) -> tuple[dict[int, str], list[int]]:
+    """Return ({id: "missing"|"corrupt"} for damaged rows, [ids flagged but intact])."""
+    damaged: dict[int, str] = {}
+    restored: list[int] = []
+    total = Artifact.objects.count()
+    rows = (
+        Artifact.objects.order_by("pk")
+        .values_list("pk", "sha256", "size", "integrity")
+        .iterator(chunk_size=2000)
+    )
+    flagged = {Artifact.Integrity.MISSING, Artifact.Integrity.CORRUPT}
+    for n, (pk, sha, size, integrity) in enumerate(rows, start=1):
+        try:
+            on_disk = store.path(sha).stat().st_size
+        except (FileNotFoundError, ValueError):
+            state = Artifact.Integrity.MISSING
+        else:
+            if on_disk != size or (verify and not store.verify(sha)):
+                state = Artifact.Integrity.CORRUPT
+            else:
+                state = Artifact.Integrity.OK
+        if state != Artifact.Integrity.OK:
+            damaged[pk] = state
+        elif integrity in flagged:
+            restored.append(pk)
+        if n % PROGRESS_EVERY == 0:
+            progress(f"checked {n:,}/{total:,} artifact blobs")
+    return damaged, restored
+
+
+# -- leases and envelopes ------------------------------------------------------------
+
+
+def _expired_leases(now) -> list[tuple[int, str]]:
+    return list(
+        Task.objects.exclude(lease_owner="")
+        .filter(lease_expires_at__lt=now)
+        .order_by("pk")
+        .values_list("pk", "lease_owner")
+    ) + list(
+        Task.objects.exclude(lease_owner="")
+        .filter(lease_expires_at__isnull=True)
+        .order_by("pk")
+        .values_list("pk", "lease_owner")
+    )
+
+
+def _open_envelopes(now) -> list[tuple[int, int, int]]:
+    """(event id, task id, step id) of the latest tool_call_started per step with
+    no closing event after it, older than a lease, on a task no worker holds."""
+    cutoff = now - timedelta(seconds=settings.PIPPA_LEASE_SECONDS)
+    ev = _q(Event)
+    task = _q(Task)
+    later = ", ".join(["%s"] * (len(CLOSING_KINDS) + 1))
+    sql = f"""
+        SELECT x.id, x.task_id, x.step_id FROM {ev} x
+         WHERE x.kind = %s AND x.step_id IS NOT NULL AND x.created_at < %s
+           AND NOT EXISTS (SELECT 1 FROM {ev} f
+                            WHERE f.step_id = x.step_id AND f.seq > x.seq
+                              AND f.kind IN ({later}))
+           AND EXISTS (SELECT 1 FROM {task} t WHERE t.id = x.task_id
+                        AND (t.lease_owner = '' OR t.lease_expires_at IS NULL
+                             OR t.lease_expires_at < %s))
+         ORDER BY x.id
+    """
+    adapt = connection.ops.adapt_datetimefield_value
+    params = [
+        Event.Kind.TOOL_CALL_STARTED.value,
+        adapt(cutoff),
+        *[k.value for k in CLOSING_KINDS],
+        Event.Kind.TOOL_CALL_STARTED.value,
+        adapt(now),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [tuple(row) for row in cursor.fetchall()]
+
+
+def _lease_release(task_id: int, owner: str, now) -> bool:
+    with transaction.atomic():
+        released = (
+            Task.objects.filter(pk=task_id, lease_owner=owner)
+            .exclude(lease_expires_at__gte=now)
+            .update(lease_owner="", lease_expires_at=None, updated_at=now)
+        )
+        if released:
+            event_append(
+                task_id=task_id,
+                kind=Event.Kind.LEASE_RELEASED,
+                data={"actor": ACTOR, "reason": "lease expired", "owner": owner},
+            )
+    return bool(released)
+
+
+def _envelope_close(event_id: int, task_id: int, step_id: int) -> bool:
+    """Hand an open envelope to a person: the step goes to needs_review."""
+    with transaction.atomic():
+        step = Step.objects.select_for_update().filter(pk=step_id).first()
+        if step is None:
+            return False
+        data = {"actor": ACTOR, "reason": ENVELOPE_OPEN_REASON, "event": event_id}
+        if step.status in (Step.Status.DONE, Step.Status.SKIPPED):
+            data["resolution"] = f"step already {step.status}"
+            event_append(
+                task_id=task_id,
+                step_id=step_id,
+                kind=Event.Kind.UNCERTAIN_RESOLVED,
+                data=data,
+            )
+            return True
+        Step.objects.filter(pk=step_id).update(status=Step.Status.NEEDS_REVIEW)
+        Task.objects.filter(pk=task_id).exclude(
+            status__in=[Task.Status.DONE, Task.Status.FAILED]
+        ).update(status=Task.Status.NEEDS_REVIEW, updated_at=timezone.now())
+        event_append(
+            task_id=task_id,
+            step_id=step_id,
+            kind=Event.Kind.STEP_NEEDS_REVIEW,
+            data=data,
+        )
+    return True
+
+
+# -- the run ---------------------------------------------------------------------------
+
+
+def _check(
+    *,
+    store: BlobStore,
+    grace_seconds: int,
+    verify: bool,
+    integrity: bool,
+    progress: Progress,
+) -> dict[str, tuple[int, list, Any]]:
+    """Return {key: (count, sample, detail)} for every check."""
+    now = timezone.now()
+    results: dict[str, tuple[int, list, Any]] = {}
+    for key, label, model, condition, _fixable, _advice in _orphan_checks():
+        progress(f"checking {label}")
+        count, sample = _count(model, condition)
+        results[key] = (count, sample, None)
+
+    progress("checking artifacts nothing alive keeps")
+    unowned = unowned_artifacts(created_before=now - timedelta(seconds=grace_seconds))
+    results["unowned_artifacts"] = (
+        len(unowned),
+        [pk for pk, _ in unowned[:SAMPLE]],
+        None,
+    )
+
+    progress("checking blob files that no row names")
+    cutoff = time.time() - grace_seconds
+    blobs = _orphan_blobs(store, cutoff)
+    results["orphan_blobs"] = (len(blobs), [s for s, _ in blobs[:SAMPLE]], blobs)
+    temps = _stale_temp_files(store, cutoff)
+    results["stale_temp_files"] = (len(temps), [p.name for p in temps[:SAMPLE]], temps)
+
+    if integrity:
+        progress("checking every artifact's blob")
+        damaged, restored = _integrity_scan(store, verify=verify, progress=progress)
+        results["damaged_blobs"] = (
+            len(damaged),
+            [
+                {"id": pk, "state": state}
+                for pk, state in list(damaged.items())[:SAMPLE]
+            ],
+            (damaged, restored),
+        )
+
+    progress("checking leases and tool-call envelopes")
+    leases = _expired_leases(now)
+    results["expired_leases"] = (len(leases), [pk for pk, _ in leases[:SAMPLE]], leases)
+    envelopes = _open_envelopes(now)
+    results["open_envelopes"] = (
+        len(envelopes),
+        [{"task": t, "step": s} for _, t, s in envelopes[:SAMPLE]],
+        envelopes,
+    )
+    return results
+
+
+LABELS = {
+    "unowned_artifacts": ("artifacts nothing alive keeps", True, ""),
+    "orphan_blobs": ("blob files no row names (older than the grace period)", True, ""),
+    "stale_temp_files": ("stale temp files in blobs/tmp", True, ""),
+    "damaged_blobs": (
+        "artifacts whose blob is missing or fails its sha",
+        False,
+        "restore the blob from a backup, or retry/branch the steps that made it; "
+        "--repair only flags them (Artifact.integrity)",
+    ),
+    "expired_leases": ("task leases past expiry", True, ""),
+    "open_envelopes": (
+        "tool calls open longer than a lease with no worker on the task",
+        True,
+        "--repair sends the step to needs_review for a person to resolve",
+    ),
+}
+
+
+def doctor_run(
+    *,
+    repair: bool = False,
+    grace_seconds: int | None = None,
+    verify: bool = True,
+    store: BlobStore | None = None,
+    progress: Progress | None = None,
+) -> DoctorReport:
+    """Check the database and the blob folder; with ``repair``, fix what can be
+    fixed (see the module docstring for the order) and check again."""
+    started = time.perf_counter()
+    store = store or default_store()
+    progress = progress or (lambda message: None)
+    if grace_seconds is None:
+        grace_seconds = getattr(
+            settings, "PIPPA_DOCTOR_GRACE_SECONDS", DEFAULT_GRACE_SECONDS
+        )
+    options = {"store": store, "grace_seconds": grace_seconds, "verify": verify}
+    before = _check(integrity=True, progress=progress, **options)
+
+    report = DoctorReport(repair=repair)
+    for key, label, _model, _cond, fixable, advice in _orphan_checks():
+        report.findings.append(Finding(key, label, fixable=fixable, advice=advice))
+    for key, (label, fixable, advice) in LABELS.items():
+        report.findings.append(Finding(key, label, fixable=fixable, advice=advice))
+    for finding in report.findings:
+        finding.found, finding.sample, _ = before[finding.key]
+        finding.remaining = finding.found
+
+    if not repair:
+        report.seconds = time.perf_counter() - started
+        return report
+
+    repaired: dict[str, int] = {}
+    for key, label, model, condition, fixable, _advice in _orphan_checks():
+        if fixable and before[key][0]:
+            repaired[key] = _delete_in_chunks(
+                model, condition, label, before[key][0], progress
+            )
+
+    progress("removing artifacts nothing alive keeps")
+    now = timezone.now()
+    gone = unowned_artifacts_delete(
+        created_before=now - timedelta(seconds=grace_seconds), store=store
+    )
+    repaired["unowned_artifacts"] = len(gone)
+
+    progress("sweeping blob files that no row names")
+    repaired["orphan_blobs"] = 0
+    for chunk in batched(before["orphan_blobs"][2]):
+        named = set(
+            Artifact.objects.filter(sha256__in=[s for s, _ in chunk]).values_list(
+                "sha256", flat=True
+            )
+        )
+        for sha, path in chunk:
+            if sha not in named:
+                path.unlink(missing_ok=True)
+                repaired["orphan_blobs"] += 1
+    repaired["stale_temp_files"] = 0
+    for path in before["stale_temp_files"][2]:
+        path.unlink(missing_ok=True)
+        repaired["stale_temp_files"] += 1
+
+    damaged, restored = before["damaged_blobs"][2]
+    checked_at = timezone.now()
+    for state in (Artifact.Integrity.MISSING, Artifact.Integrity.CORRUPT):
+        ids = [pk for pk, s in damaged.items() if s == state]
+        for chunk in batched(ids):
+            Artifact.objects.filter(pk__in=chunk).update(
+                integrity=state, verified_at=checked_at
+            )
+    for chunk in batched(restored):
+        Artifact.objects.filter(pk__in=chunk).update(
+            integrity=Artifact.Integrity.OK, verified_at=checked_at
+        )
+
+    progress("releasing expired leases")
+    repaired["expired_leases"] = sum(
+        _lease_release(pk, owner, now) for pk, owner in before["expired_leases"][2]
+    )
+    progress("closing open tool-call envelopes")
+    repaired["open_envelopes"] = sum(
+        _envelope_close(*envelope) for envelope in _open_envelopes(timezone.now())
+    )
+
+    after = _check(integrity=False, progress=progress, **options)
+    still_damaged = 0
+    for chunk in batched(list(damaged)):
+        still_damaged += Artifact.objects.filter(pk__in=chunk).count()
+    after["damaged_blobs"] = (still_damaged, [], None)
+    for finding in report.findings:
+        finding.repaired = repaired.get(finding.key, 0)
+        finding.remaining = after[finding.key][0]
+    report.seconds = time.perf_counter() - started
+    return report

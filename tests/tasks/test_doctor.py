@@ -1,0 +1,406 @@
+"""pippa_doctor: finds what older code or a crash left, and --repair fixes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.utils import timezone
+
+from artifacts import gc
+from artifacts.models import Artifact
+from artifacts.store import BlobStore
+from tasks.doctor import ENVELOPE_OPEN_REASON, doctor_run
+from tasks.models import Conversation, Event, Step, Task, TaskArtifact
+from tasks.services import conversation_delete
+from tests.support.leftovers import (
+    assert_no_leftovers,
+    conversation_with_everything,
+    find_leftovers,
+)
+
+ORPHAN_STEPS = 13_750
+ORPHAN_EVENTS = 98_159
+
+sqlite_only = pytest.mark.skipif(
+    connection.vendor != "sqlite", reason="raw sqlite3 connection with FKs off"
+)
+
+
+def doctor(*args: str) -> tuple[int, dict, str]:
+    """Run the command with --json; return (exit code, report, stderr)."""
+    out, err = StringIO(), StringIO()
+    try:
+        call_command("pippa_doctor", "--json", *args, stdout=out, stderr=err)
+        code = 0
+    except CommandError as exc:
+        code = exc.returncode
+    return code, json.loads(out.getvalue()), err.getvalue()
+
+
+def found(report: dict) -> dict[str, int]:
+    return {f["key"]: f["found"] for f in report["findings"] if f["found"]}
+
+
+def remaining(report: dict) -> dict[str, int]:
+    return {f["key"]: f["remaining"] for f in report["findings"] if f["remaining"]}
+
+
+def raw_sqlite() -> sqlite3.Connection:
+    """A second connection to the test database, as the old code had it:
+    plain sqlite3, foreign keys never switched on."""
+    raw = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+    assert raw.execute("PRAGMA foreign_keys").fetchone()[0] == 0
+    return raw
+
+
+def delete_with_foreign_keys_off(conversation_ids: list[int]) -> None:
+    """Delete tasks and conversations the old way: the cascade never fires."""
+    marks = ", ".join(["%s"] * len(conversation_ids))
+    statements = [
+        f"DELETE FROM tasks_task WHERE conversation_id IN ({marks})",
+        f"DELETE FROM tasks_conversation WHERE id IN ({marks})",
+    ]
+    if connection.vendor == "sqlite":
+        raw = raw_sqlite()
+        for sql in statements:
+            raw.execute(sql.replace("%s", "?"), conversation_ids)
+        raw.close()
+    else:
+        # PostgreSQL's way to run with foreign keys off (superuser only).
+        with connection.cursor() as cursor:
+            cursor.execute("SET session_replication_role = replica")
+            for sql in statements:
+                cursor.execute(sql, conversation_ids)
+            cursor.execute("SET session_replication_role = DEFAULT")
+
+
+@pytest.mark.django_db
+def test_the_doctor_on_a_clean_database_reports_nothing_and_exits_zero(user):
+    conversation_with_everything(owner=user)
+
+    code, report, _ = doctor()
+
+    assert code == 0
+    assert report["clean"] is True
+    assert report["problems"] == 0
+    assert found(report) == {}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_orphans_of_a_foreign_keys_off_delete_are_found_and_repaired_in_one_run(
+    user, blob_store
+):
+    """The old bug: task rows deleted over a connection with foreign keys off."""
+    doomed = [conversation_with_everything(owner=user)[0] for _ in range(2)]
+    survivor, survivor_artifacts = conversation_with_everything(owner=user)
+    delete_with_foreign_keys_off([c.pk for c in doomed])
+
+    code, report, _ = doctor("--grace-seconds=0")
+    assert code == 1
+    assert found(report) == {
+        "orphan_rounds": 2,
+        "orphan_steps": 6,
+        "orphan_events": 12,
+        "orphan_links": 4,
+        "unowned_artifacts": 8,
+    }
+    assert Step.objects.count() == 9  # a check alone changes nothing
+
+    code, report, _ = doctor("--repair", "--grace-seconds=0")
+    assert code == 0, remaining(report)
+    assert report["clean"] is True
+    assert_no_leftovers()
+    assert {sha for sha, _ in blob_store.iter_shas()} == {
+        a.sha256 for a in survivor_artifacts.values()
+    }
+    assert Event.objects.filter(task__conversation=survivor).count() == 6
+
+
+def insert_orphan_load(steps: int, events: int) -> tuple[int, int]:
+    """Insert a conversation with ``steps`` steps and ``events`` events through
+    raw SQL (executemany), then delete its tasks with foreign keys off."""
+    raw = raw_sqlite()
+    now = timezone.now().isoformat()
+    raw.execute("BEGIN")
+    user_id = raw.execute("SELECT MIN(id) FROM auth_user").fetchone()[0]
+    conv = raw.execute(
+        "INSERT INTO tasks_conversation (owner_id, title, created_at, updated_at) "
+        "VALUES (?, 'big', ?, ?)",
+        (user_id, now, now),
+    ).lastrowid
+    tasks = 50
+    task_ids = []
+    for n in range(tasks):
+        task_ids.append(
+            raw.execute(
+                "INSERT INTO tasks_task (conversation_id, title, status, brain, "
+                "lease_owner, last_seq, steps_total, steps_done, created_at, "
+                "updated_at) VALUES (?, ?, 'done', 'scripted', '', 0, 0, 0, ?, ?)",
+                (conv, f"t{n}", now, now),
+            ).lastrowid
+        )
+    raw.executemany(
+        "INSERT INTO tasks_step (task_id, position, title, status, tool, args, "
+        "artifact_class, side_effects, attempts, max_attempts, generation, error, "
+        "created_at) VALUES (?, ?, 's', 'pending', 't', '{}', 3, 0, 0, 3, 0, '', ?)",
+        ((task_ids[i % tasks], i // tasks, now) for i in range(steps)),
+    )
+    step_ids = [r[0] for r in raw.execute("SELECT id FROM tasks_step ORDER BY id")]
+    raw.executemany(
+        "INSERT INTO tasks_event (task_id, step_id, seq, kind, data, created_at) "
+        "VALUES (?, ?, ?, 'tool_result_persisted', '{}', ?)",
+        (
+            (task_ids[i % tasks], step_ids[i % len(step_ids)], i // tasks + 1, now)
+            for i in range(events)
+        ),
+    )
+    raw.execute("COMMIT")
+    raw.execute("DELETE FROM tasks_task WHERE conversation_id = ?", (conv,))
+    raw.close()
+    return steps, events
+
+
+@sqlite_only
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_doctor_repairs_13750_orphan_steps_and_98159_orphan_events_in_one_run(
+    user,
+):
+    kept, _ = conversation_with_everything(owner=user)
+    insert_orphan_load(ORPHAN_STEPS, ORPHAN_EVENTS)
+    assert Step.objects.exclude(task_id__in=Task.objects.values("pk")).count() == (
+        ORPHAN_STEPS
+    )
+
+    code, report, stderr = doctor("--repair", "--grace-seconds=0")
+
+    assert found(report) == {
+        "orphan_steps": ORPHAN_STEPS,
+        "orphan_events": ORPHAN_EVENTS,
+    }
+    assert code == 0
+    assert remaining(report) == {}
+    assert "removed 13,750/13,750 steps whose task is gone" in stderr
+    assert Step.objects.count() == 3
+    assert Event.objects.count() == 6
+    assert Conversation.objects.filter(pk=kept.pk).exists()
+    assert_no_leftovers()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_crash_between_commit_and_unlink_leaves_only_unreferenced_files(
+    user, blob_store, monkeypatch
+):
+    conversation, artifacts = conversation_with_everything(owner=user)
+    # The process dies after the commit, before its on_commit unlink runs.
+    monkeypatch.setattr(gc, "blobs_unlink_after_commit", lambda **kwargs: None)
+
+    conversation_delete(conversation_id=conversation.pk)
+
+    problems = find_leftovers()
+    assert sorted(problems) == sorted(
+        f"blob file with no artifact row: {a.sha256}" for a in artifacts.values()
+    )
+    # Within the grace period the files might be an in-flight write: kept.
+    code, report, _ = doctor("--repair")
+    assert code == 0
+    assert found(report) == {}
+    assert len(find_leftovers()) == 4
+
+    code, report, _ = doctor("--repair", "--grace-seconds=0")
+    assert code == 0
+    assert found(report) == {"orphan_blobs": 4}
+    assert_no_leftovers()
+
+
+@pytest.mark.django_db
+def test_stale_temp_files_are_swept_and_fresh_ones_are_left_for_their_writer(
+    blob_store,
+):
+    blob_store.tmp_dir.mkdir(parents=True)
+    stale = blob_store.tmp_dir / "put-crashed"
+    fresh = blob_store.tmp_dir / "put-in-flight"
+    stale.write_bytes(b"half a payload")
+    fresh.write_bytes(b"being written")
+    two_hours_ago = time.time() - 7200
+    os.utime(stale, (two_hours_ago, two_hours_ago))
+
+    code, report, _ = doctor("--repair")
+
+    assert found(report) == {"stale_temp_files": 1}
+    assert code == 0
+    assert not stale.exists()
+    assert fresh.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unlinked_artifact_is_left_alone_within_the_grace_period(make_artifact):
+    """Write before show: between artifact_store and its link, nothing keeps it."""
+    artifact = make_artifact()
+
+    assert found(doctor("--repair")[1]) == {}
+    assert Artifact.objects.filter(pk=artifact.pk).exists()
+
+    code, report, _ = doctor("--repair", "--grace-seconds=0")
+    assert found(report) == {"unowned_artifacts": 1}
+    assert code == 0
+    assert not Artifact.objects.exists()
+
+
+@pytest.mark.django_db
+def test_missing_and_corrupt_blobs_are_flagged_never_deleted(
+    make_task, make_artifact, blob_store
+):
+    task = make_task()
+    missing, corrupt, fine = make_artifact(), make_artifact(), make_artifact()
+    for artifact in (missing, corrupt, fine):
+        TaskArtifact.objects.create(task=task, artifact=artifact)
+    blob_store.path(missing.sha256).unlink()
+    path = blob_store.path(corrupt.sha256)
+    path.chmod(0o644)
+    path.write_bytes(b"payload X")  # same size, wrong bytes
+
+    code, report, _ = doctor("--repair", "--grace-seconds=0")
+
+    assert code == 1
+    assert found(report) == {"damaged_blobs": 2}
+    assert remaining(report) == {"damaged_blobs": 2}
+    assert dict(Artifact.objects.values_list("pk", "integrity")) == {
+        missing.pk: "missing",
+        corrupt.pk: "corrupt",
+        fine.pk: "ok",
+    }
+    damaged = next(f for f in report["findings"] if f["key"] == "damaged_blobs")
+    assert "restore the blob" in damaged["advice"]
+
+
+@pytest.mark.django_db
+def test_a_restored_blob_clears_its_damage_flag(make_task, make_artifact, blob_store):
+    artifact = make_artifact(data=b"restorable")
+    TaskArtifact.objects.create(task=make_task(), artifact=artifact)
+    Artifact.objects.filter(pk=artifact.pk).update(integrity="missing")
+
+    code, _, _ = doctor("--repair")
+
+    assert code == 0
+    assert Artifact.objects.get(pk=artifact.pk).integrity == "ok"
+
+
+@pytest.mark.django_db
+def test_an_expired_lease_is_released_with_an_event(make_task):
+    past = timezone.now() - timedelta(minutes=5)
+    expired = make_task(status="running", lease_owner="worker:a", lease_expires_at=past)
+    live = make_task(
+        status="running",
+        lease_owner="worker:b",
+        lease_expires_at=timezone.now() + timedelta(minutes=5),
+    )
+
+    code, report, _ = doctor("--repair")
+
+    assert found(report) == {"expired_leases": 1}
+    assert code == 0
+    expired.refresh_from_db()
+    live.refresh_from_db()
+    assert (expired.lease_owner, expired.lease_expires_at) == ("", None)
+    assert live.lease_owner == "worker:b"
+    event = Event.objects.get(task=expired)
+    assert (event.kind, event.data["actor"], event.data["owner"]) == (
+        "lease_released",
+        "doctor",
+        "worker:a",
+    )
+
+
+def open_envelope(task: Task, *, age: timedelta, closed: bool = False) -> Step:
+    step = Step.objects.create(
+        task=task, position=1, title="search", tool="web_search", status="running"
+    )
+    started = timezone.now() - age
+    Event.objects.create(
+        task=task, step=step, seq=1, kind="tool_call_started", created_at=started
+    )
+    if closed:
+        Event.objects.create(
+            task=task, step=step, seq=2, kind="tool_call_failed", created_at=started
+        )
+    Task.objects.filter(pk=task.pk).update(last_seq=2 if closed else 1)
+    return step
+
+
+@pytest.mark.django_db
+def test_a_tool_call_open_longer_than_a_lease_goes_to_needs_review(make_task, settings):
+    settings.PIPPA_LEASE_SECONDS = 60
+    stuck = open_envelope(make_task(status="running"), age=timedelta(minutes=10))
+    young = open_envelope(make_task(status="running"), age=timedelta(seconds=5))
+    closed = open_envelope(
+        make_task(status="running"), age=timedelta(minutes=10), closed=True
+    )
+    held = open_envelope(
+        make_task(
+            status="running",
+            lease_owner="worker:slow-tool",
+            lease_expires_at=timezone.now() + timedelta(seconds=30),
+        ),
+        age=timedelta(minutes=10),
+    )
+
+    code, report, _ = doctor("--repair")
+
+    assert found(report) == {"open_envelopes": 1}
+    assert code == 0
+    statuses = dict(Step.objects.values_list("pk", "status"))
+    assert statuses == {
+        stuck.pk: "needs_review",
+        young.pk: "running",
+        closed.pk: "running",
+        held.pk: "running",
+    }
+    assert Task.objects.get(pk=stuck.task_id).status == "needs_review"
+    event = Event.objects.filter(step=stuck).order_by("seq").last()
+    assert (event.kind, event.data["reason"]) == (
+        "step_needs_review",
+        ENVELOPE_OPEN_REASON,
+    )
+
+
+@pytest.mark.django_db
+def test_json_goes_to_stdout_and_progress_to_stderr(user):
+    conversation_with_everything(owner=user)
+
+    code, report, stderr = doctor("--no-verify")
+
+    assert code == 0
+    assert set(report) == {"clean", "repair", "problems", "seconds", "findings"}
+    assert "doctor: checking steps whose task is gone" in stderr
+
+
+@pytest.mark.django_db
+def test_the_plain_report_names_each_problem_and_exits_nonzero(make_artifact):
+    make_artifact()
+    out = StringIO()
+
+    with pytest.raises(CommandError, match="1 problem") as excinfo:
+        call_command("pippa_doctor", "--grace-seconds=0", stdout=out, stderr=StringIO())
+
+    assert excinfo.value.returncode == 1
+    assert "artifacts nothing alive keeps: 1 found" in out.getvalue()
+
+
+@pytest.mark.django_db
+def test_the_report_functions_are_importable_for_the_admin(user, blob_store):
+    conversation_with_everything(owner=user)
+
+    report = doctor_run(store=BlobStore(blob_store.root))
+
+    assert report.clean
+    assert report.finding("orphan_events").found == 0
+    assert report.as_dict()["repair"] is False
