@@ -97,6 +97,10 @@ def _apply_limits(caps: dict) -> None:
 
 
 def _sandbox_hook(event: str, args: tuple) -> None:
+    # cairosvg reads data: URIs through urllib, which needs neither a file
+    # nor a socket; every other URL is denied.
+    if event == "urllib.Request" and str(args[0] if args else "").startswith("data:"):
+        return
     if event.startswith(_DENIED_EVENTS):
         detail = ""
         if args:
@@ -160,6 +164,41 @@ def _check_reference(value: str) -> None:
     raise Refused(f"external reference refused ({shown})")
 
 
+def _check_embedded_image(value: str, caps: dict) -> None:
+    """Refuse a data: raster whose header declares more pixels than the cap.
+
+    The renderer decodes PNGs without Pillow's bomb check, so a 100 KB PNG
+    declaring 30000×30000 pixels would allocate gigabytes.
+    """
+    target = value.strip()
+    if not target.lower().startswith(_SAFE_DATA_PREFIXES):
+        return
+    import base64
+    import binascii
+    import io
+
+    from PIL import Image
+
+    header, _, payload = target.partition(",")
+    if ";base64" not in header.lower():
+        raise Refused("embedded image must be base64")
+    try:
+        raw = base64.b64decode(payload, validate=False)
+        with Image.open(io.BytesIO(raw)) as image:
+            width, height = image.size
+    except Image.DecompressionBombError:
+        raise Refused(
+            f"embedded image declares more than {caps['max_output_pixels']:,} pixels"
+        ) from None
+    except (binascii.Error, ValueError, OSError):
+        raise Refused("embedded image is unreadable") from None
+    if width * height > caps["max_output_pixels"]:
+        raise Refused(
+            f"embedded image declares {width:,}×{height:,} px; "
+            f"the cap is {caps['max_output_pixels']:,} pixels"
+        )
+
+
 def _check_urls(text: str) -> None:
     if "@import" in text.lower():
         raise Refused("external reference refused (@import in a stylesheet)")
@@ -185,6 +224,8 @@ def validate(data: bytes, media_type: str, caps: dict):
     except UnicodeDecodeError:
         raise Refused("not UTF-8 text") from None
     svg_text = _extract_svg(text, media_type)
+    if "<?xml-stylesheet" in svg_text:
+        raise Refused("external stylesheet instruction refused (xml-stylesheet)")
     try:
         root = DET.fromstring(
             svg_text.encode("utf-8"),
@@ -215,8 +256,11 @@ def validate(data: bytes, media_type: str, caps: dict):
         if not isinstance(elem.tag, str):
             continue
         for name, value in elem.attrib.items():
-            if name in ("href", f"{{{XLINK_NS}}}href"):
+            # A link (<a href>) is never fetched by the renderer; any other
+            # href (image, use, pattern, XInclude…) would be.
+            if name in ("href", f"{{{XLINK_NS}}}href") and elem.tag != f"{{{SVG_NS}}}a":
                 _check_reference(value)
+                _check_embedded_image(value, caps)
             _check_urls(value)
             if name == "id":
                 ids[value] = elem
@@ -327,10 +371,14 @@ def main(argv: list[str]) -> int:
     caps = json.loads(argv[1])
     _apply_limits(caps)
 
+    # A warning would read source lines (an open) after the lockdown.
+    import warnings
+
     import cairosvg  # noqa: F401  (loaded now, before the lockdown)
     import defusedxml.ElementTree  # noqa: F401
     from PIL import Image, PngImagePlugin  # noqa: F401
 
+    warnings.simplefilter("ignore")
     Image.MAX_IMAGE_PIXELS = caps["max_output_pixels"]
     Image.init()
     render(WARMUP_SVG, 8, 8, 8)  # load every lazy module while files may open
