@@ -34,6 +34,7 @@ from pippa_site.selectors import (
     task_payload,
 )
 from pippa_site.services import UploadError, token_authenticate
+from tasks.executor import ExecutorError
 from tasks.models import Brain, Conversation
 from tasks.plan import PlanError
 
@@ -117,6 +118,11 @@ def _plan_error(request: HttpRequest, exc: PlanError) -> HttpResponse:
     return api.create_response(request, {"detail": str(exc)}, status=status)
 
 
+@api.exception_handler(ExecutorError)
+def _executor_error(request: HttpRequest, exc: ExecutorError) -> HttpResponse:
+    return api.create_response(request, {"detail": str(exc)}, status=409)
+
+
 @api.exception_handler(ArtifactError)
 def _artifact_error(request: HttpRequest, exc: ArtifactError) -> HttpResponse:
     return api.create_response(request, {"detail": str(exc)}, status=400)
@@ -183,7 +189,7 @@ class TaskIn(Schema):
     title: Annotated[str, Field(min_length=1, max_length=300)]
     steps: Annotated[list[StepIn], Field(min_length=1, max_length=MAX_STEPS)]
     brain: BrainName = "scripted"
-    queue: bool = False
+    queue: bool = True
 
 
 class NewTaskIn(TaskIn):
@@ -202,10 +208,17 @@ class BrainIn(Schema):
     brain: BrainName
 
 
-class StepRunIn(Schema):
+class WorkerIn(Schema):
     model_config = ConfigDict(extra="forbid")
 
-    worker: Annotated[str, Field(default="runner", min_length=1, max_length=80)]
+    worker: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=80,
+            description="The runner's own name, e.g. codex-laptop-4121; the lease is held under it.",
+        ),
+    ]
 
 
 class ArtifactRefOut(Schema):
@@ -260,6 +273,8 @@ class ConversationOut(Schema):
 class StepRunOut(Schema):
     ran: bool
     detail: str
+    invoked: bool
+    rule: str
     step: StepOut | None
     task: TaskOut
 
@@ -359,19 +374,46 @@ def task_resume_context(request: HttpRequest, task_id: int):
 
 
 @tasks.post("/{task_id}/steps/run", response={200: StepRunOut, **BAD})
-def task_step_run(request: HttpRequest, task_id: int, payload: StepRunIn):
+def task_step_run(request: HttpRequest, task_id: int, payload: WorkerIn):
     """Run the next step through the executor; answer once its result is persisted."""
     task = task_get_for_user(user=request.user, task_id=task_id)
     result = api_services.api_step_run(
-        task=task,
-        worker_id=f"api:{request.user.get_username()}:{payload.worker}",
+        task=task, worker_id=_worker_id(request, payload.worker)
     )
+    if result.lease_busy:
+        _fail(409, result.detail)
     return {
         "ran": result.ran,
         "detail": result.detail,
+        "invoked": result.invoked,
+        "rule": result.rule,
         "step": step_payload(result.step) if result.step is not None else None,
         "task": task_payload(task),
     }
+
+
+@tasks.post("/{task_id}/lease/release", response={200: TaskOut, **BAD})
+def task_lease_release(request: HttpRequest, task_id: int, payload: WorkerIn):
+    """Give back the lease this runner holds (a runner that stops early)."""
+    task = task_get_for_user(user=request.user, task_id=task_id)
+    api_services.api_lease_release(
+        task=task, worker_id=_worker_id(request, payload.worker)
+    )
+    return task_payload(task)
+
+
+@tasks.post("/{task_id}/resume", response={200: TaskOut, **BAD})
+def task_resume(request: HttpRequest, task_id: int):
+    """Queue a paused or interrupted task again (refused if a step needs a person)."""
+    from tasks.executor import task_resume as resume
+
+    task = task_get_for_user(user=request.user, task_id=task_id)
+    resume(task=task, actor=f"api:{request.user.get_username()}")
+    return task_payload(task)
+
+
+def _worker_id(request: HttpRequest, worker: str) -> str:
+    return f"api:{request.user.get_username()}:{worker}"
 
 
 @tasks.post("/{task_id}/artifacts", response={201: ArtifactOut, **BAD})

@@ -79,7 +79,12 @@ def token_authenticate(*, raw: str):
 
 ERR_BAD_STEP = "step {id} is not a step of task {task}"
 ERR_NOTHING_TO_RUN = "nothing to run: the task is {status}"
-ERR_LEASE_HELD = "another worker holds the task's lease until {until}; try again later"
+ERR_PAUSED = "the task is paused; resume it first (POST /tasks/{id}/resume)"
+ERR_ALL_DONE = "every step is finished: the task is {status}"
+ERR_BLOCKED = "step {position} is {status}: a person must retry or resolve it"
+ERR_LEASE_HELD = (
+    "another worker ({owner}) holds the task's lease until {until}; try again later"
+)
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,9 @@ class StepRun:
     ran: bool
     detail: str
     step: object | None
+    lease_busy: bool = False
+    invoked: bool = False
+    rule: str = ""
 
 
 @transaction.atomic
@@ -195,3 +203,65 @@ def api_artifact_upload(
 
 class UploadError(ValueError):
     pass
+
+
+def api_step_run(*, task, worker_id: str) -> StepRun:
+    """Ask the executor for one step; return once its result is persisted.
+
+    ``tasks.executor.step`` does the work (lease, envelope, payload, result in
+    one transaction). This only explains its answer: a step ran (or an
+    uncertain one was resolved), the task is settled or paused, or another
+    worker holds the lease right now (``lease_busy``, the caller may wait).
+    """
+    from tasks.executor import step
+    from tasks.models import Step, Task
+
+    outcome = step(task_id=task.pk, worker_id=worker_id)
+    task.refresh_from_db()
+    if outcome is None:
+        if task.status == Task.Status.PAUSED:
+            return StepRun(ran=False, detail=ERR_PAUSED.format(id=task.pk), step=None)
+        if (
+            task.lease_owner
+            and task.lease_owner != worker_id
+            and not task.lease_expired
+        ):
+            until = task.lease_expires_at.isoformat() if task.lease_expires_at else "?"
+            return StepRun(
+                ran=False,
+                detail=ERR_LEASE_HELD.format(owner=task.lease_owner, until=until),
+                step=None,
+                lease_busy=True,
+            )
+        return StepRun(
+            ran=False, detail=ERR_NOTHING_TO_RUN.format(status=task.status), step=None
+        )
+    if outcome.step_id is None:
+        return StepRun(
+            ran=False, detail=ERR_ALL_DONE.format(status=task.status), step=None
+        )
+    step_row = Step.objects.select_related("output").get(pk=outcome.step_id)
+    ran = bool(outcome.invoked or outcome.rule)
+    if ran:
+        detail = outcome.error or f"step {step_row.position} is {step_row.status}"
+    else:
+        detail = outcome.error or ERR_BLOCKED.format(
+            position=step_row.position, status=step_row.get_status_display()
+        )
+    return StepRun(
+        ran=ran,
+        detail=detail[:2000],
+        step=step_row,
+        invoked=outcome.invoked,
+        rule=outcome.rule,
+    )
+
+
+def api_lease_release(*, task, worker_id: str) -> bool:
+    """Release the lease if ``worker_id`` holds it (a runner that stops early)."""
+    from tasks.executor import ExecutorError, lease_release
+
+    try:
+        return lease_release(task=task, actor=worker_id, force=False)
+    except ExecutorError:
+        return False

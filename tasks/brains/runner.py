@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -122,6 +124,8 @@ class Backend(Protocol):
     def run_step(self, task_id: int, worker: str) -> dict[str, Any]: ...
     def rewrite_plan(self, task_id: int, steps: list[dict]) -> dict[str, Any]: ...
     def read_artifact(self, artifact_id: int) -> dict[str, Any]: ...
+    def resume(self, task_id: int) -> dict[str, Any]: ...
+    def release_lease(self, task_id: int, worker: str) -> None: ...
 
 
 @dataclass
@@ -153,6 +157,11 @@ def _excerpt(data: bytes, media_type: str) -> dict[str, Any]:
     return {"excerpt": text, "truncated": len(data) > MAX_EXCERPT_BYTES}
 
 
+def default_worker(brain: str) -> str:
+    """A lease name unique to this process: two runners never share a lease."""
+    return f"{brain}-{socket.gethostname()}-{os.getpid()}"[:80]
+
+
 class Runner:
     """One brain, one task, one backend: the loop of the module docstring."""
 
@@ -162,7 +171,7 @@ class Runner:
         brain: BrainAdapter,
         backend: Backend,
         task_id: int,
-        worker: str = "runner",
+        worker: str | None = None,
         max_turns: int = 60,
         lease_wait: float = 0.0,
         poll: float = 0.25,
@@ -171,7 +180,7 @@ class Runner:
         self.brain = brain
         self.backend = backend
         self.task_id = task_id
-        self.worker = worker
+        self.worker = worker or default_worker(brain.name)
         self.max_turns = max_turns
         self.lease_wait = lease_wait
         self.poll = poll
@@ -194,7 +203,24 @@ class Runner:
         ]
 
     def run(self) -> RunReport:
+        """Drive the task; always give the lease back when stopping.
+
+        Starting a brain on a paused task is an explicit request to go on, so
+        the task is queued again first (the executor refuses if a step needs a
+        person, and the brain is told so by ``run_next_step``).
+        """
         self.backend.record_brain(self.task_id, self.brain.name)
+        if self.backend.task(self.task_id).get("status") == "paused":
+            try:
+                self.backend.resume(self.task_id)
+            except ToolFailure as exc:
+                self.on_event(f"{self.brain.name}: cannot resume: {exc}")
+        try:
+            return self._loop()
+        finally:
+            self.backend.release_lease(self.task_id, self.worker)
+
+    def _loop(self) -> RunReport:
         messages = self.opening()
         for _ in range(self.max_turns):
             reply = self.brain.complete(
@@ -261,6 +287,7 @@ class Runner:
         return {
             "ran": bool(outcome.get("ran")),
             "detail": outcome.get("detail", ""),
+            "rule": outcome.get("rule", ""),
             "step": {
                 k: step.get(k)
                 for k in ("id", "position", "title", "status", "error", "output")
@@ -276,6 +303,8 @@ class Runner:
             raise ToolFailure(
                 ERR_BAD_ARGS.format(name="rewrite_plan", reason="steps must be a list")
             )
+        # A plan is only rewritten while no worker holds the lease, this one included.
+        self.backend.release_lease(self.task_id, self.worker)
         task = self.backend.rewrite_plan(self.task_id, steps)
         return {
             "task": _compact(task),
@@ -360,9 +389,26 @@ class LocalBackend:
         return {
             "ran": result.ran,
             "detail": result.detail,
+            "invoked": result.invoked,
+            "rule": result.rule,
             "step": step_payload(result.step) if result.step is not None else None,
             "task": task_payload(task),
         }
+
+    def resume(self, task_id: int) -> dict[str, Any]:
+        from pippa_site.selectors import task_payload
+        from tasks.executor import ExecutorError, task_resume
+
+        try:
+            task = task_resume(task=self._task(task_id), actor=f"runner:{self.user}")
+        except ExecutorError as exc:
+            raise ToolFailure(str(exc)) from None
+        return task_payload(task)
+
+    def release_lease(self, task_id: int, worker: str) -> None:
+        from pippa_site.services import api_lease_release
+
+        api_lease_release(task=self._task(task_id), worker_id=worker)
 
     def rewrite_plan(self, task_id: int, steps: list[dict]) -> dict[str, Any]:
         from pippa_site.selectors import task_payload
@@ -447,6 +493,12 @@ class HttpBackend:
 
     def rewrite_plan(self, task_id: int, steps: list[dict]) -> dict[str, Any]:
         return self._call("PUT", f"/tasks/{task_id}/plan", {"steps": steps})
+
+    def resume(self, task_id: int) -> dict[str, Any]:
+        return self._call("POST", f"/tasks/{task_id}/resume", {})
+
+    def release_lease(self, task_id: int, worker: str) -> None:
+        self._call("POST", f"/tasks/{task_id}/lease/release", {"worker": worker[:80]})
 
     def read_artifact(self, artifact_id: int) -> dict[str, Any]:
         meta = self._call("GET", f"/artifacts/{artifact_id}")

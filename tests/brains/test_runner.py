@@ -1,0 +1,141 @@
+"""The runner: a brain's tool calls become executor steps on durable state."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.brains.base import BrainReply, ToolCall
+from tasks.brains.runner import LocalBackend, run_brain
+from tasks.brains.scripted import ScriptedBrain
+from tasks.models import Event, Step, Task
+from tasks.plan import task_create
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PLAN = [
+    {"title": "Fetch closes", "tool": "demo.closes", "args": {"end": "2024-01-31"}},
+    {"title": "Chart them", "tool": "demo.chart", "args": {"source": 1}},
+]
+
+
+@pytest.fixture
+def task(make_conversation, user):
+    conversation = make_conversation(owner=user)
+    return task_create(conversation=conversation, title="Closes chart", steps=PLAN)
+
+
+def call(name, **args):
+    return BrainReply(
+        text="", tool_calls=[ToolCall(f"c-{name}", name, args)], stop_reason="tool_use"
+    )
+
+
+def test_a_scripted_brain_drives_a_task_to_done_and_is_recorded_on_it(task, user):
+    report = run_brain(
+        brain=ScriptedBrain(brain="codex"),
+        backend=LocalBackend(user=user),
+        task_id=task.pk,
+        worker="test-runner",
+    )
+    task.refresh_from_db()
+    assert report.task_status == "done"
+    assert report.steps_run == 2
+    assert task.status == Task.Status.DONE
+    assert task.brain == "codex"
+    assert list(task.steps.values_list("status", flat=True)) == ["done", "done"]
+    assert Event.objects.filter(task=task, kind="brain_changed").count() == 1
+    assert task.lease_owner == ""
+
+
+def test_the_brain_reads_the_resume_context_in_its_first_message(task, user):
+    brain = ScriptedBrain()
+    run_brain(brain=brain, backend=LocalBackend(user=user), task_id=task.pk)
+    opening = brain.calls[0][0].text
+    assert "Resume context" in opening
+    assert "Fetch closes" in opening
+
+
+def test_a_tool_call_to_an_unknown_tool_is_answered_with_an_error(task, user):
+    brain = ScriptedBrain(script=[call("format_disk")])
+    run_brain(brain=brain, backend=LocalBackend(user=user), task_id=task.pk)
+    result = brain.calls[1][-1].result
+    assert "unknown tool 'format_disk'" in result["error"]
+    assert Step.objects.filter(task=task, status="done").count() == 0
+
+
+def test_read_artifact_returns_metadata_and_a_text_excerpt(task, user):
+    brain = ScriptedBrain(script=[call("run_next_step")])
+    run_brain(brain=brain, backend=LocalBackend(user=user), task_id=task.pk)
+    output = Step.objects.get(task=task, position=1).output
+    brain = ScriptedBrain(script=[call("read_artifact", artifact_id=output.pk)])
+    run_brain(brain=brain, backend=LocalBackend(user=user), task_id=task.pk)
+    result = brain.calls[1][-1].result
+    assert result["sha256"] == output.sha256
+    assert result["excerpt"].startswith("date,close")
+
+
+def test_another_users_artifact_cannot_be_read_by_the_brain(
+    task, user, make_conversation, make_user
+):
+    stranger = make_user()
+    other_task = task_create(
+        conversation=make_conversation(owner=stranger), title="theirs", steps=PLAN[:1]
+    )
+    run_brain(
+        brain=ScriptedBrain(),
+        backend=LocalBackend(user=stranger),
+        task_id=other_task.pk,
+    )
+    secret = Step.objects.get(task=other_task, position=1).output
+    brain = ScriptedBrain(script=[call("read_artifact", artifact_id=secret.pk)])
+    run_brain(brain=brain, backend=LocalBackend(user=user), task_id=task.pk)
+    assert "not found" in brain.calls[1][-1].result["error"]
+
+
+def test_rewrite_plan_appends_a_step_and_a_done_step_cannot_change(task, user):
+    brain = ScriptedBrain(script=[call("run_next_step")])
+    run_brain(brain=brain, backend=LocalBackend(user=user), task_id=task.pk)
+    done = Step.objects.get(task=task, position=1)
+    pending = Step.objects.get(task=task, position=2)
+    keep = [
+        {"id": done.pk, "title": done.title, "tool": done.tool, "args": done.args},
+        {
+            "id": pending.pk,
+            "title": pending.title,
+            "tool": pending.tool,
+            "args": pending.args,
+        },
+        {"title": "Closes again", "tool": "demo.closes", "args": {"end": "2024-02-29"}},
+    ]
+    changed = [{**keep[0], "args": {"end": "2025-01-01"}}, *keep[1:]]
+    brain = ScriptedBrain(
+        script=[call("rewrite_plan", steps=changed), call("rewrite_plan", steps=keep)]
+    )
+    run_brain(brain=brain, backend=LocalBackend(user=user), task_id=task.pk)
+    refused = brain.calls[1][-1].result
+    accepted = brain.calls[2][-1].result
+    assert "cannot change" in refused["error"]
+    assert accepted["task"]["steps_total"] == 3
+    assert Step.objects.filter(task=task).count() == 3
+
+
+def test_starting_a_brain_on_a_paused_task_queues_it_again(make_conversation, user):
+    paused = task_create(
+        conversation=make_conversation(owner=user), title="p", steps=PLAN, queue=False
+    )
+    report = run_brain(
+        brain=ScriptedBrain(), backend=LocalBackend(user=user), task_id=paused.pk
+    )
+    assert report.task_status == "done"
+
+
+def test_the_pippa_brain_command_runs_a_task_with_the_scripted_brain(task):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("pippa_brain", str(task.pk), "--brain", "scripted", stdout=out)
+    task.refresh_from_db()
+    assert task.status == "done"
+    assert "2 steps run" in out.getvalue()
