@@ -36,6 +36,8 @@ EVENTS_PER_PAGE = 50
 # not done, so more than one such step on a page is already unusual.
 MAX_ADVICE_PER_PAGE = 5
 EXCERPT_BYTES = 800
+# Resume advice actions that need no decision from a person.
+NO_DECISION = ("wait", "run", "none")
 
 ACTIVE = (Task.Status.QUEUED, Task.Status.RUNNING)
 ATTENTION = (Task.Status.NEEDS_REVIEW, Task.Status.FAILED)
@@ -192,7 +194,12 @@ def _step_row(step: Step) -> StepRow:
     return row
 
 
-def _advise(rows: list[StepRow]) -> None:
+def _advise(rows: list[StepRow], task: Task) -> None:
+    """Attach resume advice (and the allowed resolutions) to steps that need a person.
+
+    A running step under a live lease is just running; a step whose advice is
+    to wait or run needs no decision, so it gets no card.
+    """
     attention = [r for r in rows if r.needs_attention][:MAX_ADVICE_PER_PAGE]
     if not attention:
         return
@@ -200,7 +207,10 @@ def _advise(rows: list[StepRow]) -> None:
     from tasks.resume import resume_advice
 
     for row in attention:
-        row.advice = resume_advice(row.step)
+        advice = resume_advice(row.step, task=task)
+        if advice.action in NO_DECISION:
+            continue
+        row.advice = advice
         row.resolve_options = list(step_resolve_options(row.step))
 
 
@@ -223,7 +233,7 @@ def task_timeline(
     for step in step_page.object_list:
         step.task = task  # the page already holds it; resume advice reads it
     rows = [_step_row(step) for step in step_page.object_list]
-    _advise(rows)
+    _advise(rows, task)
     return step_page, rows
 
 

@@ -1,0 +1,326 @@
+"""Resume, retry, resolve and branch from the dashboard, through the executor's services."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from tasks.executor import SimulatedCrash, crashpoint_configure, step
+from tasks.models import Event, Step, Task
+from tasks.plan import task_create
+
+pytestmark = pytest.mark.django_db
+
+WORKER = "worker:test-1"
+
+
+@pytest.fixture
+def dad_client(client, user):
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def conversation(user, make_conversation):
+    return make_conversation(owner=user, title="Prices")
+
+
+def _run(task: Task, times: int = 10) -> Task:
+    for _ in range(times):
+        if step(task_id=task.pk, worker_id=WORKER) is None:
+            break
+    task.refresh_from_db()
+    return task
+
+
+def _failed_search_task(conversation) -> Task:
+    """A task whose search step fails until it is retried once."""
+    task = task_create(
+        conversation=conversation,
+        title="Search then chart",
+        steps=[
+            {"title": "Fetch closes", "tool": "demo.closes", "args": {}},
+            {
+                "title": "Search the news",
+                "tool": "demo.search",
+                "args": {"fail_until_generation": 1},
+                "max_attempts": 1,
+            },
+        ],
+    )
+    return _run(task)
+
+
+def _crashed(conversation, tool: str, boundary: str) -> Task:
+    """A task whose worker died at ``boundary`` inside its one step; lease expired."""
+    task = task_create(
+        conversation=conversation,
+        title=f"Crash in {tool}",
+        steps=[{"title": f"Run {tool}", "tool": tool, "args": {}}],
+    )
+    crashpoint_configure(boundary, action="raise")
+    try:
+        with pytest.raises(SimulatedCrash):
+            step(task_id=task.pk, worker_id=WORKER)
+    finally:
+        crashpoint_configure(None)
+    Task.objects.filter(pk=task.pk).update(
+        lease_expires_at=timezone.now() - timezone.timedelta(minutes=1)
+    )
+    task.refresh_from_db()
+    return task
+
+
+def _actions(task: Task, step_obj: Step) -> dict[str, str]:
+    return {
+        "resume": reverse("tasks:task_resume", args=[task.pk]),
+        "branch": reverse("tasks:task_branch", args=[task.pk]),
+        "retry": reverse("tasks:step_retry", args=[task.pk, step_obj.pk]),
+        "resolve": reverse("tasks:step_resolve", args=[task.pk, step_obj.pk]),
+        "delete": reverse("tasks:conversation_delete", args=[task.conversation_id]),
+    }
+
+
+# -- what the page says about a step that needs a person --------------------
+
+
+def test_a_failed_step_says_what_happened_and_offers_retry_and_resolutions(
+    dad_client, conversation
+):
+    task = _failed_search_task(conversation)
+    assert task.status == Task.Status.FAILED
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    assert "Step 2 needs a decision: Search the news" in body
+    assert "the step failed after 1 of 1 attempts" in body
+    assert "simulated outage" in body
+    assert "failed after 1 attempt(s): retry it to run again" in body
+    assert "Retry step 2" in body
+    assert 'name="action" value="skip"' in body
+
+
+@pytest.mark.parametrize(
+    ("tool", "boundary", "words"),
+    [
+        ("demo.search", "after_payload", "will reuse the saved search snapshot"),
+        ("demo.closes", "after_started", "will fetch again"),
+        ("demo.notify", "after_started", "needs you: the tool has outside effects"),
+    ],
+)
+def test_an_uncertain_step_says_in_plain_words_what_resume_will_do(
+    dad_client, conversation, tool, boundary, words
+):
+    task = _crashed(conversation, tool, boundary)
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    assert "the tool call started but its result was never saved" in body
+    assert f"<strong>What resume will do:</strong> {words}" in body
+    assert "expired" in body
+
+
+def test_a_step_running_under_a_live_lease_asks_for_no_decision(
+    dad_client, conversation
+):
+    task = _crashed(conversation, "demo.closes", "after_started")
+    Task.objects.filter(pk=task.pk).update(
+        lease_expires_at=timezone.now() + timezone.timedelta(minutes=1)
+    )
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    assert "needs a decision" not in body
+    assert "held by <code>worker:test-1</code>" in body
+
+
+def test_the_resume_context_opens_as_a_fragment_and_as_json(dad_client, conversation):
+    task = _failed_search_task(conversation)
+    url = reverse("tasks:task_resume_context", args=[task.pk])
+    fragment = dad_client.get(url, headers={"HX-Request": "true"})
+    assert fragment.status_code == 200
+    assert "<html" not in fragment.content.decode()
+    assert "pippa.resume/1" in fragment.content.decode()
+    as_json = dad_client.get(url)
+    assert as_json["Content-Type"] == "application/json"
+    assert as_json.json()["next_step"] == 2
+
+
+# -- actions ------------------------------------------------------------------
+
+
+def test_retry_queues_the_failed_step_and_the_worker_then_finishes_it(
+    dad_client, conversation
+):
+    task = _failed_search_task(conversation)
+    failed = task.steps.get(position=2)
+    response = dad_client.post(_actions(task, failed)["retry"])
+    assert response.status_code == 302
+    assert response["Location"] == task.get_absolute_url()
+    failed.refresh_from_db()
+    assert failed.status == Step.Status.PENDING
+    assert failed.generation == 1
+    retried = Event.objects.get(task=task, kind=Event.Kind.STEP_RETRIED)
+    assert retried.data["actor"] == "user:dad"
+    page = dad_client.get(response["Location"]).content.decode()
+    assert "Step 2 will run again." in page
+    assert _run(task).status == Task.Status.DONE
+
+
+def test_retry_from_htmx_returns_the_live_timeline_fragment(dad_client, conversation):
+    task = _failed_search_task(conversation)
+    failed = task.steps.get(position=2)
+    response = dad_client.post(
+        _actions(task, failed)["retry"],
+        headers={"HX-Request": "true", "HX-Target": "timeline"},
+    )
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert body.lstrip().startswith('<section id="timeline"')
+    assert "Step 2 will run again." in body
+    assert 'hx-trigger="every 2s"' in body  # queued again, so it polls
+
+
+def test_retrying_a_done_step_is_refused_with_the_executors_reason(
+    dad_client, conversation
+):
+    task = _failed_search_task(conversation)
+    done = task.steps.get(position=1)
+    response = dad_client.post(_actions(task, done)["retry"], follow=True)
+    assert "step 1 is done" in response.content.decode().lower()
+    done.refresh_from_db()
+    assert done.status == Step.Status.DONE
+
+
+def test_resume_queues_a_paused_task_for_the_worker(dad_client, conversation):
+    task = task_create(
+        conversation=conversation,
+        title="Later",
+        steps=[{"title": "Fetch", "tool": "demo.closes", "args": {}}],
+        queue=False,
+    )
+    response = dad_client.post(_actions(task, task.steps.get())["resume"], follow=True)
+    task.refresh_from_db()
+    assert task.status == Task.Status.QUEUED
+    assert "Queued “Later” for the worker." in response.content.decode()
+    queued = Event.objects.filter(task=task, kind=Event.Kind.TASK_QUEUED).last()
+    assert queued.data["actor"] == "user:dad"
+
+
+def test_resume_of_a_task_blocked_by_a_failed_step_explains_why(
+    dad_client, conversation
+):
+    task = _failed_search_task(conversation)
+    response = dad_client.post(
+        _actions(task, task.steps.get(position=2))["resume"], follow=True
+    )
+    assert "step 2 is failed: retry or resolve it before resuming" in (
+        response.content.decode()
+    )
+    task.refresh_from_db()
+    assert task.status == Task.Status.FAILED
+
+
+def test_resolving_a_failed_step_by_skipping_it_lets_the_task_finish(
+    dad_client, conversation
+):
+    task = _failed_search_task(conversation)
+    failed = task.steps.get(position=2)
+    response = dad_client.post(
+        _actions(task, failed)["resolve"], {"action": "skip"}, follow=True
+    )
+    assert "Step 2: skipped." in response.content.decode()
+    failed.refresh_from_db()
+    assert failed.status == Step.Status.SKIPPED
+
+
+def test_an_action_the_class_rules_forbid_is_refused_with_a_message(
+    dad_client, conversation
+):
+    task = _failed_search_task(conversation)
+    failed = task.steps.get(position=2)
+    response = dad_client.post(
+        _actions(task, failed)["resolve"], {"action": "adopt"}, follow=True
+    )
+    assert "adopt" in response.content.decode()
+    assert 'class="msg-error"' in response.content.decode()
+    failed.refresh_from_db()
+    assert failed.status == Step.Status.FAILED
+
+
+def test_branch_from_a_done_step_opens_the_new_task(dad_client, conversation):
+    task = _failed_search_task(conversation)
+    response = dad_client.post(
+        _actions(task, task.steps.get(position=1))["branch"], {"after_position": 1}
+    )
+    branch = Task.objects.exclude(pk=task.pk).get()
+    assert response.status_code == 302
+    assert response["Location"] == branch.get_absolute_url()
+    assert branch.branched_from_id == task.pk
+    page = dad_client.get(branch.get_absolute_url()).content.decode()
+    assert "Branched a new task that keeps steps 1–1." in page
+    assert "keeping steps 1–1" in page
+
+
+def test_branch_without_a_step_number_asks_for_one(dad_client, conversation):
+    task = _failed_search_task(conversation)
+    response = dad_client.post(
+        _actions(task, task.steps.get(position=1))["branch"], {}, follow=True
+    )
+    assert "Choose a step to branch from." in response.content.decode()
+    assert Task.objects.count() == 1
+
+
+# -- who may act ----------------------------------------------------------------
+
+
+def test_no_action_works_on_another_users_task(client, make_user, make_conversation):
+    theirs = make_conversation(owner=make_user(username="neighbour"))
+    task = _failed_search_task(theirs)
+    failed = task.steps.get(position=2)
+    client.force_login(make_user(username="nosy"))
+    for name, url in _actions(task, failed).items():
+        response = client.post(url, {"after_position": 1, "action": "skip"})
+        assert response.status_code == 404, name
+    failed.refresh_from_db()
+    assert failed.status == Step.Status.FAILED
+    assert Task.objects.count() == 1
+
+
+def test_a_step_of_another_task_cannot_be_reached_through_my_task(
+    dad_client, conversation, make_user, make_conversation
+):
+    mine = _failed_search_task(conversation)
+    theirs = _failed_search_task(make_conversation(owner=make_user(username="x")))
+    their_step = theirs.steps.get(position=2)
+    url = reverse("tasks:step_retry", args=[mine.pk, their_step.pk])
+    assert dad_client.post(url).status_code == 404
+    their_step.refresh_from_db()
+    assert their_step.status == Step.Status.FAILED
+
+
+def test_every_action_refuses_a_forged_post_without_a_csrf_token(user, conversation):
+    task = _failed_search_task(conversation)
+    failed = task.steps.get(position=2)
+    forger = Client(enforce_csrf_checks=True)
+    forger.force_login(user)
+    for name, url in _actions(task, failed).items():
+        response = forger.post(url, {"after_position": 1, "action": "skip"})
+        assert response.status_code == 403, name
+    failed.refresh_from_db()
+    assert failed.status == Step.Status.FAILED
+    assert Task.objects.count() == 1
+
+
+def test_the_actions_refuse_get(dad_client, conversation):
+    task = _failed_search_task(conversation)
+    urls = _actions(task, task.steps.get(position=2))
+    for name in ("resume", "branch", "retry", "resolve"):
+        assert dad_client.get(urls[name]).status_code == 405, name
+
+
+def test_staff_may_retry_anyones_step_and_are_named_in_the_event(
+    client, make_user, make_conversation
+):
+    task = _failed_search_task(make_conversation(owner=make_user(username="mum")))
+    failed = task.steps.get(position=2)
+    client.force_login(make_user(username="boss", is_staff=True))
+    assert client.post(_actions(task, failed)["retry"]).status_code == 302
+    retried = Event.objects.get(task=task, kind=Event.Kind.STEP_RETRIED)
+    assert retried.data["actor"] == "staff:boss"
