@@ -1,0 +1,561 @@
+"""The step executor in one process: envelope, leases, attempts, resume by class, retry, branch."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from artifacts.models import Artifact
+from tasks.executor import (
+    ExecutorError,
+    lease_release,
+    step,
+    step_resolve,
+    step_resolve_options,
+    step_retry,
+    task_branch,
+    task_pause,
+    task_resume,
+)
+from tasks.models import Event, Step, Task, TaskArtifact
+from tasks.plan import task_create
+from tasks.tools import tools_load
+from tests.support.executing import (
+    check_invariants,
+    crash_at,
+    expire_lease,
+    invocations,
+    kinds,
+    run_task,
+)
+
+DEMO_PLAN = [
+    {"title": "Title card", "tool": "demo.image", "args": {"text": "PIPA"}},
+    {"title": "Closes", "tool": "demo.closes", "args": {}},
+    {"title": "Search", "tool": "demo.search", "args": {"query": "PIPA dividend"}},
+    {"title": "Chart", "tool": "demo.chart", "args": {"source": 2}},
+]
+
+
+@pytest.fixture(autouse=True)
+def _tools(monkeypatch, tmp_path):
+    tools_load(["tests.support.tools"])
+    log = tmp_path / "tool-calls.jsonl"
+    monkeypatch.setenv("PIPPA_TOOL_LOG", str(log))
+    return log
+
+
+@pytest.fixture
+def tool_log(tmp_path):
+    return tmp_path / "tool-calls.jsonl"
+
+
+@pytest.fixture
+def demo_task(make_conversation):
+    def make(**kwargs):
+        kwargs.setdefault("steps", DEMO_PLAN)
+        kwargs.setdefault("title", "Chart PIPA")
+        return task_create(conversation=make_conversation(), **kwargs)
+
+    return make
+
+
+def one_step_task(make_conversation, tool: str, **args) -> Task:
+    return task_create(
+        conversation=make_conversation(),
+        title=f"one {tool}",
+        steps=[{"title": tool, "tool": tool, "args": args}],
+    )
+
+
+@pytest.mark.django_db
+def test_step_runs_the_plan_in_order_and_logs_each_envelope_boundary(demo_task):
+    task = demo_task()
+    outcomes = run_task(task.pk)
+    assert [o.position for o in outcomes] == [1, 2, 3, 4]
+    assert all(o.status == "done" and o.invoked for o in outcomes)
+    task.refresh_from_db()
+    assert (task.status, task.steps_done, task.steps_total) == ("done", 4, 4)
+    assert task.lease_owner == ""
+    first = Step.objects.get(task=task, position=1)
+    assert kinds(task.pk, first.pk) == [
+        "tool_call_started",
+        "payload_persisted",
+        "tool_result_persisted",
+    ]
+    assert kinds(task.pk)[-2:] == ["task_finished", "lease_released"]
+    chart = Step.objects.get(task=task, position=4).output
+    closes = Step.objects.get(task=task, position=2).output
+    assert list(chart.sources.all()) == [closes]
+    assert TaskArtifact.objects.filter(task=task, role="persisted").count() == 4
+    check_invariants([task.pk])
+
+
+@pytest.mark.django_db
+def test_the_result_handed_back_is_a_ref_whose_event_was_already_written(demo_task):
+    task = demo_task()
+    outcome = step(task_id=task.pk, worker_id="w")
+    event = Event.objects.get(task=task, kind="tool_result_persisted")
+    assert event.data["artifact_id"] == outcome.artifact["id"]
+    assert (
+        outcome.artifact["sha256"]
+        == Artifact.objects.get(pk=event.data["artifact_id"]).sha256
+    )
+
+
+@pytest.mark.django_db
+def test_a_second_worker_gets_nothing_while_the_lease_is_live(demo_task):
+    task = demo_task()
+    step(task_id=task.pk, worker_id="worker:a")
+    assert step(task_id=task.pk, worker_id="worker:b") is None
+    task.refresh_from_db()
+    assert task.lease_owner == "worker:a"
+    assert Step.objects.get(task=task, position=2).status == "pending"
+
+
+@pytest.mark.django_db
+def test_an_expired_lease_is_taken_over_and_the_event_names_the_previous_owner(
+    demo_task,
+):
+    task = demo_task()
+    step(task_id=task.pk, worker_id="worker:a")
+    expire_lease(task.pk)
+    outcome = step(task_id=task.pk, worker_id="worker:b")
+    assert outcome.position == 2
+    takeover = Event.objects.get(task=task, kind="lease_taken_over")
+    assert takeover.data["previous_owner"] == "worker:a"
+    assert takeover.data["worker"] == "worker:b"
+
+
+@pytest.mark.django_db
+def test_a_worker_that_lost_its_lease_cannot_record_a_result(demo_task):
+    from tasks.executor import LeaseLost, _append_held
+
+    task = demo_task()
+    step(task_id=task.pk, worker_id="worker:a")
+    Task.objects.filter(pk=task.pk).update(lease_owner="worker:b")
+    with pytest.raises(LeaseLost), connection.cursor() as cursor:
+        _append_held(cursor, task.pk, "worker:a", [("probe", None, {})])
+    assert not Event.objects.filter(kind="probe").exists()
+
+
+@pytest.mark.django_db
+def test_a_failing_tool_is_retried_up_to_its_limit_then_the_task_fails(
+    make_conversation,
+):
+    task = task_create(
+        conversation=make_conversation(),
+        title="flaky",
+        steps=[
+            {
+                "title": "flaky",
+                "tool": "test.flaky",
+                "args": {"fail_times": 5},
+                "max_attempts": 3,
+            }
+        ],
+    )
+    outcomes = run_task(task.pk)
+    assert [o.status for o in outcomes] == ["pending", "pending", "failed"]
+    the_step = Step.objects.get(task=task)
+    assert (the_step.status, the_step.attempts) == ("failed", 3)
+    assert "flaky failure on attempt 3" in the_step.error
+    task.refresh_from_db()
+    assert task.status == "failed"
+    assert kinds(task.pk, the_step.pk).count("tool_call_failed") == 3
+
+
+@pytest.mark.django_db
+def test_a_tool_that_recovers_within_its_attempts_finishes_the_step(
+    make_conversation,
+):
+    task = one_step_task(make_conversation, "test.flaky", fail_times=1)
+    outcomes = run_task(task.pk)
+    assert [o.status for o in outcomes] == ["pending", "done"]
+    task.refresh_from_db()
+    assert task.status == "done"
+
+
+@pytest.mark.django_db
+def test_the_idempotency_key_survives_an_uncertain_resume_and_only_retry_bumps_it(
+    make_conversation, tool_log
+):
+    import json
+
+    task = one_step_task(make_conversation, "test.fetch")
+    crash_at(task.pk, "after_tool")
+    expire_lease(task.pk)
+    outcome = step(task_id=task.pk, worker_id="worker:b")
+    assert outcome.rule == "class2_fetch_again"
+    keys = [json.loads(line)["key"] for line in tool_log.read_text().splitlines()]
+    the_step = Step.objects.get(task=task)
+    assert set(keys) == {f"pippa:{task.pk}:{the_step.pk}:0"}
+    started = Event.objects.filter(task=task, kind="tool_call_started")
+    assert [e.data["key"] for e in started] == [keys[0], keys[0]]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("boundary", "rule", "calls"),
+    [
+        ("before_started_commit", "", 1),
+        ("after_started", "class3_issue_again_unshown", 1),
+        ("after_tool", "class3_issue_again_unshown", 2),
+        ("after_payload", "class3_adopt_snapshot", 1),
+        ("after_result", "", 1),
+    ],
+)
+def test_class3_snapshot_is_never_taken_again_once_persisted(
+    make_conversation, tool_log, boundary, rule, calls
+):
+    task = task_create(
+        conversation=make_conversation(),
+        title="search",
+        steps=[
+            {"title": "search", "tool": "test.snapshot", "args": {}},
+            {"title": "next", "tool": "test.fetch", "args": {}},
+        ],
+    )
+    crash_at(task.pk, boundary)
+    expire_lease(task.pk)
+    outcomes = run_task(task.pk, worker_id="worker:b")
+    search = Step.objects.get(task=task, position=1)
+    assert outcomes[0].rule == rule
+    assert invocations(tool_log, "test.snapshot")[search.pk] == calls
+    assert search.status == "done"
+    if rule:
+        resolved = Event.objects.get(step=search, kind="uncertain_resolved")
+        assert resolved.data["rule"] == rule
+    check_invariants([task.pk])
+
+
+@pytest.mark.django_db
+def test_class1_reuses_an_intact_file_and_makes_it_again_when_it_changed(
+    make_conversation, tool_log
+):
+    from tasks.resume import class1_file
+
+    task = one_step_task(make_conversation, "test.file")
+    crash_at(task.pk, "after_payload")
+    expire_lease(task.pk)
+    outcome = step(task_id=task.pk, worker_id="worker:b")
+    the_step = Step.objects.get(task=task)
+    assert outcome.rule == "class1_reuse_file"
+    assert invocations(tool_log)[the_step.pk] == 1
+
+    other = one_step_task(make_conversation, "test.file")
+    crash_at(other.pk, "after_payload")
+    payload = Event.objects.get(task=other, kind="payload_persisted").data
+    path = class1_file(payload)
+    path.write_bytes(b"someone edited the file")
+    expire_lease(other.pk)
+    outcome = step(task_id=other.pk, worker_id="worker:b")
+    other_step = Step.objects.get(task=other)
+    assert outcome.rule == "class1_regenerate_missing"
+    assert invocations(tool_log)[other_step.pk] == 2
+    assert other_step.status == "done"
+
+
+@pytest.mark.django_db
+def test_class4_renders_again_only_while_its_sources_are_alive(
+    make_conversation, tool_log, blob_store
+):
+    plan = [
+        {"title": "data", "tool": "test.fetch", "args": {}},
+        {"title": "render", "tool": "test.render", "args": {"source": 1}},
+    ]
+    live = task_create(conversation=make_conversation(), title="live", steps=plan)
+    crash_at(live.pk, "after_tool:2")
+    expire_lease(live.pk)
+    assert step(task_id=live.pk, worker_id="w").rule == "class4_rerender"
+    render = Step.objects.get(task=live, position=2)
+    assert invocations(tool_log, "test.render")[render.pk] == 2
+
+    dead = task_create(conversation=make_conversation(), title="dead", steps=plan)
+    crash_at(dead.pk, "after_tool:2")
+    source = Step.objects.get(task=dead, position=1).output
+    blob_store.path(source.sha256).unlink()
+    expire_lease(dead.pk)
+    outcome = step(task_id=dead.pk, worker_id="w")
+    render = Step.objects.get(task=dead, position=2)
+    assert outcome.rule == "class4_sources_gone"
+    assert render.status == "needs_review"
+    assert "source" in render.error
+    assert invocations(tool_log, "test.render")[render.pk] == 1
+    dead.refresh_from_db()
+    assert (dead.status, dead.lease_owner) == ("needs_review", "")
+    assert "rerun" not in step_resolve_options(render)
+
+
+@pytest.mark.django_db
+def test_class4_reuses_an_intact_persisted_render(make_conversation, tool_log):
+    plan = [
+        {"title": "data", "tool": "test.fetch", "args": {}},
+        {"title": "render", "tool": "test.render", "args": {"source": 1}},
+    ]
+    task = task_create(conversation=make_conversation(), title="t", steps=plan)
+    crash_at(task.pk, "after_payload:2")
+    expire_lease(task.pk)
+    assert step(task_id=task.pk, worker_id="w").rule == "class4_reuse_render"
+    render = Step.objects.get(task=task, position=2)
+    assert invocations(tool_log, "test.render")[render.pk] == 1
+
+
+@pytest.mark.django_db
+def test_an_uncertain_side_effect_step_waits_for_a_person(make_conversation, tool_log):
+    task = one_step_task(make_conversation, "test.effect")
+    crash_at(task.pk, "after_payload")
+    expire_lease(task.pk)
+    outcome = step(task_id=task.pk, worker_id="w")
+    the_step = Step.objects.get(task=task)
+    assert outcome.rule == "side_effects_review"
+    assert the_step.status == "needs_review"
+    assert invocations(tool_log)[the_step.pk] == 1
+    assert step_resolve_options(the_step) == ["adopt", "rerun", "fail", "skip"]
+    # A worker does not touch it again.
+    assert step(task_id=task.pk, worker_id="w") is None
+
+    step_resolve(step=the_step, action="adopt", actor="staff:dad")
+    the_step.refresh_from_db()
+    task.refresh_from_db()
+    assert the_step.status == "done"
+    assert the_step.output_id
+    assert (task.status, task.steps_done) == ("done", 1)
+    assert invocations(tool_log)[the_step.pk] == 1
+    resolved = Event.objects.get(step=the_step, kind="step_resolved")
+    assert resolved.data["actor"] == "staff:dad"
+    check_invariants([task.pk])
+
+
+@pytest.mark.django_db
+def test_step_resolve_refuses_an_action_the_class_rules_do_not_allow(
+    make_conversation,
+):
+    task = one_step_task(make_conversation, "test.effect")
+    crash_at(task.pk, "after_started")
+    expire_lease(task.pk)
+    step(task_id=task.pk, worker_id="w")
+    the_step = Step.objects.get(task=task)
+    assert step_resolve_options(the_step) == ["rerun", "fail", "skip"]
+    with pytest.raises(ExecutorError, match="'adopt' is not allowed"):
+        step_resolve(step=the_step, action="adopt")
+    with pytest.raises(ExecutorError, match="unknown action"):
+        step_resolve(step=the_step, action="explode")
+    the_step.refresh_from_db()
+    assert the_step.status == "needs_review"
+
+
+@pytest.mark.django_db
+def test_rerun_sends_the_same_idempotency_key_again(make_conversation, tool_log):
+    import json
+
+    task = one_step_task(make_conversation, "test.effect")
+    crash_at(task.pk, "after_tool")
+    expire_lease(task.pk)
+    step(task_id=task.pk, worker_id="w")
+    the_step = Step.objects.get(task=task)
+    step_resolve(step=the_step, action="rerun", actor="staff:dad")
+    task.refresh_from_db()
+    assert task.status == "queued"
+    run_task(task.pk)
+    keys = {json.loads(line)["key"] for line in tool_log.read_text().splitlines()}
+    assert keys == {f"pippa:{task.pk}:{the_step.pk}:0"}
+    the_step.refresh_from_db()
+    assert the_step.status == "done"
+
+
+@pytest.mark.django_db
+def test_skip_and_fail_settle_the_task(make_conversation):
+    task = task_create(
+        conversation=make_conversation(),
+        title="two",
+        steps=[
+            {"title": "effect", "tool": "test.effect", "args": {}},
+            {"title": "fetch", "tool": "test.fetch", "args": {}},
+        ],
+    )
+    crash_at(task.pk, "after_started")
+    expire_lease(task.pk)
+    step(task_id=task.pk, worker_id="w")
+    step_resolve(step=Step.objects.get(task=task, position=1), action="skip")
+    task.refresh_from_db()
+    assert (task.status, task.steps_done) == ("queued", 1)
+    run_task(task.pk)
+    task.refresh_from_db()
+    assert (task.status, task.steps_done) == ("done", 2)
+    check_invariants([task.pk])
+
+
+@pytest.mark.django_db
+def test_retry_of_a_class3_step_takes_a_new_snapshot_and_keeps_the_old_one(
+    make_conversation,
+):
+    task = one_step_task(make_conversation, "test.effect")
+    # An effect step in needs_review, retried: a new generation and key.
+    crash_at(task.pk, "after_payload")
+    expire_lease(task.pk)
+    step(task_id=task.pk, worker_id="w")
+    the_step = Step.objects.get(task=task)
+    step_retry(step=the_step, actor="staff:dad")
+    the_step.refresh_from_db()
+    assert (the_step.status, the_step.generation, the_step.attempts) == (
+        "pending",
+        1,
+        0,
+    )
+    run_task(task.pk)
+    the_step.refresh_from_db()
+    assert the_step.status == "done"
+    started = Event.objects.filter(step=the_step, kind="tool_call_started")
+    assert [e.data["key"][-2:] for e in started] == [":0", ":1"]
+
+    search = task_create(
+        conversation=make_conversation(),
+        title="search",
+        steps=[
+            {
+                "title": "search",
+                "tool": "demo.search",
+                "args": {"query": "PIPA", "fail_until_generation": 1},
+                "max_attempts": 1,
+            }
+        ],
+    )
+    run_task(search.pk)
+    s = Step.objects.get(task=search)
+    assert s.status == "failed"
+    step_retry(step=s, actor="staff:dad")
+    run_task(search.pk)
+    s.refresh_from_db()
+    first_snapshot = s.output
+    assert s.status == "done"
+    assert s.generation == 1
+    # A later retry (after review) makes a new snapshot; the old stays linked.
+    Step.objects.filter(pk=s.pk).update(status="needs_review")
+    Task.objects.filter(pk=search.pk).update(status="needs_review", steps_done=0)
+    step_retry(step=s)
+    run_task(search.pk)
+    s.refresh_from_db()
+    assert s.status == "done"
+    assert s.generation == 2
+    assert s.output_id != first_snapshot.pk
+    linked = set(
+        TaskArtifact.objects.filter(task=search).values_list("artifact_id", flat=True)
+    )
+    assert {first_snapshot.pk, s.output_id} <= linked
+    assert Event.objects.filter(step=s, kind="step_retried").count() == 2
+
+
+@pytest.mark.django_db
+def test_retry_refuses_a_step_that_is_not_failed_or_in_review(demo_task):
+    task = demo_task()
+    step(task_id=task.pk, worker_id="w")
+    done = Step.objects.get(task=task, position=1)
+    with pytest.raises(ExecutorError, match="only a failed or needs-review step"):
+        step_retry(step=done)
+
+
+@pytest.mark.django_db
+def test_branch_keeps_the_first_steps_with_their_outputs_and_continues(
+    demo_task, tool_log
+):
+    task = demo_task()
+    run_task(task.pk)
+    branch = task_branch(task=task, after_position=2, actor="staff:dad")
+    assert branch.conversation_id == task.conversation_id
+    assert (branch.branched_from_id, branch.branched_at) == (task.pk, 2)
+    assert (branch.status, branch.steps_done, branch.steps_total) == ("queued", 2, 4)
+    old = {s.position: s for s in Step.objects.filter(task=task)}
+    new = {s.position: s for s in Step.objects.filter(task=branch)}
+    assert new[1].output_id == old[1].output_id
+    assert new[2].output_id == old[2].output_id
+    assert new[3].status == "pending"
+    assert new[3].output_id is None
+    assert TaskArtifact.objects.filter(task=branch, role="referenced").count() == 2
+    before = sum(invocations(tool_log).values())
+    run_task(branch.pk)
+    branch.refresh_from_db()
+    assert branch.status == "done"
+    assert sum(invocations(tool_log).values()) == before + 2
+    assert Event.objects.filter(task=task, kind="task_branched").exists()
+
+
+@pytest.mark.django_db
+def test_branch_refuses_to_keep_an_unfinished_step(demo_task):
+    task = demo_task()
+    step(task_id=task.pk, worker_id="w")
+    with pytest.raises(ExecutorError, match="step 2 is pending"):
+        task_branch(task=task, after_position=2)
+    assert Task.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_pause_takes_a_task_off_the_queue_and_resume_puts_it_back(demo_task):
+    task = demo_task()
+    task_pause(task=task, actor="staff:dad")
+    assert step(task_id=task.pk, worker_id="w") is None
+    assert not Task.objects.runnable().filter(pk=task.pk).exists()
+    task_resume(task=task, actor="staff:dad")
+    assert task.status == "queued"
+    assert Event.objects.filter(task=task, kind="task_queued").last().data == {
+        "actor": "staff:dad",
+        "reason": "resume",
+    }
+    assert step(task_id=task.pk, worker_id="w").position == 1
+
+
+@pytest.mark.django_db
+def test_resume_refuses_a_task_with_a_step_that_needs_a_person(make_conversation):
+    task = one_step_task(make_conversation, "test.effect")
+    crash_at(task.pk, "after_started")
+    expire_lease(task.pk)
+    step(task_id=task.pk, worker_id="w")
+    with pytest.raises(ExecutorError, match="step 1 is needs review"):
+        task_resume(task=task)
+
+
+@pytest.mark.django_db
+def test_lease_release_refuses_a_live_lease_unless_forced(demo_task):
+    task = demo_task()
+    step(task_id=task.pk, worker_id="worker:a")
+    with pytest.raises(ExecutorError, match="holds this task's lease"):
+        lease_release(task=task, actor="staff:dad")
+    assert lease_release(task=task, actor="worker:a") is True
+    step(task_id=task.pk, worker_id="worker:a")
+    assert lease_release(task=task, actor="staff:dad", force=True) is True
+    task.refresh_from_db()
+    assert (task.lease_owner, task.status) == ("", "queued")
+    released = Event.objects.filter(task=task, kind="lease_released").last()
+    assert released.data["forced"] is True
+    assert lease_release(task=task) is False
+
+
+@pytest.mark.django_db
+def test_listing_a_conversations_tasks_with_progress_reads_no_step_or_event_rows(
+    demo_task, make_conversation
+):
+    conversation = make_conversation()
+    tasks = [
+        task_create(conversation=conversation, title=f"t{i}", steps=DEMO_PLAN)
+        for i in range(3)
+    ]
+    run_task(tasks[0].pk)
+    step(task_id=tasks[1].pk, worker_id="w")
+    with CaptureQueriesContext(connection) as captured:
+        listing = [
+            (t.title, t.status, t.steps_done, t.steps_total, t.progress_percent)
+            for t in conversation.tasks.order_by("created_at")
+        ]
+    assert listing == [
+        ("t0", "done", 4, 4, 100),
+        ("t1", "running", 1, 4, 25),
+        ("t2", "queued", 0, 4, 0),
+    ]
+    sql = " ".join(q["sql"] for q in captured.captured_queries)
+    assert "tasks_step" not in sql
+    assert "tasks_event" not in sql
+    # The denormalised counts agree with the rows they stand for.
+    for t in tasks:
+        t.refresh_from_db()
+        assert t.steps_done == Step.objects.filter(task=t, status="done").count()
