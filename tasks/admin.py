@@ -302,7 +302,12 @@ class StepInline(admin.TabularInline):
 
 
 def _resolve_link(step: Step) -> str:
-    if step.status not in (Step.Status.NEEDS_REVIEW, Step.Status.RUNNING):
+    # A cheap guess for list pages; the page itself asks step_resolve_options.
+    if step.status not in (
+        Step.Status.NEEDS_REVIEW,
+        Step.Status.RUNNING,
+        Step.Status.FAILED,
+    ):
         return "—"
     url = reverse("admin:tasks_step_resolve", args=[step.pk])
     return format_html('<a href="{}">Resolve…</a>', url)
