@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
-from ninja import Field, NinjaAPI, Query, Router, Schema
+from ninja import Field, NinjaAPI, Query, Router, Schema, Status
 from ninja.errors import AuthenticationError, ValidationError
 from ninja.security import HttpBearer
 from pydantic import ConfigDict
@@ -47,7 +47,9 @@ ERR_INVALID = "invalid request: {reasons}"
 
 # JSON bodies are small (plans, args); payloads go through the upload endpoint.
 MAX_STEPS = 200
-ArtifactClassValue = Literal[1, 2, 3, 4]
+ArtifactClassValue = Annotated[
+    int, Field(ge=1, le=4, description="1 file, 2 fetch, 3 snapshot, 4 render")
+]
 BrainName = Literal[tuple(Brain.values)]  # type: ignore[valid-type]
 
 
@@ -299,7 +301,7 @@ def conversation_create(request: HttpRequest, payload: ConversationIn):
     from tasks.services import conversation_create as create
 
     conv = create(owner=request.user, title=payload.title)
-    return 201, conversation_payload(conv)
+    return Status(201, conversation_payload(conv))
 
 
 @conversations.get("", response=list[ConversationOut])
@@ -327,7 +329,7 @@ def task_create_in_conversation(
         brain=payload.brain,
         queue=payload.queue,
     )
-    return 201, task_payload(task)
+    return Status(201, task_payload(task))
 
 
 @tasks.post("", response={201: TaskOut, **BAD})
@@ -341,7 +343,7 @@ def task_create_with_conversation(request: HttpRequest, payload: NewTaskIn):
         brain=payload.brain,
         queue=payload.queue,
     )
-    return 201, task_payload(task)
+    return Status(201, task_payload(task))
 
 
 @tasks.get("/{task_id}", response={200: TaskOut, **NOT_FOUND})
@@ -458,7 +460,7 @@ def task_artifact_upload(
         )
     except BlobTooLarge:
         _fail(413, ERR_BODY_TOO_LARGE.format(limit=limit))
-    return 201, artifact_payload(artifact)
+    return Status(201, artifact_payload(artifact))
 
 
 # -- artifacts ----------------------------------------------------------------
