@@ -1,0 +1,212 @@
+"""Crash tests with real processes: a worker is SIGKILLed at each envelope boundary.
+
+Each task runs the four classes in order (2: fetch, 1: file, 3: snapshot,
+4: render of step 1). A worker process is armed with
+``PIPPA_CRASHPOINT=<boundary>:<n>`` so it kills itself with SIGKILL at the
+n-th step's boundary; then a fresh worker process resumes. Real tool calls
+are counted through a side channel (a file every tool call appends to).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import pytest
+
+from tasks.executor import BOUNDARIES
+from tasks.models import Event, Step, Task
+from tasks.plan import task_create
+from tasks.tools import tools_load
+from tests.conftest import REPO
+from tests.support.executing import check_invariants, expire_lease, invocations
+
+PLAN = [
+    {"title": "fetch", "tool": "test.fetch", "args": {}},
+    {"title": "file", "tool": "test.file", "args": {}},
+    {"title": "snapshot", "tool": "test.snapshot", "args": {}},
+    {"title": "render", "tool": "test.render", "args": {"source": 1}},
+]
+CLASS_AT = {1: 2, 2: 1, 3: 3, 4: 4}  # position -> artifact class
+
+# Real calls of the crashed step after the resume, by (boundary, class).
+EXPECTED_CALLS = {
+    "before_started_commit": {1: 1, 2: 1, 3: 1, 4: 1},
+    "after_started": {1: 1, 2: 1, 3: 1, 4: 1},
+    "after_tool": {1: 2, 2: 2, 3: 2, 4: 2},
+    "after_payload": {1: 1, 2: 2, 3: 1, 4: 1},
+    "after_result": {1: 1, 2: 1, 3: 1, 4: 1},
+}
+# The rule the resuming worker logs for the crashed step, by (boundary, class).
+EXPECTED_RULE = {
+    "before_started_commit": {},
+    "after_started": {
+        1: "class1_regenerate_unsaved",
+        2: "class2_fetch_again",
+        3: "class3_issue_again_unshown",
+        4: "class4_rerender",
+    },
+    "after_tool": {
+        1: "class1_regenerate_unsaved",
+        2: "class2_fetch_again",
+        3: "class3_issue_again_unshown",
+        4: "class4_rerender",
+    },
+    "after_payload": {
+        1: "class1_reuse_file",
+        2: "class2_fetch_again",
+        3: "class3_adopt_snapshot",
+        4: "class4_reuse_render",
+    },
+    "after_result": {},
+}
+
+
+@pytest.fixture(autouse=True)
+def _tools():
+    tools_load(["tests.support.tools"])
+
+
+@pytest.fixture
+def worker(subprocess_env, python_exe, tmp_path):
+    log = tmp_path / "tool-calls.jsonl"
+
+    def start(*task_ids: int, crashpoint: str = "", name: str = "w"):
+        env = {
+            **subprocess_env,
+            "PIPPA_TOOLS": "tests.support.tools",
+            "PIPPA_TOOL_LOG": str(log),
+        }
+        if crashpoint:
+            env["PIPPA_CRASHPOINT"] = crashpoint
+        cmd = [
+            python_exe,
+            "manage.py",
+            "pippa_worker",
+            "--until-idle",
+            "--worker-id",
+            f"worker:{name}",
+            "-v",
+            "0",
+        ]
+        for task_id in task_ids:
+            cmd += ["--task", str(task_id)]
+        return subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    start.log = log
+    return start
+
+
+def wait(proc, timeout=120):
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, err
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("boundary", BOUNDARIES)
+def test_a_worker_killed_at_a_boundary_is_resumed_by_class_rule(
+    boundary, make_conversation, worker
+):
+    conversation = make_conversation()
+    tasks = {
+        position: task_create(
+            conversation=conversation, title=f"crash at {position}", steps=PLAN
+        )
+        for position in CLASS_AT
+    }
+    # One killed worker per class (the crashed step is that class's position).
+    killed = [
+        worker(task.pk, crashpoint=f"{boundary}:{position}", name=f"doomed-{position}")
+        for position, task in tasks.items()
+    ]
+    for proc in killed:
+        code, err = wait(proc)
+        assert code == -signal.SIGKILL, err
+    held = {}
+    for position, task in tasks.items():
+        crashed = Step.objects.get(task=task, position=position)
+        before = {s.position: s.status for s in Step.objects.filter(task=task)}
+        assert all(before[p] == "done" for p in range(1, position)), before
+        assert before[position] == (
+            "done"
+            if boundary == "after_result"
+            else "pending"
+            if boundary == "before_started_commit"
+            else "running"
+        )
+        assert crashed.attempts == (0 if boundary == "before_started_commit" else 1)
+        held[task.pk] = Task.objects.get(pk=task.pk).lease_owner
+        expire_lease(task.pk)
+
+    code, err = wait(worker(*[t.pk for t in tasks.values()], name="fresh"))
+    assert code == 0, err
+    assert "database is locked" not in err
+
+    calls = invocations(worker.log)
+    for position, task in tasks.items():
+        task.refresh_from_db()
+        assert (task.status, task.steps_done) == ("done", 4), (position, task.status)
+        steps = {s.position: s for s in Step.objects.filter(task=task)}
+        cls = CLASS_AT[position]
+        assert calls[steps[position].pk] == EXPECTED_CALLS[boundary][cls], (
+            f"class {cls} at {boundary}"
+        )
+        for other in set(steps) - {position}:
+            assert calls[steps[other].pk] == 1
+        rules = list(
+            Event.objects.filter(
+                step=steps[position], kind="uncertain_resolved"
+            ).values_list("data__rule", flat=True)
+        )
+        expected = EXPECTED_RULE[boundary].get(cls)
+        assert rules == ([expected] if expected else [])
+        if held[task.pk]:
+            takeover = Event.objects.get(task=task, kind="lease_taken_over")
+            assert takeover.data["previous_owner"] == f"worker:doomed-{position}"
+    check_invariants([t.pk for t in tasks.values()])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_killed_render_whose_source_is_gone_waits_for_a_person(
+    make_conversation, worker, blob_store
+):
+    task = task_create(conversation=make_conversation(), title="render", steps=PLAN)
+    code, err = wait(worker(task.pk, crashpoint="after_tool:4", name="doomed"))
+    assert code == -signal.SIGKILL, err
+    source = Step.objects.get(task=task, position=1).output
+    blob_store.path(source.sha256).unlink()
+    expire_lease(task.pk)
+    code, err = wait(worker(task.pk, name="fresh"))
+    assert code == 0, err
+    render = Step.objects.get(task=task, position=4)
+    task.refresh_from_db()
+    assert render.status == "needs_review"
+    assert task.status == "needs_review"
+    assert invocations(worker.log)[render.pk] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_killed_side_effect_call_is_never_sent_again_by_a_worker(
+    make_conversation, worker
+):
+    task = task_create(
+        conversation=make_conversation(),
+        title="notify",
+        steps=[{"title": "send", "tool": "test.effect", "args": {}}],
+    )
+    code, err = wait(worker(task.pk, crashpoint="after_tool", name="doomed"))
+    assert code == -signal.SIGKILL, err
+    expire_lease(task.pk)
+    code, err = wait(worker(task.pk, name="fresh"))
+    assert code == 0, err
+    sent = Step.objects.get(task=task)
+    assert sent.status == "needs_review"
+    assert invocations(worker.log)[sent.pk] == 1
+    assert Task.objects.get(pk=task.pk).status == "needs_review"
