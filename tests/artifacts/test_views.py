@@ -1,0 +1,296 @@
+"""Artifact detail page and payload endpoints: login, owner check, safe serving."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.urls import reverse
+
+from artifacts.models import Artifact, ArtifactClass
+from artifacts.selectors import artifact_get_for_user, artifact_user_may_see
+from artifacts.store import default_store
+from council.services import round_start, turn_add, widget_store
+
+SVG = (
+    b'<svg xmlns="http://www.w3.org/2000/svg" width="100" height="60">'
+    b"<script>alert(1)</script><rect width='100' height='60'/></svg>"
+)
+
+
+@pytest.fixture
+def owned(make_conversation, make_task, make_artifact, user):
+    """A task of ``user`` that persisted an artifact."""
+    conversation = make_conversation(owner=user, title="Mine")
+    task = make_task(conversation=conversation, title="Fetch closes")
+    artifact = make_artifact(
+        title="Closes", media_type="text/csv", artifact_class=ArtifactClass.FETCH
+    )
+    task.artifact_links.create(artifact=artifact)
+    return task, artifact
+
+
+@pytest.fixture
+def dad_client(client, user):
+    client.force_login(user)
+    return client
+
+
+@pytest.mark.django_db
+def test_detail_shows_class_badge_sha_integrity_and_download_links(dad_client, owned):
+    task, artifact = owned
+    response = dad_client.get(reverse("artifacts:detail", args=[artifact.pk]))
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert '<span class="cls cls-2"' in page
+    assert ">fetch</span>" in page
+    assert artifact.sha256 in page
+    assert "intact" in page
+    assert reverse("artifacts:verify", args=[artifact.pk]) in page
+    assert f'href="/artifacts/{artifact.pk}/source"' in page
+    assert f'href="{reverse("tasks:task", args=[task.pk])}"' in page
+    assert "Fetch closes" in page
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("artifact_class", "word"),
+    [(1, "file"), (2, "fetch"), (3, "snapshot"), (4, "render")],
+)
+def test_detail_badge_names_each_class_in_words(
+    dad_client, owned, make_artifact, artifact_class, word
+):
+    task, _ = owned
+    artifact = make_artifact(artifact_class=artifact_class)
+    task.artifact_links.create(artifact=artifact)
+    page = dad_client.get(reverse("artifacts:detail", args=[artifact.pk])).content
+    assert f'<span class="cls cls-{artifact_class}"'.encode() in page
+    assert f">{word}</span>".encode() in page
+
+
+@pytest.mark.django_db
+def test_verify_now_reports_a_corrupt_blob_and_records_it(dad_client, owned):
+    _, artifact = owned
+    path = default_store().path(artifact.sha256)
+    os.chmod(path, 0o644)
+    path.write_bytes(b"tampered")
+
+    response = dad_client.post(
+        reverse("artifacts:verify", args=[artifact.pk]), follow=True
+    )
+
+    assert response.status_code == 200
+    assert b"does not match its sha256 (corrupt)" in response.content
+    artifact.refresh_from_db()
+    assert artifact.integrity == Artifact.Integrity.CORRUPT
+
+
+@pytest.mark.django_db
+def test_verify_now_confirms_an_intact_blob(dad_client, owned):
+    _, artifact = owned
+    response = dad_client.post(
+        reverse("artifacts:verify", args=[artifact.pk]), follow=True
+    )
+    assert b"Verified: the blob matches its sha256." in response.content
+
+
+@pytest.mark.django_db
+def test_verify_needs_post(dad_client, owned):
+    _, artifact = owned
+    assert (
+        dad_client.get(reverse("artifacts:verify", args=[artifact.pk])).status_code
+        == 405
+    )
+
+
+@pytest.mark.django_db
+def test_detail_shows_lineage_as_nested_lists_both_ways(
+    dad_client, owned, make_artifact
+):
+    task, data = owned
+    widget, preview = widget_store(
+        data=SVG, title="Chart of closes", source_ids=[data.pk]
+    )
+    task.artifact_links.create(artifact=widget)
+    task.artifact_links.create(artifact=preview)
+    page = dad_client.get(reverse("artifacts:detail", args=[data.pk])).content.decode()
+    derived = page[page.index("Derived from it") :]
+    assert "Chart of closes" in derived
+    # The preview hangs under the widget: a nested list.
+    assert derived.index("Chart of closes") < derived.index(
+        "Preview of Chart of closes"
+    )
+    assert derived.count('<ul class="lineage">') >= 2
+
+    page = dad_client.get(
+        reverse("artifacts:detail", args=[preview.pk])
+    ).content.decode()
+    sources = page[page.index("Derived from") : page.index("Derived from it")]
+    assert "Chart of closes" in sources
+    assert "Closes" in sources
+
+
+@pytest.mark.django_db
+def test_detail_of_a_widget_shows_its_preview_image_or_why_it_failed(dad_client, owned):
+    task, _ = owned
+    good, _ = widget_store(data=SVG, title="good")
+    bad, _ = widget_store(data=b"<svg", title="bad")
+    task.artifact_links.create(artifact=good)
+    task.artifact_links.create(artifact=bad)
+    page = dad_client.get(reverse("artifacts:detail", args=[good.pk])).content.decode()
+    assert f'<img class="detail-preview" src="/artifacts/{good.pk}/preview.png"' in page
+    page = dad_client.get(reverse("artifacts:detail", args=[bad.pk])).content.decode()
+    assert "the preview failed — malformed XML" in page
+
+
+@pytest.mark.django_db
+def test_source_of_an_svg_is_a_sandboxed_nosniff_download(dad_client, owned):
+    task, _ = owned
+    widget, _ = widget_store(data=SVG)
+    task.artifact_links.create(artifact=widget)
+
+    response = dad_client.get(reverse("artifacts:source", args=[widget.pk]))
+
+    assert response.status_code == 200
+    assert b"".join(response.streaming_content) == SVG
+    assert response["Content-Type"] == "image/svg+xml"
+    assert "sandbox" in response["Content-Security-Policy"]
+    assert "default-src 'none'" in response["Content-Security-Policy"]
+    assert response["X-Content-Type-Options"] == "nosniff"
+    assert response["Content-Disposition"].startswith("attachment;")
+
+
+@pytest.mark.django_db
+def test_source_of_html_is_a_download_too(dad_client, owned):
+    task, _ = owned
+    page, _ = widget_store(
+        data=b"<html><body>" + SVG + b"</body></html>", media_type="text/html"
+    )
+    task.artifact_links.create(artifact=page)
+    response = dad_client.get(reverse("artifacts:source", args=[page.pk]))
+    assert response["Content-Disposition"].startswith("attachment;")
+    assert "sandbox" in response["Content-Security-Policy"]
+
+
+@pytest.mark.django_db
+def test_preview_is_an_inline_png_and_a_repeat_is_not_modified(dad_client, owned):
+    task, _ = owned
+    widget, preview = widget_store(data=SVG)
+    task.artifact_links.create(artifact=widget)
+    url = reverse("artifacts:preview", args=[widget.pk])
+
+    response = dad_client.get(url)
+
+    assert response["Content-Type"] == "image/png"
+    assert response["Content-Disposition"].startswith("inline;")
+    assert response["ETag"] == f'"{preview.sha256}"'
+    again = dad_client.get(url, headers={"If-None-Match": response["ETag"]})
+    assert again.status_code == 304
+
+
+@pytest.mark.django_db
+def test_preview_of_an_artifact_without_one_is_404(dad_client, owned):
+    _, artifact = owned
+    assert (
+        dad_client.get(reverse("artifacts:preview", args=[artifact.pk])).status_code
+        == 404
+    )
+
+
+@pytest.mark.django_db
+def test_source_text_page_shows_the_svg_escaped_never_as_markup(dad_client, owned):
+    task, _ = owned
+    widget, _ = widget_store(data=SVG)
+    task.artifact_links.create(artifact=widget)
+
+    page = dad_client.get(
+        reverse("artifacts:source_text", args=[widget.pk])
+    ).content.decode()
+
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<script>alert(1)" not in page
+
+
+@pytest.mark.django_db
+def test_a_missing_blob_is_404_on_source_and_said_on_the_text_page(dad_client, owned):
+    _, artifact = owned
+    default_store().unlink(artifact.sha256)
+    assert (
+        dad_client.get(reverse("artifacts:source", args=[artifact.pk])).status_code
+        == 404
+    )
+    page = dad_client.get(reverse("artifacts:source_text", args=[artifact.pk])).content
+    assert b"missing from the blob store" in page
+
+
+@pytest.mark.django_db
+def test_another_users_artifact_is_404_on_every_endpoint(client, make_user, owned):
+    _, artifact = owned
+    client.force_login(make_user())
+    for name in ("detail", "source", "source_text", "preview"):
+        assert (
+            client.get(reverse(f"artifacts:{name}", args=[artifact.pk])).status_code
+            == 404
+        )
+    assert (
+        client.post(reverse("artifacts:verify", args=[artifact.pk])).status_code == 404
+    )
+    assert client.get(reverse("artifacts:detail", args=[999999])).status_code == 404
+
+
+@pytest.mark.django_db
+def test_artifact_endpoints_need_login(client, owned):
+    _, artifact = owned
+    response = client.get(reverse("artifacts:source", args=[artifact.pk]))
+    assert response.status_code == 302
+    assert response["Location"].startswith("/login/")
+
+
+@pytest.mark.django_db
+def test_staff_see_every_artifact(client, make_user, owned):
+    _, artifact = owned
+    client.force_login(make_user(is_staff=True))
+    assert (
+        client.get(reverse("artifacts:detail", args=[artifact.pk])).status_code == 200
+    )
+
+
+@pytest.mark.django_db
+def test_a_source_of_a_kept_artifact_is_visible_through_lineage(
+    user, make_user, make_artifact, make_conversation
+):
+    raw = make_artifact(title="raw")
+    middle = make_artifact(title="middle", source_ids=[raw.pk])
+    widget, _ = widget_store(data=SVG, source_ids=[middle.pk])
+    council_round = round_start(
+        conversation=make_conversation(owner=user),
+        topic="t",
+        participants=[("Ada", "claude")],
+    )
+    turn_add(
+        council_round=council_round,
+        participant=council_round.participants.get(),
+        text="",
+        widget=SVG,
+    )
+
+    assert artifact_get_for_user(user=user, artifact_id=raw.pk) == raw
+    assert artifact_user_may_see(user=user, artifact_id=middle.pk)
+    assert not artifact_user_may_see(user=make_user(), artifact_id=raw.pk)
+    orphan = make_artifact(title="nobody keeps me")
+    assert not artifact_user_may_see(user=user, artifact_id=orphan.pk)
+    assert widget.pk  # the widget itself is kept by the turn
+
+
+@pytest.mark.django_db
+def test_detail_hides_derived_artifacts_kept_only_by_someone_else(
+    dad_client, owned, make_artifact, make_task, make_user, make_conversation
+):
+    _, data = owned
+    theirs = make_artifact(title="Their secret chart", source_ids=[data.pk])
+    make_task(conversation=make_conversation(owner=make_user())).artifact_links.create(
+        artifact=theirs
+    )
+    page = dad_client.get(reverse("artifacts:detail", args=[data.pk])).content
+    assert b"Their secret chart" not in page
+    assert b"Nothing was derived from it." in page

@@ -1,0 +1,194 @@
+"""The round viewer and the context endpoints: authenticated, owner-checked, read-only."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.urls import reverse
+
+from artifacts.models import Artifact
+from council.models import Turn
+from council.services import round_start, turn_add
+
+SCRIPTED_SVG = (
+    b'<svg xmlns="http://www.w3.org/2000/svg" width="160" height="90" '
+    b"onload=\"document.title='pwned'\">"
+    b"<script>alert('pwned')</script>"
+    b'<rect width="160" height="90" fill="#ffe3a3"/></svg>'
+)
+BROKEN_SVG = b'<svg xmlns="http://www.w3.org/2000/svg"><rect></svg>'
+
+
+@pytest.fixture
+def council_round(make_conversation, user):
+    council_round = round_start(
+        conversation=make_conversation(owner=user, title="Household"),
+        topic="Risks",
+        participants=[("Ada", "claude"), ("Grace", "gemini"), ("Kit", "kimi")],
+    )
+    ada, grace, _ = council_round.participants.order_by("position")
+    turn_add(
+        council_round=council_round,
+        participant=ada,
+        text="Here is the map.",
+        widget=SCRIPTED_SVG,
+        widget_title="Risk map",
+    )
+    widget = Artifact.objects.get(media_type="image/svg+xml")
+    turn_add(
+        council_round=council_round,
+        participant=grace,
+        text="I read it.",
+        cites=[widget.pk],
+    )
+    return council_round
+
+
+@pytest.fixture
+def dad_client(client, user):
+    client.force_login(user)
+    return client
+
+
+def _widget() -> Artifact:
+    return Artifact.objects.get(media_type="image/svg+xml")
+
+
+@pytest.mark.django_db
+def test_round_page_shows_turns_in_order_with_names_brains_text_and_previews(
+    dad_client, council_round
+):
+    widget = _widget()
+    response = dad_client.get(council_round.get_absolute_url())
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert page.index("Here is the map.") < page.index("I read it.")
+    assert "Ada" in page
+    assert "Claude" in page
+    assert "Gemini" in page
+    assert f'src="/artifacts/{widget.pk}/preview.png"' in page
+    assert f'href="/artifacts/{widget.pk}/source/text"' in page
+    assert f"artifact {widget.pk} (Risk map)" in page  # Grace's citation
+
+
+@pytest.mark.django_db
+def test_round_page_never_inlines_the_widget_markup(dad_client, council_round):
+    page = dad_client.get(council_round.get_absolute_url()).content.decode()
+    assert "<script>alert" not in page
+    assert "onload=" not in page
+    assert "<svg" not in page
+
+
+@pytest.mark.django_db
+def test_round_page_shows_each_turns_received_context_with_refs_highlighted(
+    dad_client, council_round
+):
+    widget = _widget()
+    page = dad_client.get(council_round.get_absolute_url()).content.decode()
+    grace_section = page[page.index('id="turn-2"') :]
+    assert "Context Grace received" in grace_section
+    assert '<mark class="ref">[' in grace_section
+    assert f"&quot;id&quot;: {widget.pk}" in grace_section
+    assert f"refs highlighted (artifacts {widget.pk})" in grace_section
+    ada_section = page[page.index('id="turn-1"') : page.index('id="turn-2"')]
+    assert "(0 earlier turns, 0 refs" in ada_section
+
+
+@pytest.mark.django_db
+def test_round_page_says_when_a_preview_failed_and_why(dad_client, council_round):
+    kit = council_round.participants.get(name="Kit")
+    turn_add(council_round=council_round, participant=kit, text="", widget=BROKEN_SVG)
+    page = dad_client.get(council_round.get_absolute_url()).content.decode()
+    assert "the preview failed — malformed XML" in page
+    assert "The widget itself is stored" in page
+
+
+@pytest.mark.django_db
+def test_another_users_round_and_contexts_are_404(client, make_user, council_round):
+    client.force_login(make_user())
+    turn = Turn.objects.filter(round=council_round).first()
+    for url in (
+        council_round.get_absolute_url(),
+        reverse("council:context", args=[council_round.pk]),
+        reverse("council:turn_context", args=[turn.pk]),
+    ):
+        assert client.get(url).status_code == 404
+
+
+@pytest.mark.django_db
+def test_round_page_and_context_need_login(client, council_round):
+    for url in (
+        council_round.get_absolute_url(),
+        reverse("council:context", args=[council_round.pk]),
+    ):
+        response = client.get(url)
+        assert response.status_code == 302
+        assert response["Location"].startswith("/login/")
+
+
+@pytest.mark.django_db
+def test_context_endpoint_serves_the_next_speakers_document(dad_client, council_round):
+    response = dad_client.get(reverse("council:context", args=[council_round.pk]))
+    doc = json.loads(response.content)
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("application/json")
+    assert doc["for"]["name"] == "Kit"  # after Ada and Grace
+    assert [t["speaker"]["name"] for t in doc["turns"]] == ["Ada", "Grace"]
+
+
+@pytest.mark.django_db
+def test_context_endpoint_for_a_named_participant_and_an_unknown_one(
+    dad_client, council_round
+):
+    ada = council_round.participants.get(name="Ada")
+    url = reverse("council:context", args=[council_round.pk])
+    assert json.loads(dad_client.get(f"{url}?participant={ada.pk}").content)["for"][
+        "name"
+    ] == ("Ada")
+    assert dad_client.get(f"{url}?participant=999999").status_code == 404
+    assert dad_client.get(f"{url}?participant=abc").status_code == 404
+
+
+@pytest.mark.django_db
+def test_every_ref_in_the_context_resolves_through_the_artifact_endpoints(
+    dad_client, council_round
+):
+    doc = json.loads(
+        dad_client.get(reverse("council:context", args=[council_round.pk])).content
+    )
+    refs = [r for t in doc["turns"] for r in t["artifact_refs"]]
+    assert refs
+    for ref in refs:
+        source = dad_client.get(ref["source_url"])
+        assert source.status_code == 200
+        assert source["Content-Type"] == ref["media_type"]
+        body = b"".join(source.streaming_content)
+        assert len(body) == ref["size"]
+        preview = dad_client.get(ref["preview_url"])
+        assert preview.status_code == 200
+        assert preview["Content-Type"] == "image/png"
+        assert b"".join(preview.streaming_content).startswith(b"\x89PNG")
+
+
+@pytest.mark.django_db
+def test_turn_context_endpoint_returns_the_stored_bytes_unchanged_by_later_turns(
+    dad_client, council_round
+):
+    grace_turn = Turn.objects.get(round=council_round, order=2)
+    url = reverse("council:turn_context", args=[grace_turn.pk])
+    before = dad_client.get(url).content
+    turn_add(
+        council_round=council_round,
+        participant=council_round.participants.get(name="Kit"),
+        text="late",
+    )
+    after = dad_client.get(url).content
+    assert before == after
+    assert [t["order"] for t in json.loads(after)["turns"]] == [1]
+
+
+@pytest.mark.django_db
+def test_staff_may_open_any_round(client, make_user, council_round):
+    client.force_login(make_user(is_staff=True))
+    assert client.get(council_round.get_absolute_url()).status_code == 200
