@@ -34,10 +34,10 @@ def risk_map_svg(risks: list[tuple[str, int, int]] = RISKS) -> bytes:
     """A 5×5 likelihood/impact grid with one labelled dot per risk."""
     cell, left, top = 80, 90, 30
     parts = [
-        '<svg xmlns="http://www.w3.org/2000/svg" width="600" height="520" '
-        'viewBox="0 0 600 520" font-family="sans-serif" font-size="12">',
+        '<svg xmlns="http://www.w3.org/2000/svg" width="760" height="520" '
+        'viewBox="0 0 760 520" font-family="sans-serif" font-size="12">',
         "<title>Household risk map</title>",
-        '<rect width="600" height="520" fill="#ffffff"/>',
+        '<rect width="760" height="520" fill="#ffffff"/>',
     ]
     for row in range(5):
         for col in range(5):
