@@ -1,0 +1,152 @@
+"""Child process for the randomized crash soak.
+
+Usage: python -m tests.support.soak SUMMARY_JSON KILLS SEED
+
+A "zygote": it sets Django up once, then forks one worker life after another.
+Each life steps runnable tasks and is SIGKILLed at a random moment: either at
+a random envelope boundary (``PIPPA_CRASHPOINT`` in ``random`` mode, armed in
+the child after the fork) or by the zygote after a random delay, which lands
+anywhere (mid-transaction, mid-blob-write). After each death the zygote lets
+the lease expire (as time would), and checks the invariants of the task the
+dead life held, so every resume is checked by the next round. Forking keeps
+Python start-up out of the loop, so a few hundred kills take seconds.
+
+Writes a JSON summary; exits non-zero on the first broken invariant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import time
+import traceback
+
+import django
+
+
+def main() -> int:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pippa_site.settings")
+    django.setup()
+    from django.db import connections
+
+    from tasks import executor
+    from tasks.models import Task
+    from tasks.tools import tools_load
+    from tests.support.executing import check_invariants, invocations
+
+    summary_path, kills_wanted, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    tools_load(["tests.support.tools"])
+    rng = random.Random(seed)
+    summary = {"lives": 0, "kills": 0, "boundary_kills": 0, "timer_kills": 0}
+    started = time.monotonic()
+    try:
+        while summary["kills"] < kills_wanted:
+            if not Task.objects.runnable().exists():
+                break
+            life = summary["lives"]
+            worker_id = f"soak:{life}"
+            by_timer = rng.random() < 0.5
+            delay = rng.uniform(0.0, 0.04)
+            connections.close_all()
+            pid = os.fork()
+            if pid == 0:  # the worker life
+                code = 0
+                try:
+                    if not by_timer:
+                        executor.crashpoint_configure(
+                            f"random:0.06:{seed * 100003 + life}"
+                        )
+                    for task in Task.objects.runnable().order_by("?")[:5]:
+                        while True:
+                            outcome = executor.step(
+                                task_id=task.pk, worker_id=worker_id
+                            )
+                            if outcome is None or outcome.task_status != "running":
+                                break
+                except BaseException:
+                    traceback.print_exc()
+                    code = 1
+                os._exit(code)
+            if by_timer:
+                deadline = time.monotonic() + delay
+                while time.monotonic() < deadline:
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                    if done:
+                        break
+                    time.sleep(0.002)
+                else:
+                    os.kill(pid, signal.SIGKILL)
+                    done, status = os.waitpid(pid, 0)
+            else:
+                _, status = os.waitpid(pid, 0)
+            summary["lives"] += 1
+            if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
+                summary["kills"] += 1
+                summary["timer_kills" if by_timer else "boundary_kills"] += 1
+            elif os.WEXITSTATUS(status) != 0:
+                raise AssertionError(f"life {life} failed (exit {status})")
+            held = list(
+                Task.objects.filter(lease_owner=worker_id).values_list("pk", flat=True)
+            )
+            # Time passes: the dead worker's lease expires.
+            Task.objects.filter(lease_owner=worker_id).update(lease_expires_at=_past())
+            check_invariants(held)
+        # Finish everything with a clean worker, then check the whole database.
+        connections.close_all()
+        from tasks.models import Step
+
+        summary["steps_done_under_fire"] = Step.objects.filter(status="done").count()
+        for task in Task.objects.runnable():
+            while True:
+                outcome = executor.step(task_id=task.pk, worker_id="soak:final")
+                if outcome is None or outcome.task_status != "running":
+                    break
+        check_invariants()
+        _check_calls_follow_starts(invocations(_log_path()))
+        summary["unfinished"] = Task.objects.exclude(status="done").count()
+        summary["calls"] = sum(invocations(_log_path()).values())
+        summary["seconds"] = round(time.monotonic() - started, 1)
+    except BaseException:
+        summary["error"] = traceback.format_exc()
+        with open(summary_path, "w") as fh:
+            json.dump(summary, fh)
+        return 1
+    with open(summary_path, "w") as fh:
+        json.dump(summary, fh)
+    return 0
+
+
+def _check_calls_follow_starts(calls) -> None:
+    """Every real call had its ``tool_call_started`` committed first."""
+    from collections import Counter
+
+    from tasks.models import Event
+
+    starts = Counter(
+        Event.objects.filter(kind="tool_call_started").values_list("step_id", flat=True)
+    )
+    for step_id, n in calls.items():
+        assert n <= starts[step_id], (
+            f"step {step_id}: {n} calls, {starts[step_id]} starts"
+        )
+
+
+def _past():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    return timezone.now() - timedelta(seconds=1)
+
+
+def _log_path():
+    from pathlib import Path
+
+    return Path(os.environ.get("PIPPA_TOOL_LOG", "/nonexistent"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
