@@ -15,7 +15,7 @@ import socket
 import time
 
 from django.core.management import BaseCommand
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 
 from tasks.executor import LeaseLost, lease_release, step
 from tasks.models import Task
@@ -61,8 +61,10 @@ class Command(BaseCommand):
             if state["signals"] > 1:
                 raise WorkerAbandoned()
 
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        previous = {
+            sig: signal.signal(sig, on_signal)
+            for sig in (signal.SIGTERM, signal.SIGINT)
+        }
         verbose = options["verbosity"] >= 1
         if verbose:
             self.stdout.write(f"{worker_id}: stepping runnable tasks")
@@ -70,7 +72,8 @@ class Command(BaseCommand):
         current: int | None = None
         try:
             while not state["stop"]:
-                close_old_connections()
+                if not connection.in_atomic_block:
+                    close_old_connections()
                 runnable = Task.objects.runnable()
                 if options["task"]:
                     runnable = runnable.filter(pk__in=options["task"])
@@ -116,6 +119,8 @@ class Command(BaseCommand):
         finally:
             if current is not None:
                 self._release(current, worker_id)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         if verbose:
             self.stdout.write(f"{worker_id}: stopped after {steps} step(s)")
 

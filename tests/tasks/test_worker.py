@@ -1,0 +1,180 @@
+"""The worker command: two processes racing, SIGTERM, --until-idle."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections import defaultdict
+
+import pytest
+from django.core.management import call_command
+
+from tasks.models import Event, Step
+from tasks.plan import task_create
+from tasks.tools import tools_load
+from tests.conftest import REPO
+from tests.support.executing import check_invariants
+
+PLAN = [
+    {"title": "fetch", "tool": "test.fetch", "args": {"sleep": 0.01}},
+    {"title": "snapshot", "tool": "test.snapshot", "args": {"sleep": 0.01}},
+    {"title": "file", "tool": "test.file", "args": {"sleep": 0.01}},
+    {"title": "render", "tool": "test.render", "args": {"source": 1}},
+]
+
+
+@pytest.fixture(autouse=True)
+def _tools():
+    tools_load(["tests.support.tools"])
+
+
+@pytest.fixture
+def spawn(subprocess_env, python_exe, tmp_path):
+    log = tmp_path / "tool-calls.jsonl"
+
+    def start(name: str, *extra: str, lease_seconds: int = 60):
+        env = {
+            **subprocess_env,
+            "PIPPA_TOOLS": "tests.support.tools",
+            "PIPPA_TOOL_LOG": str(log),
+            "PIPPA_LEASE_SECONDS": str(lease_seconds),
+        }
+        return subprocess.Popen(
+            [python_exe, "manage.py", "pippa_worker", "--worker-id", name, *extra],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    start.log = log
+    return start
+
+
+def call_intervals(log):
+    """{step id: [(start, end, pid)]} from the side channel."""
+    opened, spans = {}, defaultdict(list)
+    for line in log.read_text().splitlines():
+        entry = json.loads(line)
+        key = (entry["step"], entry["pid"])
+        if entry["phase"] == "start":
+            opened[key] = entry["t"]
+        else:
+            spans[entry["step"]].append((opened.pop(key), entry["t"], entry["pid"]))
+    return spans
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_racing_never_run_one_step_twice_and_never_hit_a_lock_error(
+    make_conversation, spawn
+):
+    conversation = make_conversation()
+    tasks = [
+        task_create(conversation=conversation, title=f"race {i}", steps=PLAN)
+        for i in range(24)
+    ]
+    procs = [spawn(f"worker:{name}", "--until-idle", "-v", "0") for name in "ab"]
+    errors = []
+    for proc in procs:
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+        errors.append(err)
+    assert not any("database is locked" in err for err in errors), errors
+    assert not any("Traceback" in err for err in errors), errors
+    for task in tasks:
+        task.refresh_from_db()
+        assert (task.status, task.steps_done) == ("done", 4)
+    # Each step was called exactly once, so no call overlapped another.
+    spans = call_intervals(spawn.log)
+    for step in Step.objects.filter(task__in=tasks):
+        if step.tool == "test.render":
+            continue
+        assert len(spans[step.pk]) == 1, step
+    # And the log agrees: one tool_call_started per step, no takeovers needed.
+    starts = Event.objects.filter(task__in=tasks, kind="tool_call_started")
+    assert starts.count() == 4 * len(tasks)
+    assert not Event.objects.filter(kind="lease_taken_over").exists()
+    workers = {e.data["worker"] for e in starts}
+    assert workers == {"worker:a", "worker:b"}
+    check_invariants([t.pk for t in tasks])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sigterm_lets_the_current_step_finish_and_releases_the_lease(
+    make_conversation, spawn
+):
+    task = task_create(
+        conversation=make_conversation(),
+        title="slow",
+        steps=[
+            {"title": f"slow {i}", "tool": "test.fetch", "args": {"sleep": 0.6}}
+            for i in range(6)
+        ],
+    )
+    proc = spawn("worker:term", "--poll", "0.1")
+    deadline = time.monotonic() + 60
+    while not Step.objects.filter(task=task, status="running").exists():
+        assert time.monotonic() < deadline, "the worker never started a step"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    task.refresh_from_db()
+    assert task.lease_owner == ""
+    assert task.status == "queued"
+    statuses = list(
+        Step.objects.filter(task=task)
+        .order_by("position")
+        .values_list("status", flat=True)
+    )
+    # The step in flight finished; nothing is left running or half-done.
+    assert "running" not in statuses
+    assert statuses.count("done") >= 1
+    assert statuses.count("pending") >= 1
+    released = Event.objects.filter(task=task, kind="lease_released").last()
+    assert released.data["previous_owner"] == "worker:term"
+    check_invariants([task.pk])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_long_call_keeps_its_lease_alive_and_no_one_takes_it_over(
+    make_conversation, spawn
+):
+    task = task_create(
+        conversation=make_conversation(),
+        title="long",
+        steps=[{"title": "long", "tool": "test.fetch", "args": {"sleep": 3.5}}],
+    )
+    first = spawn("worker:long", "--until-idle", lease_seconds=1)
+    deadline = time.monotonic() + 60
+    while not Step.objects.filter(task=task, status="running").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(1.5)  # longer than the lease: only renewal keeps it
+    second = spawn("worker:eager", "--until-idle", lease_seconds=1)
+    for proc in (first, second):
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    assert Event.objects.filter(task=task, kind="lease_renewed").exists()
+    assert not Event.objects.filter(task=task, kind="lease_taken_over").exists()
+    assert Event.objects.filter(task=task, kind="tool_call_started").count() == 1
+    task.refresh_from_db()
+    assert task.status == "done"
+
+
+@pytest.mark.django_db
+def test_until_idle_exits_when_nothing_is_runnable(make_conversation, capsys):
+    task = task_create(
+        conversation=make_conversation(),
+        title="quick",
+        steps=[{"title": "fetch", "tool": "test.fetch", "args": {}}],
+    )
+    call_command("pippa_worker", "--until-idle", "--worker-id", "worker:inline")
+    task.refresh_from_db()
+    assert task.status == "done"
+    out = capsys.readouterr().out
+    assert f"task {task.pk} step 1: done" in out
+    assert "stopped after 1 step(s)" in out
