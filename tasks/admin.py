@@ -20,6 +20,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
+from tasks.services import event_append
 
 # User-facing messages (tests assert them).
 MSG_LEASE_RELEASED = "Released the stale lease of {n} task(s)."
@@ -37,6 +38,9 @@ MSG_NOT_OFFERED = "That action is not offered for this step now."
 MSG_NO_OPTIONS = (
     "Step {step} has nothing to resolve: it is not in the uncertain state "
     "and does not need review."
+)
+MSG_DOCTOR_REPAIRED = (
+    "The doctor repaired {repaired} problem(s); {remaining} remain for a person."
 )
 MSG_CONVERSATIONS_DELETED = "Deleted {n} conversation(s): {removed} row(s) removed."
 
@@ -513,23 +517,51 @@ class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
         return TemplateResponse(request, "admin/tasks/task/branch.html", context)
 
     def doctor_view(self, request: HttpRequest) -> HttpResponse:
-        """Run the doctor's checks and show the report; POST repairs."""
-        from tasks import doctor
+        """Run the doctor's checks and show its report; a POST also repairs.
 
-        if request.method == "POST":
+        The doctor logs its own events as ``actor="doctor"``; each task it
+        touched also gets an ``admin_action`` event naming the staff user who
+        asked for the repair.
+        """
+        from tasks.doctor import doctor_run
+
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        repair = request.method == "POST"
+        if repair:
             if not self.has_repair_permission(request):
                 raise PermissionDenied
-            report = doctor.doctor_repair(actor=actor_for(request))
-            repaired = True
+            last_event = Event.objects.order_by("-id").values_list("id", flat=True)
+            before = last_event.first() or 0
+            report = doctor_run(repair=True)
+            touched = (
+                Event.objects.filter(id__gt=before, data__actor="doctor")
+                .order_by("task_id")
+                .values_list("task_id", flat=True)
+                .distinct()
+            )
+            for task_id in touched:
+                event_append(
+                    task_id=task_id,
+                    kind=Event.Kind.ADMIN_ACTION,
+                    data={"action": "doctor_repair", "actor": actor_for(request)},
+                )
+            self.message_user(
+                request,
+                MSG_DOCTOR_REPAIRED.format(
+                    repaired=sum(f.repaired for f in report.findings),
+                    remaining=report.problems,
+                ),
+                messages.SUCCESS if report.clean else messages.WARNING,
+            )
         else:
-            report = doctor.doctor_check()
-            repaired = False
+            report = doctor_run(repair=False)
         context = {
             **self.admin_site.each_context(request),
             "title": "Doctor",
             "opts": self.opts,
             "report": report,
-            "repaired": repaired,
+            "repaired": repair,
             "can_repair": self.has_repair_permission(request),
         }
         return TemplateResponse(request, "admin/tasks/doctor.html", context)

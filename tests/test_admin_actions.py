@@ -743,3 +743,73 @@ def test_a_widget_that_cannot_render_is_reported_and_logged(
     event = _last_event(task, Event.Kind.ADMIN_ACTION)
     assert event.data["preview"] == "failed"
     assert event.data["actor"] == ACTOR
+
+
+# -- the doctor ---------------------------------------------------------------------------
+
+DOCTOR = "admin:tasks_doctor"
+
+
+def test_the_doctor_page_shows_the_same_findings_as_running_the_doctor(
+    staff_client, make_conversation
+):
+    from tasks.doctor import doctor_run
+
+    _stale_task(make_conversation, "admintest_quote")
+    direct = doctor_run(repair=False)
+    response = staff_client.get(reverse(DOCTOR))
+    assert response.status_code == 200
+    shown = response.context["report"]
+    assert [(f.key, f.found) for f in shown.findings] == [
+        (f.key, f.found) for f in direct.findings
+    ]
+    assert shown.finding("expired_leases").found == 1
+    body = response.content.decode()
+    assert "Task leases past expiry" in body
+    assert "Repair what can be repaired" in body
+
+
+def test_repairing_from_the_doctor_page_releases_the_lease_and_names_the_staff_user(
+    staff_client, make_conversation
+):
+    from tasks.doctor import doctor_run
+
+    task = _stale_task(make_conversation, "admintest_quote")
+    response = staff_client.post(reverse(DOCTOR), follow=True)
+    report = response.context["report"]
+    assert report.finding("expired_leases").repaired == 1
+    assert report.finding("expired_leases").remaining == 0
+    msgs = [str(m) for m in get_messages(response.wsgi_request)]
+    assert any(m.startswith("The doctor repaired ") for m in msgs)
+    task.refresh_from_db()
+    assert task.lease_owner == ""
+    assert _last_event(task, Event.Kind.LEASE_RELEASED).data["actor"] == "doctor"
+    assert _last_event(task, Event.Kind.ADMIN_ACTION).data == {
+        "action": "doctor_repair",
+        "actor": ACTOR,
+    }
+    assert doctor_run(repair=False).finding("expired_leases").found == 0
+
+
+def test_a_clean_database_gets_an_all_clear_and_no_repair_button(staff_client):
+    body = staff_client.get(reverse(DOCTOR)).content.decode()
+    assert "All clear: nothing to repair." in body
+    assert "Repair what can be repaired" not in body
+
+
+def test_staff_who_may_only_view_see_the_report_but_cannot_repair(
+    viewer_client, make_conversation
+):
+    task = _stale_task(make_conversation, "admintest_quote")
+    page = viewer_client.get(reverse(DOCTOR))
+    assert page.status_code == 200
+    assert b"Repair what can be repaired" not in page.content
+    assert viewer_client.post(reverse(DOCTOR)).status_code == 403
+    task.refresh_from_db()
+    assert task.lease_owner == WORKER
+
+
+def test_the_task_list_links_to_the_doctor(staff_client):
+    body = staff_client.get(reverse("admin:tasks_task_changelist")).content.decode()
+    assert reverse(DOCTOR) in body
+    assert "Run the doctor" in body
