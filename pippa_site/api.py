@@ -418,7 +418,24 @@ def _worker_id(request: HttpRequest, worker: str) -> str:
     return f"api:{request.user.get_username()}:{worker}"
 
 
-@tasks.post("/{task_id}/artifacts", response={201: ArtifactOut, **BAD})
+UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "The artifact's bytes; the Content-Type is its media type.",
+        "content": {
+            "application/octet-stream": {
+                "schema": {"type": "string", "format": "binary"}
+            }
+        },
+    }
+}
+
+
+@tasks.post(
+    "/{task_id}/artifacts",
+    response={201: ArtifactOut, **BAD},
+    openapi_extra=UPLOAD_BODY,
+)
 def task_artifact_upload(
     request: HttpRequest,
     task_id: int,
