@@ -35,7 +35,8 @@ ERR_DONE_CHANGED = (
     " (retry or branch instead)"
 )
 ERR_STARTED_DROPPED = (
-    "step {position} has already been attempted ({status}); it cannot be dropped"
+    "step {position} is {status} and has history (it was attempted or finished);"
+    " it cannot be dropped"
 )
 ERR_DONE_ORDER = (
     "finished steps must stay first and in their order; step {position} moved"
