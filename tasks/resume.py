@@ -193,7 +193,7 @@ def uncertain_decide(step: Step, env: Envelope) -> ResumeAdvice:
         if has_payload and payload_intact(cls, env.payload):
             return ResumeAdvice(
                 "class3_adopt_snapshot",
-                f"will reuse the saved {_noun(step)} snapshot",
+                f"will reuse the saved {_noun(step)}snapshot",
                 ADOPT,
             )
         if has_payload:
@@ -229,8 +229,7 @@ def uncertain_decide(step: Step, env: Envelope) -> ResumeAdvice:
 
 
 def _noun(step: Step) -> str:
-    name = step.tool.rsplit(".", 1)[-1].replace("_", " ")
-    return "search" if "search" in name else name
+    return "search " if "search" in step.tool else ""
 
 
 def resume_advice(step: Step, *, task: Task | None = None) -> ResumeAdvice:
