@@ -23,6 +23,7 @@ from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
 
 from artifacts.models import Artifact
+from artifacts.preview import preview_status
 from artifacts.store import BlobError, default_store
 from council.models import CouncilRound
 from tasks.models import Conversation, Event, Step, Task
@@ -148,7 +149,8 @@ class StepRow:
     """One timeline row: the step and what the page shows of its output."""
 
     step: Step
-    preview: str = ""  # "", "image", "render", "excerpt", "binary", "missing"
+    # "", "image", "render", "no-preview", "excerpt", "binary", "missing"
+    preview: str = ""
     excerpt: str = ""
     excerpt_truncated: bool = False
     advice: Any = None  # tasks.resume.ResumeAdvice
@@ -187,6 +189,13 @@ def _step_row(step: Step) -> StepRow:
     if artifact is None:
         return row
     row.preview = _preview_kind(artifact)
+    if row.preview == "render":
+        # A widget is shown only as its PNG preview, and only when one was
+        # rendered (recorded in the widget's own meta: no extra query).
+        state = preview_status(artifact)
+        if state.get("status") != "ok":
+            row.preview = "no-preview"
+            row.excerpt = str(state.get("reason") or "")
     if row.preview == "excerpt":
         row.excerpt, row.excerpt_truncated, missing = _excerpt(artifact)
         if missing:

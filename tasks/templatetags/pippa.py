@@ -41,3 +41,22 @@ def duration(value: timedelta | None) -> str:
 @register.filter
 def humanize_key(value: str) -> str:
     return str(value).replace("_", " ")
+
+
+@register.filter
+def from_now(value) -> str:
+    """Return "in 45 s" / "in 3 min" / "5 min ago" relative to now."""
+    from django.utils import timezone
+
+    if value is None:
+        return ""
+    seconds = int((value - timezone.now()).total_seconds())
+    ahead = seconds >= 0
+    seconds = abs(seconds)
+    if seconds < 60:
+        text = f"{seconds} s"
+    elif seconds < 3600:
+        text = f"{seconds // 60} min"
+    else:
+        text = f"{seconds // 3600} h {seconds % 3600 // 60} min"
+    return f"in {text}" if ahead else f"{text} ago"

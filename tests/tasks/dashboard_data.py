@@ -157,7 +157,8 @@ def showcase(owner, make_conversation, make_task) -> dict:
         payload=SVG_WIDGET,
         media_type="image/svg+xml",
     )[-1]
-    preview_render(artifact=widget.output)
+    preview = preview_render(artifact=widget.output)
+    TaskArtifact.objects.create(task=running, step=widget, artifact=preview)
     add_steps(running, 2, status=Step.Status.PENDING)
     Step.objects.filter(task=running, position=5).update(
         status=Step.Status.RUNNING,

@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from artifacts.models import ArtifactClass
+from artifacts.models import Artifact, ArtifactClass
 from council.models import CouncilRound, Participant, Turn
 from tasks import selectors
 from tasks.models import Step, Task
@@ -401,3 +401,56 @@ def test_the_task_page_carries_a_content_security_policy_and_no_inline_styles(
     assert "<svg" not in body
     assert "<script src" in body
     assert "nonce=" in body
+
+
+def test_a_widget_output_shows_only_its_png_preview_never_its_markup(
+    dad_client, user, make_conversation, make_task
+):
+    from artifacts.preview import preview_render
+    from tests.tasks.dashboard_data import SVG_WIDGET
+
+    task = make_task(conversation=make_conversation(owner=user), status="done")
+    widget = add_steps(
+        task,
+        1,
+        done=1,
+        artifact_class=ArtifactClass.RENDER,
+        payload=SVG_WIDGET,
+        media_type="image/svg+xml",
+    )[0].output_id
+    widget = Artifact.objects.get(pk=widget)
+    unrendered = dad_client.get(task.get_absolute_url()).content.decode()
+    assert "No picture of this image/svg+xml widget has been rendered" in unrendered
+    assert reverse("artifacts:source_text", args=[widget.pk]) in unrendered
+    assert "preview.png" not in unrendered
+    assert "<svg" not in unrendered
+
+    preview_render(artifact=widget)
+    rendered = dad_client.get(task.get_absolute_url()).content.decode()
+    assert f'src="{reverse("artifacts:preview", args=[widget.pk])}"' in rendered
+    assert "<svg" not in rendered
+    assert "<circle" not in rendered
+
+
+def test_an_image_output_is_a_thumbnail_from_our_own_origin(
+    dad_client, user, make_conversation, make_task
+):
+    from tests.tasks.dashboard_data import png_bytes
+
+    task = make_task(conversation=make_conversation(owner=user), status="done")
+    image = add_steps(
+        task,
+        1,
+        done=1,
+        artifact_class=ArtifactClass.FILE,
+        payload=png_bytes(),
+        media_type="image/png",
+    )[0].output_id
+    image = Artifact.objects.get(pk=image)
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    assert (
+        f'<img class="thumb" src="{reverse("artifacts:source", args=[image.pk])}"'
+        in body
+    )
+    assert ">file</span>" in body
+    assert f'href="{reverse("artifacts:detail", args=[image.pk])}"' in body
