@@ -436,6 +436,10 @@ class _LeaseKeeper:
             self.wake.clear()
             with self.lock:
                 held = [k for k, lost in self.held.items() if not lost]
+            if not held:
+                # Hold no idle connection (PostgreSQL would keep a backend busy).
+                conn.close()
+                continue
             for task_id, worker_id in held:
                 try:
                     with transaction.atomic(), conn.cursor() as cursor:
