@@ -126,8 +126,12 @@ def _missing(model, column: str) -> str:
 
 
 def _orphan_checks() -> list[tuple[str, str, Any, str, bool, str]]:
-    """(key, label, model, SQL condition on alias x, fixable, advice), parents first."""
-    step_gone = f"(x.step_id IS NOT NULL AND {_missing(Step, 'step_id')})"
+    """(key, label, model, SQL condition on alias x, fixable, advice), parents first.
+
+    One missing parent per check: an ``OR`` of two ``NOT EXISTS`` keeps
+    PostgreSQL from planning anti-joins (0.5 s instead of 0.03 s on 100k events).
+    """
+    step_gone = f"x.step_id IS NOT NULL AND {_missing(Step, 'step_id')}"
     return [
         ("orphan_tasks", "tasks whose conversation is gone", Task,
          _missing(Conversation, "conversation_id"), True, ""),
@@ -135,27 +139,32 @@ def _orphan_checks() -> list[tuple[str, str, Any, str, bool, str]]:
          _missing(Conversation, "conversation_id"), True, ""),
         ("orphan_participants", "council participants whose round is gone",
          Participant, _missing(CouncilRound, "round_id"), True, ""),
-        ("orphan_turns", "council turns whose round or participant is gone", Turn,
-         f"({_missing(CouncilRound, 'round_id')} OR "
-         f"{_missing(Participant, 'participant_id')})", True, ""),
+        ("orphan_turns", "council turns whose round is gone", Turn,
+         _missing(CouncilRound, "round_id"), True, ""),
+        ("orphan_participant_turns", "council turns whose participant is gone", Turn,
+         _missing(Participant, "participant_id"), True, ""),
         ("orphan_turn_links", "turn links whose turn is gone", TurnArtifact,
          _missing(Turn, "turn_id"), True, ""),
         ("orphan_steps", "steps whose task is gone", Step,
          _missing(Task, "task_id"), True, ""),
-        ("orphan_events", "events whose task or step is gone", Event,
-         f"({_missing(Task, 'task_id')} OR {step_gone})", True, ""),
-        ("orphan_links", "task links whose task or step is gone", TaskArtifact,
-         f"({_missing(Task, 'task_id')} OR {step_gone})", True, ""),
+        ("orphan_events", "events whose task is gone", Event,
+         _missing(Task, "task_id"), True, ""),
+        ("orphan_step_events", "events whose step is gone", Event, step_gone,
+         True, ""),
+        ("orphan_links", "task links whose task is gone", TaskArtifact,
+         _missing(Task, "task_id"), True, ""),
+        ("orphan_step_links", "task links whose step is gone", TaskArtifact,
+         step_gone, True, ""),
         ("dangling_task_links", "task links whose artifact is gone", TaskArtifact,
          _missing(Artifact, "artifact_id"), True, ""),
         ("dangling_turn_links", "turn links whose artifact is gone", TurnArtifact,
          _missing(Artifact, "artifact_id"), True, ""),
-        ("orphan_lineage", "lineage edges whose artifact or source is gone",
-         ArtifactSource,
-         f"({_missing(Artifact, 'artifact_id')} OR {_missing(Artifact, 'source_id')})",
-         True, ""),
+        ("orphan_lineage", "lineage edges whose derived artifact is gone",
+         ArtifactSource, _missing(Artifact, "artifact_id"), True, ""),
+        ("dangling_lineage", "lineage edges whose source artifact is gone",
+         ArtifactSource, _missing(Artifact, "source_id"), True, ""),
         ("dangling_outputs", "steps whose output artifact is gone", Step,
-         f"(x.output_id IS NOT NULL AND {_missing(Artifact, 'output_id')})", False,
+         f"x.output_id IS NOT NULL AND {_missing(Artifact, 'output_id')}", False,
          "a person must retry or branch the step: its output is lost"),
     ]  # fmt: skip
 
@@ -471,11 +480,15 @@ def doctor_run(
         return report
 
     repaired: dict[str, int] = {}
-    for key, label, model, condition, fixable, _advice in _orphan_checks():
-        if fixable and before[key][0]:
-            repaired[key] = _delete_in_chunks(
-                model, condition, label, before[key][0], progress
-            )
+    orphan_keys = []
+    # Leaves first: a set-based delete of orphan events is far cheaper than the
+    # row-by-row cascade from their orphan steps (PostgreSQL runs FK actions
+    # per row). Rows whose parent is itself an orphan go with that parent.
+    for key, label, model, condition, fixable, _advice in reversed(_orphan_checks()):
+        if fixable:
+            orphan_keys.append(key)
+            if before[key][0]:
+                _delete_in_chunks(model, condition, label, before[key][0], progress)
 
     progress("removing artifacts nothing alive keeps")
     now = timezone.now()
@@ -529,7 +542,11 @@ def doctor_run(
         still_damaged += Artifact.objects.filter(pk__in=chunk).count()
     after["damaged_blobs"] = (still_damaged, [], None)
     for finding in report.findings:
-        finding.repaired = repaired.get(finding.key, 0)
         finding.remaining = after[finding.key][0]
+        if finding.key in orphan_keys:
+            # Deleting a parent cascades to its children: count both.
+            finding.repaired = max(finding.found - finding.remaining, 0)
+        else:
+            finding.repaired = repaired.get(finding.key, 0)
     report.seconds = time.perf_counter() - started
     return report
