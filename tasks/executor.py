@@ -1051,10 +1051,11 @@ def task_resume(*, task: Task, actor: str = "") -> Task:
     entries: list = []
     if locked.lease_expired:
         _clear_stale_lease(locked, entries, actor)
-    if not locked.lease_owner:
-        Task.objects.filter(pk=locked.pk).update(
-            status=Task.Status.QUEUED, updated_at=timezone.now(), finished_at=None
-        )
+    # A worker still holding a live lease (paused mid-step) simply carries on:
+    # its next renewal accepts a queued task.
+    Task.objects.filter(pk=locked.pk).update(
+        status=Task.Status.QUEUED, updated_at=timezone.now(), finished_at=None
+    )
     entries.append((Event.Kind.TASK_QUEUED, None, {"actor": actor, "reason": "resume"}))
     events_append(task_id=locked.pk, entries=entries)
     task.refresh_from_db()

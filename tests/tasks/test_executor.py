@@ -559,3 +559,17 @@ def test_listing_a_conversations_tasks_with_progress_reads_no_step_or_event_rows
     for t in tasks:
         t.refresh_from_db()
         assert t.steps_done == Step.objects.filter(task=t, status="done").count()
+
+
+@pytest.mark.django_db
+def test_a_task_paused_and_resumed_while_its_worker_holds_the_lease_carries_on(
+    demo_task,
+):
+    task = demo_task()
+    step(task_id=task.pk, worker_id="worker:a")
+    task_pause(task=task, actor="staff:dad")
+    task_resume(task=task, actor="staff:dad")
+    outcome = step(task_id=task.pk, worker_id="worker:a")
+    assert outcome.position == 2
+    task.refresh_from_db()
+    assert (task.status, task.lease_owner) == ("running", "worker:a")
