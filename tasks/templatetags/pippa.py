@@ -45,14 +45,16 @@ def humanize_key(value: str) -> str:
 
 @register.filter
 def from_now(value) -> str:
-    """Return "in 45 s" / "in 3 min" / "5 min ago" relative to now."""
+    """Return "in 45 s", "in 3 min", "5 min ago" or "just now", relative to now."""
     from django.utils import timezone
 
     if value is None:
         return ""
-    seconds = int((value - timezone.now()).total_seconds())
-    ahead = seconds >= 0
-    seconds = abs(seconds)
+    delta = (value - timezone.now()).total_seconds()
+    if abs(delta) < 1:
+        return "just now"
+    ahead = delta > 0
+    seconds = int(abs(delta))
     if seconds < 60:
         text = f"{seconds} s"
     elif seconds < 3600:

@@ -1,0 +1,103 @@
+"""Dashboard selectors and display filters: visibility, paging, and plain wording."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from tasks import selectors
+from tasks.models import Task
+from tasks.templatetags.pippa import compact_json, duration, from_now
+from tests.tasks.dashboard_data import add_events, add_steps
+
+pytestmark = pytest.mark.django_db
+
+
+def test_conversation_list_counts_tasks_by_state_in_one_query(
+    user, make_conversation, make_task, django_assert_num_queries
+):
+    conversation = make_conversation(owner=user)
+    for status in ("running", "queued", "failed", "needs_review", "done", "paused"):
+        task = make_task(conversation=conversation, status=status)
+        add_steps(task, 2, done=1)
+    with django_assert_num_queries(1):
+        row = selectors.conversation_list(user=user).get()
+    assert row.task_count == 6
+    assert row.active_count == 2
+    assert row.attention_count == 2
+    assert row.done_count == 1
+    assert row.paused_count == 1
+    assert (row.steps_done_sum, row.steps_total_sum) == (6, 12)
+
+
+def test_conversation_list_of_a_user_hides_other_users_and_staff_see_all(
+    user, make_user, make_conversation
+):
+    make_conversation(owner=user, title="mine")
+    make_conversation(title="theirs")
+    boss = make_user(username="boss", is_staff=True)
+    assert [c.title for c in selectors.conversation_list(user=user)] == ["mine"]
+    assert selectors.conversation_list(user=boss).count() == 2
+
+
+def test_search_matches_a_task_title_without_duplicating_the_conversation(
+    user, make_conversation, make_task
+):
+    conversation = make_conversation(owner=user, title="Misc")
+    make_task(conversation=conversation, title="tomato one")
+    make_task(conversation=conversation, title="tomato two")
+    found = list(selectors.conversation_list(user=user, query="tomato"))
+    assert [c.pk for c in found] == [conversation.pk]
+    assert found[0].task_count == 2
+
+
+def test_the_current_step_page_follows_the_done_count(make_task):
+    task = make_task(steps_total=250, steps_done=0)
+    assert selectors.current_step_page(task=task) == 1
+    task.steps_done = 99
+    assert selectors.current_step_page(task=task) == 1
+    task.steps_done = 100
+    assert selectors.current_step_page(task=task) == 2
+    task.steps_done = 250  # finished: the last page, not an empty one
+    assert selectors.current_step_page(task=task) == 3
+
+
+def test_event_keyset_pages_walk_the_whole_log_once(make_task):
+    task = make_task()
+    add_events(task, selectors.EVENTS_PER_PAGE * 2 + 3)
+    seen, before = [], None
+    while True:
+        page = selectors.task_events(task=task, before=before)
+        seen += [e.seq for e in page.events]
+        if page.older_than is None:
+            break
+        before = page.older_than
+    assert seen == list(range(task.last_seq, 0, -1))
+
+
+def test_a_missing_blob_is_reported_instead_of_breaking_the_timeline(
+    user, make_conversation, make_task, blob_store
+):
+    task = make_task(
+        conversation=make_conversation(owner=user), status=Task.Status.DONE
+    )
+    step = add_steps(task, 1, done=1)[0]
+    blob_store.path(step.output.sha256).unlink()
+    _, rows = selectors.task_timeline(task=task)
+    assert rows[0].preview == "missing"
+
+
+def test_display_filters_speak_plainly():
+    assert duration(timedelta(milliseconds=850)) == "850 ms"
+    assert duration(timedelta(seconds=12.34)) == "12.3 s"
+    assert duration(timedelta(minutes=4, seconds=5)) == "4 min 5 s"
+    assert duration(timedelta(hours=2, minutes=3)) == "2 h 3 min"
+    now = timezone.now()
+    assert from_now(now + timedelta(seconds=45.5)) == "in 45 s"
+    assert from_now(now - timedelta(minutes=5, seconds=2)) == "5 min ago"
+    assert from_now(now) == "just now"
+    assert compact_json({"a": 1}) == '{"a": 1}'
+    assert compact_json({"x": "y" * 1000}).endswith("…")
+    assert len(compact_json({"x": "y" * 1000})) == 300
