@@ -409,3 +409,50 @@ def test_delete_refuses_to_run_on_a_connection_with_foreign_keys_off(user):
     assert ERR_FOREIGN_KEYS_OFF.startswith("foreign keys are off")
     assert Step.objects.count() == 3
     assert Conversation.objects.filter(pk=conversation.pk).exists()
+
+
+def delete_at_once(pk: int, barrier, errors: list) -> None:
+    """Thread body: wait for the other thread, then delete."""
+    from django.db import connections
+
+    try:
+        barrier.wait()
+        conversation_delete(conversation_id=pk)
+    except BaseException as exc:  # reported by the test
+        errors.append(exc)
+    finally:
+        connections.close_all()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_concurrent_deletes_of_conversations_sharing_an_artifact_leave_nothing(
+    make_user, make_artifact, blob_store
+):
+    """Without the lock each delete would see the other's link and keep the
+    shared artifact, and it would leak. With it, the second delete removes it."""
+    import threading
+
+    for _ in range(4):
+        shared = make_artifact()
+        owner = make_user()
+        conversations = []
+        for n in range(2):
+            conversation = Conversation.objects.create(owner=owner, title=f"c{n}")
+            task = Task.objects.create(conversation=conversation, title="t")
+            TaskArtifact.objects.create(task=task, artifact=shared)
+            conversations.append(conversation)
+        barrier = threading.Barrier(2)
+        errors: list[BaseException] = []
+        threads = [
+            threading.Thread(target=delete_at_once, args=(c.pk, barrier, errors))
+            for c in conversations
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+        assert errors == []
+        assert not Artifact.objects.filter(pk=shared.pk).exists()
+        assert not blob_store.exists(shared.sha256)
+        assert_no_leftovers()
