@@ -336,24 +336,38 @@ class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
     search_help_text = "Search task and conversation titles."
     ordering = ["-updated_at"]
     inlines = [StepInline]
-    fields = [
-        "title",
-        "conversation",
-        "status",
-        "brain",
-        "progress",
-        "lease_owner",
-        "lease_expires_at",
-        "lease_state",
-        "branched_from",
-        "branched_at",
-        "last_seq",
-        "events_link",
-        "created_at",
-        "updated_at",
-        "finished_at",
+    fieldsets = [
+        (None, {"fields": ["title", "conversation", "brain", "events_link"]}),
+        (
+            "State (read-only: changed only through the actions)",
+            {
+                "fields": [
+                    "status",
+                    "progress",
+                    "lease_owner",
+                    "lease_expires_at",
+                    "lease_state",
+                    "last_seq",
+                ]
+            },
+        ),
+        (
+            "History",
+            {
+                "fields": [
+                    "branched_from",
+                    "branched_at",
+                    "created_at",
+                    "updated_at",
+                    "finished_at",
+                ]
+            },
+        ),
     ]
-    readonly_fields = [f for f in fields if f != "title"]
+    readonly_fields = [
+        f for _name, opts in fieldsets for f in opts["fields"] if f != "title"
+    ]
+    change_form_template = "admin/tasks/task/change_form.html"
     actions = ["release_stale_lease", "resume_tasks", "branch_task"]
     change_list_template = "admin/tasks/task/change_list.html"
 

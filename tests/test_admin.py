@@ -288,6 +288,8 @@ def test_the_task_page_lists_its_steps_inline_without_edit_or_delete(
     assert 'name="steps-0-status"' not in body
     assert "steps-0-DELETE" not in body
     assert reverse("admin:tasks_step_resolve", args=[world["review"].pk]) in body
+    assert reverse("admin:tasks_task_branch", args=[world["task"].pk]) in body
+    assert "State (read-only: changed only through the actions)" in body
 
 
 # -- read-only rules ----------------------------------------------------------------
