@@ -192,3 +192,18 @@ def test_turn_context_endpoint_returns_the_stored_bytes_unchanged_by_later_turns
 def test_staff_may_open_any_round(client, make_user, council_round):
     client.force_login(make_user(is_staff=True))
     assert client.get(council_round.get_absolute_url()).status_code == 200
+
+
+@pytest.mark.django_db
+def test_round_page_queries_do_not_grow_with_the_number_of_turns(
+    dad_client, council_round, django_assert_max_num_queries
+):
+    kit = council_round.participants.get(name="Kit")
+    url = council_round.get_absolute_url()
+    with django_assert_max_num_queries(12) as few:
+        dad_client.get(url)
+    for i in range(4):
+        turn_add(council_round=council_round, participant=kit, text=f"more {i}")
+    with django_assert_max_num_queries(len(few.captured_queries)):
+        response = dad_client.get(url)
+    assert b"more 3" in response.content
