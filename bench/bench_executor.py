@@ -26,6 +26,7 @@ import statistics
 import time
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -174,7 +175,7 @@ class RawExecutor:
         )
         db.execute("COMMIT")
         # The call, then the durable blob.
-        result = _bench_tool(type("C", (), {"step_id": step_id})())
+        result = _bench_tool(SimpleNamespace(step_id=step_id))
         put = self.store.put_bytes(result.data)
         # 2. payload_persisted.
         db.execute("BEGIN IMMEDIATE")
