@@ -650,10 +650,8 @@ class StepAdmin(RepairPermissionMixin, admin.ModelAdmin):
 
     @admin.display(description="what resume will do")
     def resume_words(self, obj):
-        try:
-            from tasks.resume import resume_advice
-        except ImportError:
-            return "—"
+        from tasks.resume import resume_advice
+
         return resume_advice(obj).words
 
     @admin.display(description="resolutions the class rules allow")
