@@ -813,3 +813,38 @@ def test_the_task_list_links_to_the_doctor(staff_client):
     body = staff_client.get(reverse("admin:tasks_task_changelist")).content.decode()
     assert reverse(DOCTOR) in body
     assert "Run the doctor" in body
+
+
+def test_rerendering_from_the_admin_equals_calling_preview_render(
+    staff_client, make_task, make_artifact
+):
+    from artifacts.preview import preview_render
+
+    widgets = [
+        _kept_artifact(
+            make_task,
+            make_artifact,
+            data=SVG.replace(b"#36c", colour),
+            media_type="image/svg+xml",
+            artifact_class=ArtifactClass.RENDER,
+            title="bar chart",
+        )[1]
+        for colour in (b"#36c", b"#c63")
+    ]
+    by_admin, by_service = widgets
+    _run_action(
+        staff_client,
+        "admin:artifacts_artifact_changelist",
+        "rerender_previews",
+        [by_admin.pk],
+    )
+    direct = preview_render(artifact=by_service)
+    by_admin.refresh_from_db()
+    by_service.refresh_from_db()
+    via_admin = Artifact.objects.get(pk=by_admin.meta["preview"]["artifact_id"])
+    assert by_admin.meta["preview"]["status"] == by_service.meta["preview"]["status"]
+    assert direct.pk == by_service.meta["preview"]["artifact_id"]
+    for preview, widget in ((via_admin, by_admin), (direct, by_service)):
+        assert preview.media_type == "image/png"
+        assert preview.artifact_class == ArtifactClass.RENDER
+        assert list(preview.sources.all()) == [widget]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib.admin.models import DELETION, LogEntry
 from django.urls import reverse
 
 import tasks.services
@@ -96,6 +97,8 @@ def test_deleting_one_conversation_in_the_admin_runs_the_service_and_leaves_noth
     assert response.status_code == 302
     assert spy_delete == [first.pk]
     assert not Conversation.objects.filter(pk=first.pk).exists()
+    entry = LogEntry.objects.get(action_flag=DELETION, object_id=str(first.pk))
+    assert entry.user.username == "operator"
     assert Artifact.objects.filter(pk=shared["closes"].pk).exists()
     assert_no_leftovers(before)
     listing = staff_client.get(response["Location"])
