@@ -24,10 +24,7 @@ from tasks.services import event_append
 
 # User-facing messages (tests assert them).
 MSG_LEASE_RELEASED = "Released the stale lease of {n} task(s)."
-MSG_LEASE_NOT_STALE = (
-    "Left {n} task(s) alone: their lease is live or there is none "
-    "(only a stale lease can be released here)."
-)
+MSG_LEASE_NOT_STALE = "Left {n} task(s) alone: they hold no lease."
 MSG_RESUMED = "Queued {n} task(s) for the worker."
 MSG_RETRIED = "Step {step} will run again."
 MSG_RESOLVED = "Step {step}: {words}"
@@ -62,6 +59,10 @@ RESOLVE_WORDS = {
         "Skip the step: it gets no output and the task continues with the next step."
     ),
 }
+RERUN_OUTSIDE_EFFECTS = (
+    " The tool has outside effects: the call goes out again (with the same "
+    "idempotency key), so check first that the first call did not land."
+)
 RESOLVE_LABELS = {
     "adopt": "Adopt the persisted payload",
     "rerun": "Allow one more run",
@@ -750,7 +751,17 @@ class StepAdmin(RepairPermissionMixin, admin.ModelAdmin):
             "step": step,
             "task": step.task,
             "options": [
-                (o, RESOLVE_LABELS.get(o, o), RESOLVE_WORDS.get(o, "")) for o in options
+                (
+                    o,
+                    RESOLVE_LABELS.get(o, o),
+                    RESOLVE_WORDS.get(o, "")
+                    + (
+                        RERUN_OUTSIDE_EFFECTS
+                        if o == "rerun" and step.side_effects
+                        else ""
+                    ),
+                )
+                for o in options
             ],
             "advice": self.resume_words(step),
             "change_url": change_url,

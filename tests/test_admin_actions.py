@@ -398,6 +398,8 @@ def test_a_step_with_outside_effects_goes_to_review_and_can_be_skipped(
     )
     assert _resolve_url(step) in listing.content.decode()
     assert "skip" in step_resolve_options(step)
+    page = staff_client.get(_resolve_url(step)).content.decode()
+    assert escape(tasks_admin.RERUN_OUTSIDE_EFFECTS.strip()) in page
     staff_client.post(_resolve_url(step), {"action": "skip"})
     step.refresh_from_db()
     assert step.status == Step.Status.SKIPPED
