@@ -92,6 +92,10 @@ def test_dad_opens_a_conversation_and_a_task_at_desktop_and_phone_widths(
             thumbs.nth(i).evaluate("img => img.decode().then(() => img.naturalWidth)")
             assert thumbs.nth(i).evaluate("img => img.naturalWidth") > 0
         page.evaluate("window.scrollTo(0, 0)")
+        summary = page.locator("summary:has(#resume-heading)")
+        summary.focus()
+        page.keyboard.press("Enter")  # keyboard opens the panel; htmx loads it
+        expect(page.locator("pre.json")).to_contain_text('"schema": "pippa.resume/1"')
         screenshot(page, f"dashboard-task-running-{name}")
 
 
@@ -146,6 +150,12 @@ def test_a_running_tasks_timeline_updates_live_and_stops_polling_when_done(
     assert page.locator("#timeline").get_attribute("hx-trigger") is None
     assert child.wait(timeout=60) == 0
     screenshot(page, "dashboard-live-done")
+
+    # The event log filters by kind in place.
+    page.select_option("#event-kind", "tool_result_persisted")
+    expect(page.locator("#events tbody tr")).to_have_count(3)
+    expect(page.locator("#events tbody")).not_to_contain_text("task created")
+    assert _not_reloaded(page)
 
 
 def test_dad_retries_a_failed_step_and_watches_it_finish(
