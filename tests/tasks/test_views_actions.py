@@ -324,3 +324,13 @@ def test_staff_may_retry_anyones_step_and_are_named_in_the_event(
     assert client.post(_actions(task, failed)["retry"]).status_code == 302
     retried = Event.objects.get(task=task, kind=Event.Kind.STEP_RETRIED)
     assert retried.data["actor"] == "staff:boss"
+
+
+def test_an_uncertain_step_with_outside_effects_warns_before_running_it_again(
+    dad_client, conversation
+):
+    task = _crashed(conversation, "demo.notify", "after_started")
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    assert "This tool acts outside Pippa" in body
+    assert 'value="rerun"' in body
+    assert "Run the same call again" in body
