@@ -323,11 +323,11 @@ class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
     list_display = [
         "id",
         "title",
-        "conversation",
         "status",
-        "brain",
-        "progress",
         "lease_shown",
+        "progress",
+        "brain",
+        "conversation",
         "updated_at",
     ]
     list_display_links = ["id", "title"]
@@ -587,21 +587,19 @@ class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
 
 @admin.register(Step)
 class StepAdmin(RepairPermissionMixin, admin.ModelAdmin):
+    # Status and the repair link first: they are what an operator scans for.
     list_display = [
         "id",
-        "task",
-        "position",
-        "title",
-        "tool",
-        "artifact_class",
+        "step_shown",
         "status",
-        "attempts_shown",
-        "side_effects",
-        "output",
         "repair_link",
+        "task",
+        "artifact_class",
+        "attempts_shown",
+        "tool",
     ]
-    list_display_links = ["id", "title"]
-    list_select_related = ["task", "output"]
+    list_display_links = ["id", "step_shown"]
+    list_select_related = ["task"]
     list_filter = [
         NeedsReviewFilter,
         "status",
@@ -644,6 +642,10 @@ class StepAdmin(RepairPermissionMixin, admin.ModelAdmin):
     @admin.display(description="attempts")
     def attempts_shown(self, obj):
         return f"{obj.attempts}/{obj.max_attempts}"
+
+    @admin.display(description="step", ordering="position")
+    def step_shown(self, obj):
+        return f"{obj.position}. {obj.title}"
 
     @admin.display(description="repair")
     def repair_link(self, obj):

@@ -462,3 +462,34 @@ def test_deleting_an_artifact_nothing_keeps_removes_its_row_and_its_blob(
     assert response.status_code == 302
     assert not Artifact.objects.filter(pk=orphan.pk).exists()
     assert not blob_store.exists(orphan.sha256)
+
+
+def _queries_for(client, url: str) -> int:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as ctx:
+        assert client.get(url).status_code == 200
+    return len(ctx.captured_queries)
+
+
+@pytest.mark.parametrize("model", [Task, Step, Event, Artifact, TaskArtifact])
+def test_list_pages_do_not_run_more_queries_with_more_rows(
+    staff_client, make_task, make_artifact, model
+):
+    def add_rows(n: int) -> None:
+        for _ in range(n):
+            task = make_task(brain="claude")
+            artifact = make_artifact()
+            step = Step.objects.create(
+                task=task, position=1, title="s", tool="t", status="needs_review"
+            )
+            TaskArtifact.objects.create(task=task, step=step, artifact=artifact)
+            event_append(task_id=task.pk, step_id=step.pk, kind="tool_call_started")
+
+    url = _changelist(model)
+    add_rows(2)
+    few = _queries_for(staff_client, url)
+    add_rows(20)
+    many = _queries_for(staff_client, url)
+    assert many == few
