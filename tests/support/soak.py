@@ -1,6 +1,10 @@
 """Child process for the randomized crash soak.
 
-Usage: python -m tests.support.soak SUMMARY_JSON KILLS SEED
+Usage: python -m tests.support.soak SUMMARY_JSON KILLS SEED CONVERSATION_ID
+
+Work is topped up in small batches (tasks of mixed classes in CONVERSATION_ID)
+whenever nothing is runnable, so the number of kills, not the size of a
+pre-made backlog, bounds the run.
 
 A "zygote": it sets Django up once, then forks one worker life after another.
 Each life steps runnable tasks and is SIGKILLed at a random moment: either at
@@ -38,6 +42,7 @@ def main() -> int:
     from tests.support.executing import check_invariants, invocations
 
     summary_path, kills_wanted, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    conversation_id = int(sys.argv[4])
     tools_load(["tests.support.tools"])
     rng = random.Random(seed)
     summary = {"lives": 0, "kills": 0, "boundary_kills": 0, "timer_kills": 0}
@@ -45,7 +50,7 @@ def main() -> int:
     try:
         while summary["kills"] < kills_wanted:
             if not Task.objects.runnable().exists():
-                break
+                _top_up(conversation_id, summary)
             life = summary["lives"]
             worker_id = f"soak:{life}"
             by_timer = rng.random() < 0.5
@@ -117,6 +122,43 @@ def main() -> int:
     with open(summary_path, "w") as fh:
         json.dump(summary, fh)
     return 0
+
+
+PATTERN = [
+    {"title": "fetch", "tool": "test.fetch", "args": {"size": 1024}},
+    {"title": "file", "tool": "test.file", "args": {"size": 1024}},
+    {"title": "snapshot", "tool": "test.snapshot", "args": {"size": 1024}},
+]
+
+
+def soak_plan(repeats: int) -> list[dict]:
+    """Rounds of fetch (2), file (1), snapshot (3) and a render (4) of the fetch."""
+    steps = []
+    for r in range(repeats):
+        steps += [{**entry, "max_attempts": 1000} for entry in PATTERN]
+        steps.append(
+            {
+                "title": "render",
+                "tool": "test.render",
+                "args": {"source": 4 * r + 1},
+                "max_attempts": 1000,
+            }
+        )
+    return steps
+
+
+def _top_up(conversation_id: int, summary: dict, tasks: int = 8) -> None:
+    from tasks.models import Conversation
+    from tasks.plan import task_create
+
+    conversation = Conversation.objects.get(pk=conversation_id)
+    for _ in range(tasks):
+        task_create(
+            conversation=conversation,
+            title=f"soak {summary.get('tasks', 0)}",
+            steps=soak_plan(2),
+        )
+        summary["tasks"] = summary.get("tasks", 0) + 1
 
 
 def _check_calls_follow_starts(calls) -> None:
