@@ -11,7 +11,8 @@ from collections import defaultdict
 import pytest
 from django.core.management import call_command
 
-from tasks.models import Event, Step
+from tasks.executor import task_resume
+from tasks.models import Event, Step, Task
 from tasks.plan import task_create
 from tasks.tools import tools_load
 from tests.conftest import REPO
@@ -73,13 +74,29 @@ def test_two_workers_racing_never_run_one_step_twice_and_never_hit_a_lock_error(
 ):
     conversation = make_conversation()
     tasks = [
-        task_create(conversation=conversation, title=f"race {i}", steps=PLAN)
+        task_create(
+            conversation=conversation, title=f"race {i}", steps=PLAN, queue=False
+        )
         for i in range(24)
     ]
-    procs = [spawn(f"worker:{name}", "--until-idle", "-v", "0") for name in "ab"]
+    procs = [spawn(f"worker:{name}", "--poll", "0.05") for name in "ab"]
+    # Both workers are up and polling before any work appears.
+    for proc in procs:
+        assert "stepping runnable tasks" in proc.stdout.readline()
+    for task in tasks:
+        task_resume(task=task, actor="test")
+    deadline = time.monotonic() + 120
+    while (
+        Task.objects.filter(pk__in=[t.pk for t in tasks])
+        .exclude(status="done")
+        .exists()
+    ):
+        assert time.monotonic() < deadline, "the workers did not finish"
+        time.sleep(0.1)
     errors = []
     for proc in procs:
-        _, err = proc.communicate(timeout=180)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
         errors.append(err)
     assert not any("database is locked" in err for err in errors), errors
@@ -146,15 +163,15 @@ def test_a_long_call_keeps_its_lease_alive_and_no_one_takes_it_over(
     task = task_create(
         conversation=make_conversation(),
         title="long",
-        steps=[{"title": "long", "tool": "test.fetch", "args": {"sleep": 3.5}}],
+        steps=[{"title": "long", "tool": "test.fetch", "args": {"sleep": 6}}],
     )
-    first = spawn("worker:long", "--until-idle", lease_seconds=1)
+    first = spawn("worker:long", "--until-idle", lease_seconds=3)
     deadline = time.monotonic() + 60
     while not Step.objects.filter(task=task, status="running").exists():
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    time.sleep(1.5)  # longer than the lease: only renewal keeps it
-    second = spawn("worker:eager", "--until-idle", lease_seconds=1)
+    time.sleep(3.5)  # longer than the lease: only renewal keeps it
+    second = spawn("worker:eager", "--until-idle", lease_seconds=3)
     for proc in (first, second):
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
