@@ -120,6 +120,7 @@ class ArtifactAdmin(admin.ModelAdmin):
         "verified_at",
         "meta",
         "kept_by",
+        "preview_shown",
         "derived_shown",
         "links",
         "created_at",
@@ -155,6 +156,23 @@ class ArtifactAdmin(admin.ModelAdmin):
         return format_html(
             "<ul>{}</ul>", format_html_join("", "<li>{}</li>", ((r,) for r in reasons))
         )
+
+    @admin.display(description="preview")
+    def preview_shown(self, obj):
+        from artifacts.preview import WIDGET_MEDIA_TYPES, preview_status
+
+        if obj.media_type not in WIDGET_MEDIA_TYPES:
+            return "— (not a widget)"
+        status = preview_status(obj)
+        if status.get("status") == "ok":
+            return format_html(
+                '<img src="{}" alt="PNG preview of artifact {}" width="320">',
+                reverse("artifacts:preview", args=[obj.pk]),
+                obj.pk,
+            )
+        if status.get("status") == "failed":
+            return f"failed: {status.get('reason', '')} (the re-render action retries)"
+        return "not rendered yet (use the re-render action)"
 
     @admin.display(description="derived artifacts")
     def derived_shown(self, obj):

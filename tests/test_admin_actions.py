@@ -702,6 +702,10 @@ def test_rerendering_a_widget_preview_stores_the_png_and_logs_the_staff_user(
     assert event.data["actor"] == ACTOR
     assert event.data["action"] == "preview_render"
     assert event.data["preview_id"] == preview_id
+    page = staff_client.get(
+        reverse("admin:artifacts_artifact_change", args=[widget.pk])
+    ).content.decode()
+    assert f'src="{reverse("artifacts:preview", args=[widget.pk])}"' in page
 
 
 def test_rerendering_something_that_is_not_a_widget_is_refused(
@@ -745,6 +749,10 @@ def test_a_widget_that_cannot_render_is_reported_and_logged(
     event = _last_event(task, Event.Kind.ADMIN_ACTION)
     assert event.data["preview"] == "failed"
     assert event.data["actor"] == ACTOR
+    page = staff_client.get(
+        reverse("admin:artifacts_artifact_change", args=[widget.pk])
+    ).content.decode()
+    assert "failed: " in page
 
 
 # -- the doctor ---------------------------------------------------------------------------

@@ -150,9 +150,21 @@ def test_an_operator_finds_a_stale_lease_releases_it_and_the_task_resumes(
 
 
 def test_the_repair_pages_run_under_the_sites_csp_without_blocked_resources(
-    operator_page, make_conversation, screenshot, console_errors
+    operator_page, make_conversation, make_artifact, screenshot, console_errors
 ):
+    from artifacts.preview import preview_render
+
     page = operator_page
+    widget = make_artifact(
+        data=(
+            b'<svg xmlns="http://www.w3.org/2000/svg" width="60" height="30">'
+            b'<rect width="60" height="30" fill="#2a7"/></svg>'
+        ),
+        media_type="image/svg+xml",
+        artifact_class=ArtifactClass.RENDER,
+        title="green widget",
+    )
+    assert preview_render(artifact=widget) is not None
     # A tool with outside effects died mid-call: resume sends it to a person.
     task = _task_left_by_a_dead_worker(make_conversation, "browseradmin_post")
     executor.step(task_id=task.pk, worker_id="worker:live-host")
@@ -168,6 +180,7 @@ def test_the_repair_pages_run_under_the_sites_csp_without_blocked_resources(
         "admin-branch": f"/admin/tasks/task/{task.pk}/branch/",
         "admin-doctor": "/admin/tasks/task/doctor/",
         "admin-artifacts": "/admin/artifacts/artifact/",
+        "admin-artifact-widget": f"/admin/artifacts/artifact/{widget.pk}/change/",
         "admin-conversation-delete": (
             f"/admin/tasks/conversation/{task.conversation_id}/delete/"
         ),
@@ -179,6 +192,9 @@ def test_the_repair_pages_run_under_the_sites_csp_without_blocked_resources(
         assert response.status == 200, url
         assert "default-src 'self'" in response.headers["content-security-policy"]
         screenshot(page, name)
+        if name == "admin-artifact-widget":
+            image = page.get_by_alt_text(f"PNG preview of artifact {widget.pk}")
+            assert image.evaluate("img => img.complete && img.naturalWidth > 0")
         if name == "admin-resolve":
             assert page.get_by_label("Allow one more run").is_visible()
             assert page.get_by_label("Skip").is_visible()
