@@ -59,6 +59,7 @@ REASON_TOO_LARGE = f"widget is larger than the {MAX_INPUT_BYTES // 1024} KiB ren
 REASON_TIMEOUT = f"render ran past its {WALL_SECONDS:g} s time cap"
 REASON_CPU = "render ran past its CPU time cap"
 REASON_KILLED = "render was killed (memory or time cap)"
+REASON_MEMORY = "render ran out of its memory cap"
 REASON_NO_OUTPUT = "renderer produced no image"
 REASON_BLOB_MISSING = "widget blob is missing"
 REASON_NOT_A_WIDGET = "not a widget (SVG or HTML)"
@@ -129,7 +130,7 @@ def render_png(*, data: bytes, media_type: str) -> RenderResult:
     if code in (3, 4) and last:
         return RenderResult(None, last)
     if "MemoryError" in err.decode("utf-8", "replace"):
-        return RenderResult(None, "render ran out of its memory cap")
+        return RenderResult(None, REASON_MEMORY)
     log.warning("render worker exited %s: %s", code, last)
     return RenderResult(None, REASON_WORKER)
 

@@ -13,7 +13,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_POST, require_safe
 
 from artifacts.models import Artifact
 from artifacts.preview import preview_artifact_for, preview_status
@@ -78,7 +78,7 @@ def _not_modified(request: HttpRequest, artifact: Artifact) -> bool:
     return request.headers.get("If-None-Match") == f'"{artifact.sha256}"'
 
 
-@require_GET
+@require_safe
 @login_required
 def artifact_source(request: HttpRequest, artifact_id: int) -> HttpResponse:
     artifact = artifact_get_for_user(user=request.user, artifact_id=artifact_id)
@@ -86,7 +86,7 @@ def artifact_source(request: HttpRequest, artifact_id: int) -> HttpResponse:
     return _payload_response(artifact, download=download)
 
 
-@require_GET
+@require_safe
 @login_required
 def artifact_preview(request: HttpRequest, artifact_id: int) -> HttpResponse:
     artifact = artifact_get_for_user(user=request.user, artifact_id=artifact_id)

@@ -352,3 +352,12 @@ def test_a_benign_widget_still_renders_next_to_the_hostile_ones(canary, listener
     assert preview.artifact_class == ArtifactClass.RENDER
     assert canary.close() is False
     assert listener.close() == 0
+
+
+def test_the_render_process_runs_under_its_memory_cap(monkeypatch):
+    # A cap below what the renderer needs to start proves the limit is set in
+    # the child and that running out fails closed with a plain reason.
+    monkeypatch.setitem(preview_mod.CAPS, "memory_bytes", 40 * 1024 * 1024)
+    result = render_png(data=SVG_OPEN + b"</svg>", media_type="image/svg+xml")
+    assert result.ok is False
+    assert result.reason == "render ran out of its memory cap"

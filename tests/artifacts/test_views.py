@@ -294,3 +294,12 @@ def test_detail_hides_derived_artifacts_kept_only_by_someone_else(
     page = dad_client.get(reverse("artifacts:detail", args=[data.pk])).content
     assert b"Their secret chart" not in page
     assert b"Nothing was derived from it." in page
+
+
+@pytest.mark.django_db
+def test_source_answers_head_requests_with_the_same_headers(dad_client, owned):
+    _, artifact = owned
+    response = dad_client.head(reverse("artifacts:source", args=[artifact.pk]))
+    assert response.status_code == 200
+    assert response["X-Content-Type-Options"] == "nosniff"
+    assert "sandbox" in response["Content-Security-Policy"]
