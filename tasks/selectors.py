@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.paginator import Page, Paginator
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404
 
@@ -81,6 +81,18 @@ def conversation_list(*, user, query: str = "") -> QuerySet[Conversation]:
             paused_count=Count("tasks", filter=Q(tasks__status=Task.Status.PAUSED)),
             steps_total_sum=Coalesce(Sum("tasks__steps_total"), 0),
             steps_done_sum=Coalesce(Sum("tasks__steps_done"), 0),
+            # A subquery, not a second join: joining rounds too would multiply
+            # the task rows and inflate every sum above.
+            round_count=Coalesce(
+                Subquery(
+                    CouncilRound.objects.filter(conversation=OuterRef("pk"))
+                    .order_by()
+                    .values("conversation")
+                    .annotate(n=Count("pk"))
+                    .values("n")[:1]
+                ),
+                0,
+            ),
         )
         .order_by("-updated_at", "-pk")
     )

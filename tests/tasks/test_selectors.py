@@ -101,3 +101,19 @@ def test_display_filters_speak_plainly():
     assert compact_json({"a": 1}) == '{"a": 1}'
     assert compact_json({"x": "y" * 1000}).endswith("…")
     assert len(compact_json({"x": "y" * 1000})) == 300
+
+
+def test_council_rounds_are_counted_without_inflating_the_task_sums(
+    user, make_conversation, make_task
+):
+    from council.models import CouncilRound
+
+    conversation = make_conversation(owner=user)
+    for n in (1, 2, 3):
+        CouncilRound.objects.create(conversation=conversation, number=n, topic="t")
+    for _ in range(2):
+        add_steps(make_task(conversation=conversation), 4, done=1)
+    row = selectors.conversation_list(user=user).get()
+    assert row.round_count == 3
+    assert row.task_count == 2
+    assert (row.steps_done_sum, row.steps_total_sum) == (2, 8)
