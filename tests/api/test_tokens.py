@@ -98,3 +98,17 @@ def test_the_token_page_needs_a_login(client):
     response = client.get("/settings/tokens/")
     assert response.status_code == 302
     assert response["Location"].startswith("/login/")
+
+
+def test_staff_can_revoke_a_token_in_the_admin_but_not_create_one(client, make_user):
+    staff = make_user(username="op", is_staff=True, is_superuser=True)
+    new = token_create(user=make_user(), name="leaked")
+    client.force_login(staff)
+    assert client.get("/admin/pippa_site/apitoken/add/").status_code == 403
+    response = client.post(
+        "/admin/pippa_site/apitoken/",
+        {"action": "revoke", "_selected_action": [new.token.pk]},
+        follow=True,
+    )
+    assert b"Revoked 1 token" in response.content
+    assert ApiToken.objects.get(pk=new.token.pk).revoked_at is not None
