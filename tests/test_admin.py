@@ -128,6 +128,17 @@ def test_staff_see_every_pippa_model_on_the_admin_index(staff_client):
         assert name in response.content, name
 
 
+def test_the_admin_index_points_the_operator_at_what_needs_repair(staff_client):
+    body = staff_client.get("/admin/").content.decode()
+    for url in [
+        reverse("admin:tasks_task_changelist") + "?lease_expired=yes",
+        reverse("admin:tasks_step_changelist") + "?needs_review=yes",
+        reverse("admin:artifacts_artifact_changelist") + "?integrity__exact=corrupt",
+        reverse("admin:tasks_doctor"),
+    ]:
+        assert f'href="{url}"' in body, url
+
+
 def test_every_list_and_change_page_renders_for_staff(staff_client, world):
     objects = [
         world["conversation"],
