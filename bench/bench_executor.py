@@ -14,15 +14,14 @@ in the same three commits the design requires:
    ``tool_result_persisted``; COMMIT.
 
 SQLite in WAL mode with synchronous=NORMAL on both sides (the project's
-settings). Rounds alternate raw and executor so a swing in fsync latency hits
-both; the figure is the median round.
+settings). The sides alternate every 20 steps so a swing in fsync latency
+hits both; each figure is total steps over total time.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-import statistics
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -67,26 +66,35 @@ def _make_tasks(conversation: Conversation, steps: int) -> list[int]:
     return ids
 
 
-def _run_executor(task_ids: list[int], steps: int) -> float:
-    done = 0
-    started = time.perf_counter()
-    for task_id in task_ids:
+class ExecutorSide:
+    """Steps through ``tasks.executor.step``, a chunk at a time."""
+
+    def __init__(self, task_ids: list[int]):
+        self.task_ids = list(task_ids)
+
+    def run(self, steps: int) -> float:
+        """Do ``steps`` steps; return the elapsed seconds."""
+        done = 0
+        started = time.perf_counter()
         while done < steps:
-            outcome = step(task_id=task_id, worker_id="bench:executor")
+            outcome = step(task_id=self.task_ids[0], worker_id="bench:executor")
             if outcome is None or outcome.position is None:
-                break
+                self.task_ids.pop(0)
+                continue
             done += 1
             if outcome.task_status != Task.Status.RUNNING:
-                break
-    elapsed = time.perf_counter() - started
-    assert done == steps, (done, steps)
-    return steps / elapsed
+                self.task_ids.pop(0)
+        return time.perf_counter() - started
 
 
 class RawExecutor:
     """The same writes through the sqlite3 module, with no framework in between."""
 
-    def __init__(self, db_path: str, blob_dir: Path, fsync: bool = True):
+    def __init__(
+        self, db_path: str, blob_dir: Path, task_ids: list[int], fsync: bool = True
+    ):
+        self.task_ids = list(task_ids)
+        self.current: int | None = None
         self.db = sqlite3.connect(db_path, isolation_level=None, timeout=30)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
@@ -243,16 +251,19 @@ class RawExecutor:
         db.execute("COMMIT")
         return True
 
-    def run(self, task_ids: list[int], steps: int) -> float:
+    def run(self, steps: int) -> float:
+        """Do ``steps`` steps on this side's tasks; return the elapsed seconds."""
         done = 0
         started = time.perf_counter()
-        for task_id in task_ids:
-            self.take(task_id)
-            while done < steps and self.step(task_id):
+        while done < steps:
+            if self.current is None:
+                self.current = self.task_ids.pop(0)
+                self.take(self.current)
+            if self.step(self.current):
                 done += 1
-        elapsed = time.perf_counter() - started
-        assert done == steps, (done, steps)
-        return steps / elapsed
+            else:
+                self.current = None
+        return time.perf_counter() - started
 
 
 def run(report) -> None:
@@ -261,8 +272,10 @@ def run(report) -> None:
     )
     user, _ = get_user_model().objects.get_or_create(username="bench")
     conversation = Conversation.objects.create(owner=user, title="bench")
-    rounds = 3
-    per_round = 100 if report.quick else 400
+    # The two sides alternate in chunks of a few steps, so a swing in fsync
+    # latency (it moves 10x with the machine's load) hits both alike.
+    total = 300 if report.quick else 1200
+    chunk = 20
     db_path = settings.DATABASES["default"]["NAME"]
     if connection.vendor != "sqlite":
         print("  executor bench needs SQLite (the raw baseline is sqlite3); skipped")
@@ -271,21 +284,23 @@ def run(report) -> None:
     def measure(fsync: bool) -> tuple[float, float]:
         settings.PIPPA_FSYNC = fsync
         raw = RawExecutor(
-            db_path, Path(settings.BLOB_DIR).parent / f"raw-blobs-{fsync}", fsync=fsync
+            db_path,
+            Path(settings.BLOB_DIR).parent / f"raw-blobs-{fsync}",
+            _make_tasks(conversation, total),
+            fsync=fsync,
         )
-        raw_rates, ex_rates = [], []
-        for _ in range(rounds):
-            raw_rates.append(raw.run(_make_tasks(conversation, per_round), per_round))
-            ex_rates.append(
-                _run_executor(_make_tasks(conversation, per_round), per_round)
-            )
+        ex = ExecutorSide(_make_tasks(conversation, total))
+        raw_time = ex_time = 0.0
+        for _ in range(total // chunk):
+            raw_time += raw.run(chunk)
+            ex_time += ex.run(chunk)
         raw.db.close()
-        return statistics.median(ex_rates), statistics.median(raw_rates)
+        return total / ex_time, total / raw_time
 
     ex, raw = measure(True)
     report.add(
         group="executor",
-        figure=f"durable steps/s (1 KiB payload, blob fsync'd, 3 commits; {rounds}x{per_round})",
+        figure=f"durable steps/s (1 KiB payload, blob fsync'd, 3 commits; {total} steps)",
         value=ex,
         baseline_name="raw sqlite3, same writes and commits",
         baseline=raw,
