@@ -306,6 +306,17 @@ class StepInline(admin.TabularInline):
         return _resolve_link(obj)
 
 
+def _branch_choices(steps: list[Step]) -> list[tuple[int, str, list[Step]]]:
+    """Return (k, label, kept steps) for every k a branch may keep: 0 up to the
+    last step of the unbroken run of finished steps (task_branch's rule)."""
+    choices = [(0, "Keep no step: start the plan over", [])]
+    for n, step in enumerate(steps, start=1):
+        if step.status not in (Step.Status.DONE, Step.Status.SKIPPED):
+            break
+        choices.append((n, f"Keep steps 1–{n}, continue from step {n + 1}", steps[:n]))
+    return choices
+
+
 def _resolve_link(step: Step) -> str:
     # A cheap guess for list pages; the page itself asks step_resolve_options.
     if step.status not in (
@@ -527,6 +538,7 @@ class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
             "opts": self.opts,
             "task": task,
             "steps": steps,
+            "choices": _branch_choices(steps),
             "change_url": change_url,
         }
         return TemplateResponse(request, "admin/tasks/task/branch.html", context)

@@ -558,6 +558,9 @@ def test_branching_keeps_steps_one_to_k_and_logs_the_staff_user_on_both_tasks(
 
 def test_branching_after_an_unfinished_step_is_refused(staff_client, make_conversation):
     task, _ = _failed_task(make_conversation)
+    page = staff_client.get(reverse("admin:tasks_task_branch", args=[task.pk]))
+    offered = [k for k, _label, _kept in page.context["choices"]]
+    assert offered == [0]
     response = staff_client.post(
         reverse("admin:tasks_task_branch", args=[task.pk]),
         {"after_position": "1"},
