@@ -172,10 +172,11 @@ def api_artifact_upload(
     1. Check the step belongs to the task, before any I/O.
     2. Stream the body into the blob store (at most one chunk in memory);
        over ``max_bytes`` raises ``BlobTooLarge`` and leaves no blob.
-    3. In one transaction: the artifact row (dedup by sha), its lineage and
-       the task link. A failure here leaves at worst an unreferenced blob,
+    3. In one transaction: the artifact row (dedup by sha: an existing row is
+       reused as it is, lineage included), its lineage and the task link. A failure here leaves at worst an unreferenced blob,
        which the doctor sweeps ("write before show").
     """
+    from artifacts.models import Artifact
     from artifacts.services import _check_class, artifact_record, blob_put
     from tasks.models import Step, TaskArtifact
 
@@ -184,6 +185,10 @@ def api_artifact_upload(
         raise UploadError(ERR_BAD_STEP.format(id=step_id, task=task.pk))
     put = blob_put(stream=stream, max_bytes=max_bytes)
     with transaction.atomic():
+        # Content addressing: bytes stored before keep their first writer's
+        # class, title and lineage; an upload never edits a shared row.
+        if Artifact.objects.filter(sha256=put.sha256).exists():
+            source_ids = ()
         artifact = artifact_record(
             put=put,
             media_type=media_type,

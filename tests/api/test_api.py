@@ -394,3 +394,29 @@ def test_another_users_council_round_is_a_404(make_api_client):
 def test_the_blob_store_fixture_is_this_tests_own(blob_store, settings):
     assert isinstance(blob_store, BlobStore)
     assert str(blob_store.root) == str(settings.BLOB_DIR)
+
+
+def test_uploading_bytes_that_exist_reuses_the_row_without_editing_its_lineage(
+    make_api_client,
+):
+    owner, other = make_api_client(), make_api_client()
+    first = new_task(owner)
+    run(owner, first["id"])
+    source = Step.objects.get(task_id=first["id"], position=1).output_id
+    url = upload_url(first["id"], artifact_class=4, title="mine", source_refs=[source])
+    created = owner.upload(url, b"<svg>same bytes</svg>").json()
+    second = new_task(other)
+    run(other, second["id"])
+    their_source = Step.objects.get(task_id=second["id"], position=1).output_id
+    again = other.upload(
+        upload_url(second["id"], artifact_class=3, source_refs=[their_source]),
+        b"<svg>same bytes</svg>",
+    )
+    assert again.status_code == 201
+    assert again.json()["id"] == created["id"]
+    assert again.json()["artifact_class"] == 4
+    assert list(
+        ArtifactSource.objects.filter(artifact_id=created["id"]).values_list(
+            "source_id", flat=True
+        )
+    ) == [source]
