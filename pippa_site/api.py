@@ -92,7 +92,15 @@ def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpRespons
         request,
         {
             "detail": ERR_INVALID.format(reasons="; ".join(reasons)),
-            "errors": exc.errors,
+            # Only the plain parts: pydantic's ctx may hold non-JSON objects.
+            "errors": [
+                {
+                    "loc": [str(p) for p in err.get("loc", ())],
+                    "msg": str(err.get("msg", "")),
+                    "type": str(err.get("type", "")),
+                }
+                for err in exc.errors[:50]
+            ],
         },
         status=422,
     )
