@@ -21,14 +21,33 @@ MSG_QUEUED = "Queued “{title}” for the worker."
 MSG_RETRIED = "Step {position} will run again."
 MSG_RESOLVED = "Step {position}: {action}."
 MSG_BRANCHED = "Branched a new task that keeps steps 1–{position}."
-MSG_DELETED = "Deleted “{title}” ({summary})."
+MSG_DELETED = "Deleted “{title}” with {summary}."
 MSG_BAD_POSITION = "Choose a step to branch from."
+# DeletionReport.removed_counts() keys, in words Dad knows: (one, many).
+COUNT_LABELS = {
+    "conversations": ("conversation", "conversations"),
+    "rounds": ("council round", "council rounds"),
+    "turns": ("council turn", "council turns"),
+    "tasks": ("task", "tasks"),
+    "steps": ("step", "steps"),
+    "events": ("log event", "log events"),
+    "links": ("artifact link", "artifact links"),
+    "artifacts": ("artifact", "artifacts"),
+}
 RESOLVE_LABELS = {
     "adopt": "adopted the saved output",
     "rerun": "will run again",
     "fail": "marked failed",
     "skip": "skipped",
 }
+
+
+def _counted(report) -> list[tuple[str, int]]:
+    """Return a deletion report's counts as (words, number), in report order."""
+    return [
+        (COUNT_LABELS.get(key, (key, key))[n != 1], n)
+        for key, n in report.removed_counts().items()
+    ]
 
 
 def _actor(request: HttpRequest) -> str:
@@ -81,7 +100,9 @@ def conversation_delete(request: HttpRequest, pk: int) -> HttpResponse:
     if request.method == "POST":
         report = conversation_delete(conversation_id=conversation.pk)
         summary = ", ".join(
-            f"{n} {label}" for label, n in report.removed_counts().items() if n
+            f"{n} {words}"
+            for words, n in _counted(report)[1:]  # [0] is this conversation
+            if n
         )
         messages.success(
             request, MSG_DELETED.format(title=conversation.title, summary=summary)
@@ -91,7 +112,7 @@ def conversation_delete(request: HttpRequest, pk: int) -> HttpResponse:
     return render(
         request,
         "tasks/conversation_delete.html",
-        {"conversation": conversation, "report": report},
+        {"conversation": conversation, "report": report, "counts": _counted(report)},
     )
 
 

@@ -54,8 +54,14 @@ def test_the_confirmation_lists_what_goes_and_what_stays_before_anything_is_remo
     body = response.content.decode()
     assert response.status_code == 200
     assert "Delete “Old study”?" in body
-    for label, n in preview.removed_counts().items():
-        assert f"<dt>{label}</dt><dd>{n}</dd>" in body
+    counts = preview.removed_counts()
+    assert counts["tasks"] == 1
+    assert "<dt>conversation</dt><dd>1</dd>" in body
+    assert "<dt>task</dt><dd>1</dd>" in body
+    assert f"<dt>steps</dt><dd>{counts['steps']}</dd>" in body
+    assert f"<dt>log events</dt><dd>{counts['events']}</dd>" in body
+    assert f"<dt>artifact links</dt><dd>{counts['links']}</dd>" in body
+    assert f"<dt>council turns</dt><dd>{counts['turns']}</dd>" in body
     assert "Will stay, because it is shared" in body
     kept = preview.kept_artifacts[0]
     assert kept.id == shared["closes"].pk
@@ -87,7 +93,10 @@ def test_confirming_deletes_through_the_service_and_leaves_nothing_behind(
     assert Artifact.objects.filter(pk=shared["closes"].pk).exists()
     assert_no_leftovers(before)
     listing = dad_client.get(response["Location"]).content.decode()
-    assert "Deleted “Old study”" in listing
+    assert (
+        "Deleted “Old study” with 1 council round, 2 council turns, 1 task," in listing
+    )
+    assert "1 conversations" not in listing
     assert "Keeper" in listing
 
 
