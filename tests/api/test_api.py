@@ -420,3 +420,7 @@ def test_uploading_bytes_that_exist_reuses_the_row_without_editing_its_lineage(
             "source_id", flat=True
         )
     ) == [source]
+
+
+def test_there_is_no_cdn_backed_docs_page(client):
+    assert client.get("/api/v1/docs").status_code == 404
