@@ -10,8 +10,9 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from artifacts import gc
@@ -28,10 +29,6 @@ from tests.support.leftovers import (
 
 ORPHAN_STEPS = 13_750
 ORPHAN_EVENTS = 98_159
-
-sqlite_only = pytest.mark.skipif(
-    connection.vendor != "sqlite", reason="raw sqlite3 connection with FKs off"
-)
 
 
 def doctor(*args: str) -> tuple[int, dict, str]:
@@ -124,51 +121,41 @@ def test_orphans_of_a_foreign_keys_off_delete_are_found_and_repaired_in_one_run(
     assert Event.objects.filter(task__conversation=survivor).count() == 6
 
 
-def insert_orphan_load(steps: int, events: int) -> tuple[int, int]:
+def insert_orphan_load(steps: int, events: int) -> None:
     """Insert a conversation with ``steps`` steps and ``events`` events through
-    raw SQL (executemany), then delete its tasks with foreign keys off."""
-    raw = raw_sqlite()
-    now = timezone.now().isoformat()
-    raw.execute("BEGIN")
-    user_id = raw.execute("SELECT MIN(id) FROM auth_user").fetchone()[0]
-    conv = raw.execute(
-        "INSERT INTO tasks_conversation (owner_id, title, created_at, updated_at) "
-        "VALUES (?, 'big', ?, ?)",
-        (user_id, now, now),
-    ).lastrowid
-    tasks = 50
-    task_ids = []
-    for n in range(tasks):
-        task_ids.append(
-            raw.execute(
-                "INSERT INTO tasks_task (conversation_id, title, status, brain, "
-                "lease_owner, last_seq, steps_total, steps_done, created_at, "
-                "updated_at) VALUES (?, ?, 'done', 'scripted', '', 0, 0, 0, ?, ?)",
-                (conv, f"t{n}", now, now),
-            ).lastrowid
+    raw SQL (executemany), then delete it and its tasks with foreign keys off."""
+    json = "%s::jsonb" if connection.vendor == "postgresql" else "%s"
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    user = get_user_model().objects.create_user("orphan-maker")
+    conversation = Conversation.objects.create(owner=user, title="big")
+    tasks = Task.objects.bulk_create(
+        [Task(conversation=conversation, title=f"t{n}") for n in range(50)]
+    )
+    task_ids = [t.pk for t in tasks]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.executemany(
+            "INSERT INTO tasks_step (task_id, position, title, status, tool, args, "
+            "artifact_class, side_effects, attempts, max_attempts, generation, "
+            f"error, created_at) VALUES (%s, %s, 's', 'pending', 't', {json}, 3, "
+            "%s, 0, 3, 0, '', %s)",
+            [(task_ids[i % 50], i // 50, "{}", False, now) for i in range(steps)],
         )
-    raw.executemany(
-        "INSERT INTO tasks_step (task_id, position, title, status, tool, args, "
-        "artifact_class, side_effects, attempts, max_attempts, generation, error, "
-        "created_at) VALUES (?, ?, 's', 'pending', 't', '{}', 3, 0, 0, 3, 0, '', ?)",
-        ((task_ids[i % tasks], i // tasks, now) for i in range(steps)),
-    )
-    step_ids = [r[0] for r in raw.execute("SELECT id FROM tasks_step ORDER BY id")]
-    raw.executemany(
-        "INSERT INTO tasks_event (task_id, step_id, seq, kind, data, created_at) "
-        "VALUES (?, ?, ?, 'tool_result_persisted', '{}', ?)",
-        (
-            (task_ids[i % tasks], step_ids[i % len(step_ids)], i // tasks + 1, now)
-            for i in range(events)
-        ),
-    )
-    raw.execute("COMMIT")
-    raw.execute("DELETE FROM tasks_task WHERE conversation_id = ?", (conv,))
-    raw.close()
-    return steps, events
+        cursor.execute(
+            "SELECT id FROM tasks_step WHERE task_id IN "
+            f"({', '.join(map(str, task_ids))}) ORDER BY id"
+        )
+        step_ids = [row[0] for row in cursor.fetchall()]
+        cursor.executemany(
+            "INSERT INTO tasks_event (task_id, step_id, seq, kind, data, created_at) "
+            f"VALUES (%s, %s, %s, 'tool_result_persisted', {json}, %s)",
+            [
+                (task_ids[i % 50], step_ids[i % len(step_ids)], i // 50 + 1, "{}", now)
+                for i in range(events)
+            ],
+        )
+    delete_with_foreign_keys_off([conversation.pk])
 
 
-@sqlite_only
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_doctor_repairs_13750_orphan_steps_and_98159_orphan_events_in_one_run(
@@ -188,6 +175,7 @@ def test_the_doctor_repairs_13750_orphan_steps_and_98159_orphan_events_in_one_ru
     }
     assert code == 0
     assert remaining(report) == {}
+    assert "removed 98,159/98,159 events whose task is gone" in stderr
     assert "removed 13,750/13,750 steps whose task is gone" in stderr
     assert Step.objects.count() == 3
     assert Event.objects.count() == 6
