@@ -7,11 +7,16 @@ Views stay thin: a selector or one service, then ``render`` or a redirect
 
 from __future__ import annotations
 
+from functools import wraps
+from urllib.parse import urlencode
+
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import redirect, render, resolve_url
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django_htmx.http import HttpResponseClientRedirect
 
 from tasks import selectors
 from tasks.models import Task
@@ -42,11 +47,30 @@ RESOLVE_LABELS = {
 }
 
 
-def _counted(report) -> list[tuple[str, int]]:
+def dashboard_login_required(view):
+    """``login_required``, but an htmx request (a poll after the session ended)
+    gets a whole-page redirect to the login page instead of the login form
+    swapped into the middle of the page."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        if request.htmx and not request.user.is_authenticated:
+            next_url = request.htmx.current_url_abs_path or request.get_full_path()
+            login = resolve_url(settings.LOGIN_URL)
+            return HttpResponseClientRedirect(
+                f"{login}?{urlencode({'next': next_url})}"
+            )
+        return login_required(view)(request, *args, **kwargs)
+
+    return wrapper
+
+
+def _counted(report, skip: tuple[str, ...] = ()) -> list[tuple[str, int]]:
     """Return a deletion report's counts as (words, number), in report order."""
     return [
         (COUNT_LABELS.get(key, (key, key))[n != 1], n)
         for key, n in report.removed_counts().items()
+        if key not in skip
     ]
 
 
@@ -63,7 +87,7 @@ def _int_or_none(value: str | None) -> int | None:
 
 
 @require_GET
-@login_required
+@dashboard_login_required
 def conversation_list(request: HttpRequest) -> HttpResponse:
     query = request.GET.get("q", "")[:200]
     page = selectors.conversation_page(
@@ -76,7 +100,7 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
 
 
 @require_GET
-@login_required
+@dashboard_login_required
 def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     conversation = selectors.conversation_get_for_user(
         user=request.user, conversation_id=pk
@@ -90,7 +114,7 @@ def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
-@login_required
+@dashboard_login_required
 def conversation_delete(request: HttpRequest, pk: int) -> HttpResponse:
     from tasks.services import conversation_delete, conversation_deletion_preview
 
@@ -101,7 +125,7 @@ def conversation_delete(request: HttpRequest, pk: int) -> HttpResponse:
         report = conversation_delete(conversation_id=conversation.pk)
         summary = ", ".join(
             f"{n} {words}"
-            for words, n in _counted(report)[1:]  # [0] is this conversation
+            for words, n in _counted(report, skip=("conversations",))
             if n
         )
         messages.success(
@@ -134,7 +158,7 @@ def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpRe
 
 
 @require_GET
-@login_required
+@dashboard_login_required
 def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
     task = selectors.task_get_for_user(user=request.user, task_id=pk)
     target = request.htmx.target if request.htmx else None
@@ -142,7 +166,7 @@ def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @require_GET
-@login_required
+@dashboard_login_required
 def task_resume_context(request: HttpRequest, pk: int) -> HttpResponse:
     task = selectors.task_get_for_user(user=request.user, task_id=pk)
     document = selectors.task_resume_context_json(task=task)
@@ -162,7 +186,7 @@ def _after_action(request: HttpRequest, task: Task) -> HttpResponse:
 
 
 @require_POST
-@login_required
+@dashboard_login_required
 def task_resume(request: HttpRequest, pk: int) -> HttpResponse:
     from tasks.executor import ExecutorError, task_resume
 
@@ -176,7 +200,7 @@ def task_resume(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @require_POST
-@login_required
+@dashboard_login_required
 def step_retry(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
     from tasks.executor import ExecutorError, step_retry
 
@@ -190,7 +214,7 @@ def step_retry(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
 
 
 @require_POST
-@login_required
+@dashboard_login_required
 def step_resolve(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
     from tasks.executor import ExecutorError, step_resolve
 
@@ -208,7 +232,7 @@ def step_resolve(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
 
 
 @require_POST
-@login_required
+@dashboard_login_required
 def task_branch(request: HttpRequest, pk: int) -> HttpResponse:
     from tasks.executor import ExecutorError, task_branch
 

@@ -454,3 +454,20 @@ def test_an_image_output_is_a_thumbnail_from_our_own_origin(
     )
     assert ">file</span>" in body
     assert f'href="{reverse("artifacts:detail", args=[image.pk])}"' in body
+
+
+def test_a_poll_after_the_session_ended_sends_the_whole_page_to_log_in(
+    client, make_task
+):
+    task = make_task(status=Task.Status.RUNNING)
+    response = client.get(
+        task.get_absolute_url(),
+        headers={
+            "HX-Request": "true",
+            "HX-Target": "timeline",
+            "HX-Current-URL": f"http://testserver{task.get_absolute_url()}",
+        },
+    )
+    assert response.status_code == 200
+    assert response["HX-Redirect"] == f"/login/?next=%2Ftasks%2F{task.pk}%2F"
+    assert b"Log in" not in response.content
