@@ -106,6 +106,8 @@ TOOL_SPECS = [
 
 ERR_UNKNOWN_TOOL = "unknown tool {name!r}; use one of: {names}"
 ERR_BAD_ARGS = "bad arguments for {name}: {reason}"
+ERR_SERVER = "Pippa answered HTTP {status} for {path}"
+ERR_UNREACHABLE = "cannot reach Pippa at {url}: {reason}"
 ERR_LEASE_WAIT = "the task's lease stayed with another worker for {seconds:g}s"
 
 
@@ -474,7 +476,12 @@ class HttpBackend:
                 raise LeaseBusy(detail) from None
             if 400 <= exc.code < 500:
                 raise ToolFailure(f"{exc.code}: {detail}") from None
-            raise
+            raise ToolFailure(ERR_SERVER.format(status=exc.code, path=path)) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ToolFailure(
+                ERR_UNREACHABLE.format(url=self.base_url, reason=reason)
+            ) from None
         return content if raw_limit else json.loads(content)
 
     def record_brain(self, task_id: int, brain: str) -> None:

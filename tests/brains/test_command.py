@@ -58,3 +58,12 @@ def test_a_vendor_that_is_down_ends_the_command_with_its_reason(make_conversatio
     task.refresh_from_db()
     assert task.brain == "ollama"
     assert task.lease_owner == ""
+
+
+def test_an_unreachable_pippa_server_is_a_clear_command_error(
+    monkeypatch, make_conversation
+):
+    monkeypatch.setenv("PIPPA_API_TOKEN", "pip_whatever")
+    task = task_create(conversation=make_conversation(), title="t", steps=PLAN)
+    with pytest.raises(CommandError, match="cannot reach Pippa at http://127.0.0.1:9"):
+        call_command("pippa_brain", str(task.pk), "--api-url", "http://127.0.0.1:9")
