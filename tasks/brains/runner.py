@@ -220,7 +220,11 @@ class Runner:
         try:
             return self._loop()
         finally:
-            self.backend.release_lease(self.task_id, self.worker)
+            try:
+                self.backend.release_lease(self.task_id, self.worker)
+            except ToolFailure as exc:
+                # The lease then simply expires; never hide the first error.
+                self.on_event(f"{self.brain.name}: lease not released: {exc}")
 
     def _loop(self) -> RunReport:
         messages = self.opening()
