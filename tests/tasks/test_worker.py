@@ -35,13 +35,15 @@ def _tools():
 def spawn(subprocess_env, python_exe, tmp_path):
     log = tmp_path / "tool-calls.jsonl"
 
-    def start(name: str, *extra: str, lease_seconds: int = 60):
+    def start(name: str, *extra: str, lease_seconds: int = 60, crashpoint: str = ""):
         env = {
             **subprocess_env,
             "PIPPA_TOOLS": "tests.support.tools",
             "PIPPA_TOOL_LOG": str(log),
             "PIPPA_LEASE_SECONDS": str(lease_seconds),
         }
+        if crashpoint:
+            env["PIPPA_CRASHPOINT"] = crashpoint
         return subprocess.Popen(
             [python_exe, "manage.py", "pippa_worker", "--worker-id", name, *extra],
             cwd=REPO,
@@ -116,6 +118,45 @@ def test_two_workers_racing_never_run_one_step_twice_and_never_hit_a_lock_error(
     assert not Event.objects.filter(kind="lease_taken_over").exists()
     workers = {e.data["worker"] for e in starts}
     assert workers == {"worker:a", "worker:b"}
+    check_invariants([t.pk for t in tasks])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_when_one_racing_worker_is_killed_the_other_takes_over_after_expiry(
+    make_conversation, spawn
+):
+    conversation = make_conversation()
+    tasks = [
+        task_create(
+            conversation=conversation, title=f"race {i}", steps=PLAN, queue=False
+        )
+        for i in range(6)
+    ]
+    doomed = spawn(
+        "worker:doomed", "--poll", "0.05", lease_seconds=2, crashpoint="after_tool:3"
+    )
+    survivor = spawn("worker:survivor", "--poll", "0.05", lease_seconds=2)
+    for proc in (doomed, survivor):
+        assert "stepping runnable tasks" in proc.stdout.readline()
+    for task in tasks:
+        task_resume(task=task, actor="test")
+    doomed.communicate(timeout=120)
+    assert doomed.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 120
+    while (
+        Task.objects.filter(pk__in=[t.pk for t in tasks])
+        .exclude(status="done")
+        .exists()
+    ):
+        assert time.monotonic() < deadline, "the survivor did not finish"
+        time.sleep(0.1)
+    survivor.send_signal(signal.SIGTERM)
+    _, err = survivor.communicate(timeout=60)
+    assert survivor.returncode == 0, err
+    assert "database is locked" not in err
+    takeover = Event.objects.get(task__in=tasks, kind="lease_taken_over")
+    assert takeover.data["previous_owner"] == "worker:doomed"
+    assert takeover.data["worker"] == "worker:survivor"
     check_invariants([t.pk for t in tasks])
 
 
