@@ -481,10 +481,15 @@ def doctor_run(
 
     repaired: dict[str, int] = {}
     orphan_keys = []
-    # Leaves first: a set-based delete of orphan events is far cheaper than the
-    # row-by-row cascade from their orphan steps (PostgreSQL runs FK actions
-    # per row). Rows whose parent is itself an orphan go with that parent.
-    for key, label, model, condition, fixable, _advice in reversed(_orphan_checks()):
+    # PostgreSQL runs FK actions row by row, so a set-based delete of the leaves
+    # (orphan events) first is far cheaper than the cascade from their orphan
+    # steps (0.2 s against 2 s for 98,159 events); SQLite cascades inside its
+    # engine faster than it runs the chunked leaf deletes (3 s against 7 s).
+    # Either way, rows whose parent is itself an orphan go with that parent.
+    checks = _orphan_checks()
+    if connection.vendor == "postgresql":
+        checks.reverse()
+    for key, label, model, condition, fixable, _advice in checks:
         if fixable:
             orphan_keys.append(key)
             if before[key][0]:

@@ -175,7 +175,6 @@ def test_the_doctor_repairs_13750_orphan_steps_and_98159_orphan_events_in_one_ru
     }
     assert code == 0
     assert remaining(report) == {}
-    assert "removed 98,159/98,159 events whose task is gone" in stderr
     assert "removed 13,750/13,750 steps whose task is gone" in stderr
     assert Step.objects.count() == 3
     assert Event.objects.count() == 6
