@@ -38,13 +38,14 @@ import random
 import signal
 import threading
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from artifacts.models import Artifact, ArtifactClass, ArtifactSource
 from artifacts.store import default_store
@@ -373,16 +374,12 @@ def _lease_take(cursor, task_id: int, worker_id: str) -> _Lease | None:
 
 
 def _parse_dt(value):
-    if value is None or hasattr(value, "tzinfo"):
-        if value is not None and value.tzinfo is None:
-            return timezone.make_aware(value, timezone.UTC)
-        return value
-    from django.utils.dateparse import parse_datetime
-
-    parsed = parse_datetime(str(value))
-    if parsed is not None and parsed.tzinfo is None:
-        parsed = timezone.make_aware(parsed, timezone.UTC)
-    return parsed
+    """A lease expiry as read by a raw cursor (a string on SQLite) -> aware datetime."""
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if value is not None and timezone.is_naive(value):
+        value = timezone.make_aware(value, UTC)
+    return value
 
 
 def _next_step(cursor, task_id: int) -> _StepRow | None:
