@@ -573,3 +573,24 @@ def test_a_task_paused_and_resumed_while_its_worker_holds_the_lease_carries_on(
     assert outcome.position == 2
     task.refresh_from_db()
     assert (task.status, task.lease_owner) == ("running", "worker:a")
+
+
+@pytest.mark.django_db
+def test_the_outside_side_drops_a_rerun_call_by_its_idempotency_key(
+    make_conversation,
+):
+    from tasks.tools import files_root
+
+    task = one_step_task(make_conversation, "demo.notify", message="chart ready")
+    crash_at(task.pk, "after_tool")
+    expire_lease(task.pk)
+    step(task_id=task.pk, worker_id="w")
+    note = Step.objects.get(task=task)
+    assert note.status == "needs_review"
+    step_resolve(step=note, action="rerun", actor="staff:dad")
+    run_task(task.pk)
+    note.refresh_from_db()
+    assert note.status == "done"
+    outbox = (files_root() / "outbox.jsonl").read_text().splitlines()
+    assert len(outbox) == 1
+    assert note.output.meta["duplicate_dropped"] is True
