@@ -216,11 +216,16 @@ def _deletion_plan(conversation_id: int, *, lock: bool) -> DeletionReport:
 
 
 def _foreign_keys_enforced() -> bool:
-    if connection.vendor != "sqlite":
-        return True
+    """Return whether this connection would run the schema's cascades."""
     with connection.cursor() as cursor:
-        cursor.execute("PRAGMA foreign_keys")
-        return bool(cursor.fetchone()[0])
+        if connection.vendor == "sqlite":
+            cursor.execute("PRAGMA foreign_keys")
+            return bool(cursor.fetchone()[0])
+        if connection.vendor == "postgresql":
+            # "replica" switches off the triggers that carry FK actions.
+            cursor.execute("SELECT current_setting('session_replication_role')")
+            return cursor.fetchone()[0] != "replica"
+    return True
 
 
 def conversation_deletion_preview(*, conversation: Conversation) -> DeletionReport:

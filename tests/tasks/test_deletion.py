@@ -392,20 +392,24 @@ def test_a_delete_rolled_back_by_a_failing_caller_keeps_the_files(user, blob_sto
     assert_no_leftovers()
 
 
+def set_foreign_keys(on: bool) -> None:
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            cursor.execute(f"PRAGMA foreign_keys = {'ON' if on else 'OFF'}")
+        else:
+            role = "DEFAULT" if on else "replica"
+            cursor.execute(f"SET session_replication_role = {role}")
+
+
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.skipif(
-    connection.vendor != "sqlite", reason="SQLite's foreign_keys pragma"
-)
 def test_delete_refuses_to_run_on_a_connection_with_foreign_keys_off(user):
     conversation, _ = conversation_with_everything(owner=user)
-    with connection.cursor() as cursor:
-        cursor.execute("PRAGMA foreign_keys = OFF")
+    set_foreign_keys(False)
     try:
         with pytest.raises(RuntimeError, match="foreign keys are off"):
             conversation_delete(conversation_id=conversation.pk)
     finally:
-        with connection.cursor() as cursor:
-            cursor.execute("PRAGMA foreign_keys = ON")
+        set_foreign_keys(True)
     assert ERR_FOREIGN_KEYS_OFF.startswith("foreign keys are off")
     assert Step.objects.count() == 3
     assert Conversation.objects.filter(pk=conversation.pk).exists()
