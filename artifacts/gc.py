@@ -29,6 +29,7 @@ from datetime import datetime
 from django.db import connection, transaction
 
 from artifacts.models import Artifact, ArtifactSource
+from artifacts.services import blob_guard
 from artifacts.store import BlobStore, default_store
 
 logger = logging.getLogger("pippa.gc")
@@ -296,19 +297,27 @@ def blobs_unlink(
     """
     removed = 0
     for chunk in batched(list(shas)):
-        named = set(
-            Artifact.objects.filter(sha256__in=chunk).values_list("sha256", flat=True)
-        )
-        for sha in chunk:
-            if sha in named:
-                continue
-            try:
-                if store.unlink(sha):
-                    removed += 1
-            except OSError as exc:
-                logger.warning("could not unlink blob %s: %s", sha, exc)
-                if on_error:
-                    on_error(sha, exc)
+        # Under blob_guard, as artifact_record is: a row created for the same
+        # bytes either commits before this check (blob kept) or finds the
+        # blob gone and writes it again.
+        with transaction.atomic():
+            for sha in sorted(chunk):  # one lock order: no deadlock between GCs
+                blob_guard(sha)
+            named = set(
+                Artifact.objects.filter(sha256__in=chunk).values_list(
+                    "sha256", flat=True
+                )
+            )
+            for sha in chunk:
+                if sha in named:
+                    continue
+                try:
+                    if store.unlink(sha):
+                        removed += 1
+                except OSError as exc:
+                    logger.warning("could not unlink blob %s: %s", sha, exc)
+                    if on_error:
+                        on_error(sha, exc)
     return removed
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Sequence
 from typing import BinaryIO
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from artifacts.models import Artifact, ArtifactClass, ArtifactSource
@@ -14,12 +15,29 @@ from artifacts.store import BlobStore, PutResult, check_sha, default_store
 
 ERR_BAD_CLASS = "artifact class must be 1, 2, 3 or 4"
 ERR_UNKNOWN_SOURCE = "a source artifact does not exist"
+ERR_BLOB_VANISHED = "the payload was removed while it was being stored; send it again"
 ERR_META_TOO_LARGE = "artifact metadata must stay small (under 8 KiB of JSON)"
 MAX_META_CHARS = 8192
 
 
 class ArtifactError(ValueError):
     pass
+
+
+class BlobVanished(ArtifactError):
+    """The blob was collected between its write and its row: write it again."""
+
+
+def blob_guard(sha: str) -> None:
+    """Serialise "create a row for this blob" with "unlink this unnamed blob".
+
+    Call inside a transaction. SQLite's IMMEDIATE transactions already hold
+    the database's write lock; PostgreSQL takes a transaction-scoped advisory
+    lock keyed by the sha.
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [int(sha[:15], 16)])
 
 
 def _check_class(artifact_class: int) -> int:
@@ -69,6 +87,11 @@ def artifact_record(
         raise ArtifactError(ERR_META_TOO_LARGE)
     check_sha(put.sha256)
     with transaction.atomic():
+        blob_guard(put.sha256)
+        # GC unlinks a blob only under the same guard after re-checking that no
+        # row names it, so a blob seen here stays until this row commits.
+        if not default_store().exists(put.sha256):
+            raise BlobVanished(ERR_BLOB_VANISHED)
         artifact, created = Artifact.objects.get_or_create(
             sha256=put.sha256,
             defaults={
@@ -127,14 +150,20 @@ def artifact_store(
     """
     _check_class(artifact_class)
     put = blob_put(data=data, stream=stream, file=file, max_bytes=max_bytes)
-    return artifact_record(
-        put=put,
+    record = functools.partial(
+        artifact_record,
         media_type=media_type,
         artifact_class=artifact_class,
         title=title,
         meta=meta,
         source_ids=source_ids,
     )
+    try:
+        return record(put=put)
+    except BlobVanished:
+        if data is None:
+            raise  # a stream cannot be replayed; the caller sends it again
+        return record(put=blob_put(data=data))
 
 
 def artifact_verify(*, artifact: Artifact, store: BlobStore | None = None) -> str:

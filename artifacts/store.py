@@ -164,6 +164,9 @@ class BlobStore:
             final = self.path(sha)
             if final.is_file() and final.stat().st_size == size:
                 tmp.unlink()
+                # Fresh mtime: the doctor's grace period now covers this reuse
+                # until the row that points at it is committed.
+                os.utime(final)
                 return PutResult(sha, size, created=False)
             os.chmod(tmp, 0o444)
             os.replace(tmp, final)

@@ -116,3 +116,51 @@ def test_no_column_of_any_table_holds_payload_text(make_task):
                     hits.append(f"{model._meta.db_table}.{column}")
     assert hits == []
     assert default_store().get(art.sha256).decode() == payload
+
+
+@pytest.mark.django_db
+def test_a_blob_collected_between_its_write_and_its_row_is_refused_not_half_recorded():
+    from artifacts.gc import blobs_unlink
+    from artifacts.services import BlobVanished, artifact_record, blob_put
+
+    put = blob_put(data=b"reused bytes")
+    # A concurrent GC finds no row naming the sha and unlinks the file.
+    assert blobs_unlink(shas=[put.sha256], store=default_store()) == 1
+    with pytest.raises(BlobVanished, match="send it again"):
+        artifact_record(put=put, media_type="text/plain", artifact_class=3)
+    assert not Artifact.objects.filter(sha256=put.sha256).exists()
+
+
+@pytest.mark.django_db
+def test_artifact_store_writes_the_bytes_again_when_gc_took_them_meanwhile(monkeypatch):
+    from artifacts import services
+    from artifacts.gc import blobs_unlink
+
+    real_put = services.blob_put
+    calls = []
+
+    def put_then_collected(**kwargs):
+        result = real_put(**kwargs)
+        calls.append(result.sha256)
+        if len(calls) == 1:
+            blobs_unlink(shas=[result.sha256], store=default_store())
+        return result
+
+    monkeypatch.setattr(services, "blob_put", put_then_collected)
+    art = artifact_store(data=b"raced", media_type="text/plain", artifact_class=3)
+    assert len(calls) == 2
+    assert default_store().verify(art.sha256)
+
+
+def test_reusing_a_stored_blob_refreshes_its_mtime_for_the_doctors_grace_period(
+    blob_store,
+):
+    import os
+    import time
+
+    put = blob_store.put_bytes(b"old bytes")
+    path = blob_store.path(put.sha256)
+    long_ago = time.time() - 86_400
+    os.utime(path, (long_ago, long_ago))
+    blob_store.put_bytes(b"old bytes")
+    assert path.stat().st_mtime > time.time() - 60
