@@ -113,7 +113,9 @@ def test_an_uncertain_step_says_in_plain_words_what_resume_will_do(
 ):
     task = _crashed(conversation, tool, boundary)
     body = dad_client.get(task.get_absolute_url()).content.decode()
-    assert "its tool call was logged as started, but its result was never recorded" in body
+    assert (
+        "its tool call was logged as started, but its result was never recorded" in body
+    )
     assert '<span class="badge status-needs_review">interrupted</span>' in body
     assert f"<strong>What resume will do:</strong> {words}" in body
     assert "expired" in body
