@@ -48,6 +48,8 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from artifacts.models import Artifact, ArtifactClass, ArtifactSource
+from artifacts.preview import WIDGET_MEDIA_TYPES, preview_render
+from artifacts.services import ERR_BLOB_VANISHED, BlobVanished, blob_guard
 from artifacts.store import default_store
 from tasks.models import Event, LinkRole, Step, Task, TaskArtifact
 from tasks.resume import (
@@ -756,6 +758,11 @@ def _finish(
     if payload.get("path"):
         meta["path"] = payload["path"]
     with transaction.atomic(), connection.cursor() as cursor:
+        # Same guard as artifact_record: a GC cannot unlink this blob between
+        # the check and the commit of the row that names it.
+        blob_guard(payload["sha"])
+        if not default_store().exists(payload["sha"]):
+            raise BlobVanished(ERR_BLOB_VANISHED)
         ph = _json_ph()
         cursor.execute(
             f"INSERT INTO {T_ART} (sha256, size, media_type, artifact_class, title, meta, "
@@ -826,6 +833,8 @@ def _finish(
             task_status = _close_task(
                 cursor, row.task_id, worker_id, Task.Status.DONE, []
             )
+    if payload.get("media_type") in WIDGET_MEDIA_TYPES:
+        _widget_preview(row, artifact_id)
     return StepOutcome(
         task_id=row.task_id,
         task_status=task_status,
@@ -843,6 +852,27 @@ def _finish(
             "title": payload.get("title", ""),
         },
     )
+
+
+def _widget_preview(row: _StepRow, artifact_id: int) -> None:
+    """Render a widget output's PNG preview and let the task keep it.
+
+    Runs after the step's result is committed: a preview is a view of the
+    output, never part of it. It fails closed (the reason is recorded on the
+    widget), and a crash here only leaves a widget without a picture, which the
+    admin's re-render action fixes.
+    """
+    try:
+        preview = preview_render(artifact=Artifact.objects.get(pk=artifact_id))
+        if preview is not None:
+            TaskArtifact.objects.get_or_create(
+                task_id=row.task_id,
+                artifact=preview,
+                role=LinkRole.PERSISTED,
+                defaults={"step_id": row.id},
+            )
+    except Exception:  # noqa: BLE001 - a preview never fails the step
+        log.exception("preview of artifact %s failed", artifact_id)
 
 
 def _resolve_uncertain(row: _StepRow, worker_id: str) -> StepOutcome:

@@ -88,7 +88,8 @@ def test_step_runs_the_plan_in_order_and_logs_each_envelope_boundary(demo_task):
     chart = Step.objects.get(task=task, position=4).output
     closes = Step.objects.get(task=task, position=2).output
     assert list(chart.sources.all()) == [closes]
-    assert TaskArtifact.objects.filter(task=task, role="persisted").count() == 4
+    # Four outputs, plus the chart's PNG preview rendered at write time.
+    assert TaskArtifact.objects.filter(task=task, role="persisted").count() == 5
     check_invariants([task.pk])
 
 
@@ -594,3 +595,40 @@ def test_the_outside_side_drops_a_rerun_call_by_its_idempotency_key(
     outbox = (files_root() / "outbox.jsonl").read_text().splitlines()
     assert len(outbox) == 1
     assert note.output.meta["duplicate_dropped"] is True
+
+
+@pytest.mark.django_db
+def test_a_widget_output_gets_its_png_preview_at_write_time_kept_by_the_task(
+    demo_task,
+):
+    from artifacts.preview import preview_artifact_for
+
+    task = demo_task()
+    run_task(task.pk)
+    chart = Step.objects.get(task=task, position=4).output
+    assert chart.media_type == "image/svg+xml"
+    preview = preview_artifact_for(chart)
+    assert preview is not None
+    assert preview.media_type == "image/png"
+    assert list(preview.sources.all()) == [chart]
+    assert TaskArtifact.objects.filter(task=task, artifact=preview).exists()
+    check_invariants([task.pk])
+
+
+@pytest.mark.django_db
+def test_a_widget_that_cannot_be_rendered_still_finishes_its_step(
+    demo_task, monkeypatch
+):
+    from artifacts import preview as preview_mod
+    from artifacts.preview import preview_status
+
+    def boom(**kwargs):
+        raise RuntimeError("renderer crashed")
+
+    monkeypatch.setattr("tasks.executor.preview_render", boom)
+    task = demo_task()
+    run_task(task.pk)
+    task.refresh_from_db()
+    assert task.status == Task.Status.DONE
+    chart = Step.objects.get(task=task, position=4).output
+    assert preview_status(chart).get("status") != preview_mod.STATUS_OK
