@@ -138,7 +138,7 @@ def api_plan_rewrite(*, task, steps: list[dict]):
 @transaction.atomic
 def task_brain_record(*, task, brain: str, actor: str = "") -> bool:
     """Set the brain that drives ``task`` and log the change; return if it changed."""
-    from tasks.models import Task
+    from tasks.models import Event, Task
     from tasks.services import event_append
 
     previous = (
@@ -149,7 +149,7 @@ def task_brain_record(*, task, brain: str, actor: str = "") -> bool:
     Task.objects.filter(pk=task.pk).update(brain=brain, updated_at=timezone.now())
     event_append(
         task_id=task.pk,
-        kind="brain_changed",
+        kind=Event.Kind.BRAIN_CHANGED,
         data={"brain": brain, "previous": previous, "actor": actor[:200]},
     )
     task.brain = brain

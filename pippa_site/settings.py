@@ -215,6 +215,11 @@ STORAGES = {
 PIPPA_LEASE_SECONDS = env_int("PIPPA_LEASE_SECONDS", 60)
 PIPPA_MAX_ATTEMPTS = env_int("PIPPA_MAX_ATTEMPTS", 3)
 PIPPA_TOOLS = env_list("PIPPA_TOOLS")
+# Class-1 tools write their files here (externally persisted outputs); unset,
+# a "files" folder beside the blob folder.
+PIPPA_FILES_DIR = env_str("PIPPA_FILES_DIR") or None
+# The doctor leaves blob and temp files younger than this alone (in-flight writes).
+PIPPA_DOCTOR_GRACE_SECONDS = env_int("PIPPA_DOCTOR_GRACE_SECONDS", 3600)
 # Largest request body an upload may stream into the blob store.
 PIPPA_MAX_UPLOAD_BYTES = env_int("PIPPA_MAX_UPLOAD_BYTES", 256 * 1024 * 1024)
 

@@ -325,6 +325,7 @@ class Event(models.Model):
         # A person resolved a failed or uncertain step (adopt/rerun/fail/skip).
         STEP_RESOLVED = "step_resolved"
         TASK_PAUSED = "task_paused"
+        BRAIN_CHANGED = "brain_changed"
 
     task = models.ForeignKey(Task, on_delete=models.DB_CASCADE, related_name="events")
     step = models.ForeignKey(
