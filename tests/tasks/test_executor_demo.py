@@ -9,6 +9,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
+from tasks.management.commands.pippa_demo import LIVE_PAUSE
 from tasks.models import Conversation, Event, Step, Task
 from tasks.resume import resume_advice
 
@@ -63,7 +64,7 @@ def test_pippa_demo_loads_every_case_once_for_a_non_staff_dad(monkeypatch, capsy
     assert (branch.branched_at, branch.status) == (2, "done")
     live = Task.objects.get(title__startswith="Chart PIPA slowly")
     assert live.status == "queued"
-    assert Step.objects.filter(task=live, args__pause=4).count() == 5
+    assert Step.objects.filter(task=live, args__pause=LIVE_PAUSE).count() == 8
 
     call_command("pippa_demo")
     assert (

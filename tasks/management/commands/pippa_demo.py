@@ -122,6 +122,9 @@ def interrupt(task: Task, point: str) -> None:
     task_pause(task=task, actor="demo")
 
 
+LIVE_PAUSE = 12  # seconds per step of the live demo task
+
+
 class Command(BaseCommand):
     help = "Create the demo user 'dad' and demo conversations (idempotent)."
 
@@ -207,14 +210,22 @@ class Command(BaseCommand):
         run_until_stopped(branch)
 
     def live(self, conversation: Conversation) -> None:
-        steps = four_steps(pause=4)
-        steps.append(
+        # Slow enough (about two minutes) that someone who just ran `make run`
+        # and logged in still finds it moving.
+        steps = four_steps(pause=LIVE_PAUSE)
+        steps += [
             {
-                "title": "Search again for the mill news",
+                "title": f"Search again: {query}",
                 "tool": "demo.search",
-                "args": {"query": "second mill", "pause": 4},
+                "args": {"query": query, "pause": LIVE_PAUSE},
             }
-        )
+            for query in (
+                "second mill",
+                "PIPA dividend",
+                "PIPA guidance",
+                "mill outage",
+            )
+        ]
         task_create(
             conversation=conversation,
             title="Chart PIPA slowly (a worker advances this live)",
