@@ -454,6 +454,10 @@ class _LeaseKeeper:
                             self.held[(task_id, worker_id)] = True
                 except Exception:  # noqa: BLE001 - a failed renewal is retried next round
                     log.exception("lease renewal failed for task %s", task_id)
+            # A renewal every few seconds does not need a standing connection,
+            # and one left open would keep a PostgreSQL backend (and its
+            # database) busy after the worker is done.
+            conn.close()
 
     def hold(self, task_id: int, worker_id: str) -> None:
         with self.lock:
