@@ -37,7 +37,11 @@ ERR_NO_CLOSES = "no closes for {symbol} between {start} and {end}"
 ERR_OUTAGE = "the search service is unavailable (simulated outage)"
 
 
-def _side_channel(ctx: ToolContext, name: str, phase: str) -> None:
+def side_channel_note(ctx: ToolContext, name: str, phase: str) -> None:
+    """Append one JSON line about this call to $PIPPA_TOOL_LOG, if set.
+
+    Tests count real tool invocations through it, across processes (O_APPEND).
+    """
     path = os.environ.get("PIPPA_TOOL_LOG")
     if not path:
         return
@@ -86,7 +90,7 @@ def demo_image(
     """Render a title card as a PNG file."""
     from PIL import Image, ImageDraw
 
-    _side_channel(ctx, "demo.image", "start")
+    side_channel_note(ctx, "demo.image", "start")
     _pause(pause)
     width, height = max(32, min(int(width), 1024)), max(32, min(int(height), 1024))
     seed = sum(text.encode()) % 360
@@ -100,7 +104,7 @@ def demo_image(
     image.save(out, format="PNG")
     path = ctx.files_dir / "image.png"
     _atomic_write(path, out.getvalue())
-    _side_channel(ctx, "demo.image", "end")
+    side_channel_note(ctx, "demo.image", "end")
     return ToolResult(
         path=path,
         media_type="image/png",
@@ -126,7 +130,7 @@ def demo_closes(
     pause: float = 0,
 ) -> ToolResult:
     """Fetch unadjusted daily closes for a fixed past range (bundled data)."""
-    _side_channel(ctx, "demo.closes", "start")
+    side_channel_note(ctx, "demo.closes", "start")
     _pause(pause)
     with CLOSES_FILE.open(newline="") as fh:
         rows = [
@@ -141,7 +145,7 @@ def demo_closes(
     writer.writerow(["date", "close"])
     for r in rows:
         writer.writerow([r["date"], r["close"]])
-    _side_channel(ctx, "demo.closes", "end")
+    side_channel_note(ctx, "demo.closes", "end")
     return ToolResult(
         data=out.getvalue().encode(),
         media_type="text/csv",
@@ -160,7 +164,7 @@ def demo_search(
     fail_until_generation: int = 0,
 ) -> ToolResult:
     """Search the bundled corpus; ranking ties and timestamps vary per call."""
-    _side_channel(ctx, "demo.search", "start")
+    side_channel_note(ctx, "demo.search", "start")
     _pause(pause)
     if ctx.generation < int(fail_until_generation):
         raise ConnectionError(ERR_OUTAGE)
@@ -187,7 +191,7 @@ def demo_search(
         for i, (_, doc) in enumerate(scored[: max(1, min(int(k), 20))])
     ]
     body = {"query": query, "searched_at": now.isoformat(), "results": results}
-    _side_channel(ctx, "demo.search", "end")
+    side_channel_note(ctx, "demo.search", "end")
     return ToolResult(
         data=json.dumps(body, indent=1).encode(),
         media_type="application/json",
@@ -205,7 +209,7 @@ def demo_chart(
     pause: float = 0,
 ) -> ToolResult:
     """Draw an SVG line chart of a class-2 closes output (an earlier step)."""
-    _side_channel(ctx, "demo.chart", "start")
+    side_channel_note(ctx, "demo.chart", "start")
     _pause(pause)
     artifact = ctx.output(int(source))
     rows = list(csv.DictReader(io.StringIO(ctx.read(int(source)).decode())))
@@ -229,7 +233,7 @@ def demo_chart(
         f"{rows[0]['date']} to {rows[-1]['date']}: {low:.2f}-{high:.2f}</text>"
         "</svg>"
     )
-    _side_channel(ctx, "demo.chart", "end")
+    side_channel_note(ctx, "demo.chart", "end")
     return ToolResult(
         data=svg.encode(),
         media_type="image/svg+xml",
@@ -253,7 +257,7 @@ def demo_notify(
     ctx: ToolContext, *, to: str = "dad", message: str = "", pause: float = 0
 ) -> ToolResult:
     """Send a note to an outbox file; a repeated idempotency key is dropped there."""
-    _side_channel(ctx, "demo.notify", "start")
+    side_channel_note(ctx, "demo.notify", "start")
     _pause(pause)
     outbox = ctx.files_root / "outbox.jsonl"
     outbox.parent.mkdir(parents=True, exist_ok=True)
@@ -272,7 +276,7 @@ def demo_notify(
                 + "\n"
             )
     receipt = {"to": to, "key": ctx.idempotency_key, "duplicate_dropped": duplicate}
-    _side_channel(ctx, "demo.notify", "end")
+    side_channel_note(ctx, "demo.notify", "end")
     return ToolResult(
         data=json.dumps(receipt).encode(),
         media_type="application/json",

@@ -6,34 +6,16 @@ crash tests count real invocations with).
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
+from tasks.demo.tools import side_channel_note
 from tasks.tools import ToolContext, ToolResult, tool
 
 
 def _note(ctx: ToolContext, name: str, phase: str) -> None:
-    path = os.environ.get("PIPPA_TOOL_LOG")
-    if not path:
-        return
-    line = json.dumps(
-        {
-            "tool": name,
-            "phase": phase,
-            "task": ctx.task_id,
-            "step": ctx.step_id,
-            "key": ctx.idempotency_key,
-            "attempt": ctx.attempt,
-            "pid": os.getpid(),
-            "t": time.time(),
-        }
-    )
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (line + "\n").encode())
-    finally:
-        os.close(fd)
+    # The same side channel the demo tools write: one JSON line per call.
+    side_channel_note(ctx, name, phase)
 
 
 def _payload(ctx: ToolContext, size: int, stable: bool) -> bytes:
