@@ -16,10 +16,9 @@ from typing import Any
 
 from tasks.brains.base import (
     ERR_SHAPE,
-    BrainAdapter,
     BrainError,
     BrainReply,
-    HttpJsonClient,
+    HttpBrainAdapter,
     Message,
     ToolCall,
     ToolSpec,
@@ -29,7 +28,7 @@ from tasks.brains.base import (
 API_VERSION = "2023-06-01"
 
 
-class AnthropicBrain(BrainAdapter):
+class AnthropicBrain(HttpBrainAdapter):
     name = "claude"
     vendor = "Anthropic"
 
@@ -45,14 +44,16 @@ class AnthropicBrain(BrainAdapter):
         backoff: float = 0.5,
         brain: str = "claude",
     ):
-        self.name = brain
-        self.model = model
-        self.api_key = api_key
-        self.base_url = base_url.rstrip("/")
-        self.max_tokens = max_tokens
-        self.http = HttpJsonClient(
-            vendor=self.vendor, timeout=timeout, retries=retries, backoff=backoff
+        super().__init__(
+            brain=brain,
+            model=model,
+            api_key=api_key,
+            base_url=base_url,
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
         )
+        self.max_tokens = max_tokens
 
     def request_body(
         self, *, system: str, messages: list[Message], tools: list[ToolSpec]

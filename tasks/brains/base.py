@@ -103,6 +103,29 @@ class BrainAdapter(ABC):
         """Send the conversation so far; return the brain's next message."""
 
 
+class HttpBrainAdapter(BrainAdapter):
+    """A brain behind a vendor's HTTP chat API: endpoint, key, model, client."""
+
+    def __init__(
+        self,
+        *,
+        brain: str,
+        model: str,
+        api_key: str,
+        base_url: str,
+        timeout: float,
+        retries: int,
+        backoff: float,
+    ):
+        self.name = brain
+        self.model = model
+        self.api_key = api_key
+        self.base_url = base_url.rstrip("/")
+        self.http = HttpJsonClient(
+            vendor=self.vendor, timeout=timeout, retries=retries, backoff=backoff
+        )
+
+
 def parse_arguments(raw: Any, *, vendor: str) -> dict[str, Any]:
     """Return tool-call arguments as a dict (some vendors send a JSON string)."""
     if raw is None or raw == "":

@@ -16,10 +16,9 @@ from urllib.parse import quote
 
 from tasks.brains.base import (
     ERR_SHAPE,
-    BrainAdapter,
     BrainError,
     BrainReply,
-    HttpJsonClient,
+    HttpBrainAdapter,
     Message,
     ToolCall,
     ToolSpec,
@@ -35,7 +34,7 @@ def _declaration(tool: ToolSpec) -> dict[str, Any]:
     return decl
 
 
-class GeminiBrain(BrainAdapter):
+class GeminiBrain(HttpBrainAdapter):
     name = "gemini"
     vendor = "Gemini"
 
@@ -50,12 +49,14 @@ class GeminiBrain(BrainAdapter):
         backoff: float = 0.5,
         brain: str = "gemini",
     ):
-        self.name = brain
-        self.model = model
-        self.api_key = api_key
-        self.base_url = base_url.rstrip("/")
-        self.http = HttpJsonClient(
-            vendor=self.vendor, timeout=timeout, retries=retries, backoff=backoff
+        super().__init__(
+            brain=brain,
+            model=model,
+            api_key=api_key,
+            base_url=base_url,
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
         )
 
     def request_body(

@@ -16,10 +16,9 @@ from typing import Any
 
 from tasks.brains.base import (
     ERR_SHAPE,
-    BrainAdapter,
     BrainError,
     BrainReply,
-    HttpJsonClient,
+    HttpBrainAdapter,
     Message,
     ToolCall,
     ToolSpec,
@@ -36,7 +35,7 @@ DEFAULT_BASE_URLS = {
 }
 
 
-class OpenAICompatBrain(BrainAdapter):
+class OpenAICompatBrain(HttpBrainAdapter):
     vendor = "openai-compatible"
 
     def __init__(
@@ -50,13 +49,15 @@ class OpenAICompatBrain(BrainAdapter):
         retries: int = 2,
         backoff: float = 0.5,
     ):
-        self.name = brain
-        self.model = model
-        self.base_url = (base_url or DEFAULT_BASE_URLS.get(brain, "")).rstrip("/")
-        self.api_key = api_key
         self.vendor = f"{brain} (OpenAI-compatible)"
-        self.http = HttpJsonClient(
-            vendor=self.vendor, timeout=timeout, retries=retries, backoff=backoff
+        super().__init__(
+            brain=brain,
+            model=model,
+            api_key=api_key,
+            base_url=base_url or DEFAULT_BASE_URLS.get(brain, ""),
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
         )
 
     def request_body(
