@@ -160,8 +160,9 @@ def preview_render(*, artifact: Artifact) -> Artifact | None:
     """Render (or reuse) the PNG preview of a widget artifact; fail closed.
 
     1. Not a widget: return None and record nothing.
-    2. A preview already recorded and still present: return it (idempotent;
-       content addressing makes the same widget the same row).
+    2. A preview already recorded and still intact: return it (idempotent;
+       content addressing makes the same widget the same row). One whose
+       blob is missing or damaged is rendered again.
     3. Read the widget blob; render it in the capped subprocess.
     4. On success store the PNG as a class-4 artifact whose ``source_refs``
        names the widget, and record ``status: ok`` on the widget.
@@ -172,8 +173,10 @@ def preview_render(*, artifact: Artifact) -> Artifact | None:
     current = preview_status(artifact)
     if current.get("status") == STATUS_OK:
         existing = Artifact.objects.filter(pk=current.get("artifact_id")).first()
-        if existing is not None:
+        if existing is not None and default_store().verify(existing.sha256):
             return existing
+        # A recorded preview whose PNG is gone or damaged is rendered again;
+        # content addressing puts the same bytes back under the same row.
     try:
         data = default_store().get(artifact.sha256)
     except BlobError:

@@ -162,17 +162,16 @@ class BlobStore:
                     os.fsync(out.fileno())
             sha = digest.hexdigest()
             final = self.path(sha)
-            if final.is_file() and final.stat().st_size == size:
-                tmp.unlink()
-                # Fresh mtime: the doctor's grace period now covers this reuse
-                # until the row that points at it is committed.
-                os.utime(final)
-                return PutResult(sha, size, created=False)
+            # The new file replaces any old one of that name: the bytes are
+            # the same by construction, and a copy that was damaged or lost
+            # on disk is healed. A reused blob also gets a fresh mtime, so the
+            # doctor's grace period covers it until its row commits.
+            existed = final.is_file()
             os.chmod(tmp, 0o444)
             os.replace(tmp, final)
             if self.fsync:
                 _fsync_dir(final.parent)
-            return PutResult(sha, size, created=True)
+            return PutResult(sha, size, created=not existed)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

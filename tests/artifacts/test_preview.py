@@ -124,3 +124,17 @@ def test_render_png_passes_no_secrets_to_the_worker(monkeypatch):
     assert "DATABASE_URL" not in seen["env"]
     assert "SECRET_KEY" not in seen["env"]
     assert seen["args"][1] == "-I"
+
+
+@pytest.mark.django_db
+def test_a_preview_whose_png_was_lost_is_rendered_again_into_the_same_row():
+    widget = _widget()
+    first = preview_render(artifact=widget)
+    store = default_store()
+    store.unlink(first.sha256)
+
+    again = preview_render(artifact=widget)
+
+    assert again == first
+    assert store.verify(first.sha256)
+    assert Artifact.objects.filter(media_type="image/png").count() == 1

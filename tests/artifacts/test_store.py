@@ -153,3 +153,14 @@ def test_streamed_reads_return_the_bytes_in_chunks(store):
     data = os.urandom(3 * 1024 * 1024 + 7)
     result = store.put_bytes(data)
     assert b"".join(store.iter_chunks(result.sha256, chunk_size=1 << 20)) == data
+
+
+def test_storing_the_same_bytes_again_heals_a_damaged_copy(store):
+    result = store.put_bytes(b"precious")
+    path = store.path(result.sha256)
+    path.chmod(0o644)
+    path.write_bytes(b"rotten!!")  # same size, wrong bytes
+    again = store.put_bytes(b"precious")
+    assert not again.created
+    assert store.verify(result.sha256)
+    assert store.get(result.sha256) == b"precious"
