@@ -352,6 +352,12 @@ class Event(models.Model):
             models.Index(fields=["task", "kind", "seq"], name="tasks_event_task_kind"),
             # Envelope lookups: a step's latest events.
             models.Index(fields=["step", "seq"], name="tasks_event_step_seq"),
+            # The doctor's open-envelope scan: only the tool_call_started rows.
+            models.Index(
+                fields=["step", "seq"],
+                name="tasks_event_calls_started",
+                condition=Q(kind="tool_call_started"),
+            ),
         ]
 
     def __str__(self) -> str:
