@@ -194,3 +194,21 @@ def logged_in_page(page, live_server, make_user):
     page.user = user
     page.base_url = live_server.url
     return page
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_stray_database_sessions(django_db_setup, django_db_blocker):
+    """End other sessions on the PostgreSQL test database before it is dropped.
+
+    Threads the tests start (the live server's, a runner's, the lease keeper)
+    may still hold a connection when the session ends, and PostgreSQL refuses
+    to drop a database that is in use.
+    """
+    yield
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
