@@ -63,7 +63,7 @@ from tasks.resume import (
     sources_alive,
     uncertain_decide,
 )
-from tasks.services import MAX_EVENT_DATA_CHARS, events_append
+from tasks.services import events_append, events_insert
 from tasks.tools import ToolContext, ToolResult, files_root, tool_get
 
 log = logging.getLogger("pippa.executor")
@@ -259,31 +259,6 @@ def _lease_until():
     return timezone.now() + timedelta(seconds=settings.PIPPA_LEASE_SECONDS)
 
 
-def _check_data(data: dict[str, Any]) -> str:
-    encoded = json.dumps(data, default=str)
-    if len(encoded) > MAX_EVENT_DATA_CHARS:
-        raise ValueError("event data must stay small (refs and sizes, not payloads)")
-    return encoded
-
-
-def _insert_events(
-    cursor, task_id: int, last_seq: int, entries: list[tuple[str, int | None, dict]]
-) -> None:
-    """Insert events numbered up to ``last_seq`` (reserved by the caller's UPDATE)."""
-    first = last_seq - len(entries) + 1
-    now = _dt(timezone.now())
-    ph = _json_ph()
-    values = ", ".join([f"(%s, %s, %s, %s, {ph}, %s)"] * len(entries))
-    params: list[Any] = []
-    for i, (kind, step_id, data) in enumerate(entries):
-        params += [task_id, step_id, first + i, str(kind), _check_data(data), now]
-    cursor.execute(
-        f"INSERT INTO {T_EVENT} (task_id, step_id, seq, kind, data, created_at) "
-        f"VALUES {values}",
-        params,
-    )
-
-
 def _append_held(
     cursor,
     task_id: int,
@@ -315,7 +290,12 @@ def _append_held(
     if row is None:
         raise LeaseLost(f"task {task_id}: lease no longer held by {worker_id}")
     if entries:
-        _insert_events(cursor, task_id, row[0], entries)
+        events_insert(
+            task_id=task_id,
+            first_seq=row[0] - len(entries) + 1,
+            entries=entries,
+            created_at=timezone.now(),
+        )
     return row
 
 

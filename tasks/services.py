@@ -44,48 +44,77 @@ def _next_seqs(task_id: int, count: int) -> int:
     return row[0]
 
 
-def _check_data(data: dict[str, Any] | None) -> dict[str, Any]:
-    data = data or {}
-    if len(json.dumps(data, default=str)) > MAX_EVENT_DATA_CHARS:
+def _encode_data(data: dict[str, Any] | None) -> str:
+    encoded = json.dumps(data or {}, default=str)
+    if len(encoded) > MAX_EVENT_DATA_CHARS:
         raise ValueError(ERR_EVENT_DATA_TOO_LARGE)
-    return data
+    return encoded
 
 
-def _insert_events(
-    task_id: int, first_seq: int, rows: list[tuple[str, int | None, dict]]
-) -> list[Event]:
-    """INSERT the events with one precompiled statement; return unsaved-looking rows.
+def events_insert(
+    *,
+    task_id: int,
+    first_seq: int,
+    entries: list[tuple[str, int | None, dict[str, Any] | None]],
+    created_at,
+    returning: bool = False,
+) -> list[int]:
+    """INSERT events numbered from ``first_seq`` (already reserved) in one statement.
 
-    The hot path of every step writes several events; building the INSERT by
-    hand skips the ORM's per-row SQL compilation (the largest share of its cost
-    here) while keeping the same columns, adapters and constraints.
+    The only writer of event rows. The caller reserves the numbers in the same
+    transaction (``_next_seqs``, or the executor's lease UPDATE). Building the
+    INSERT by hand skips the ORM's per-row SQL compilation, the largest share
+    of its cost on the step hot path, with the same columns, adapters and
+    constraints. With ``returning`` the new ids come back in insert order.
     """
-    now = timezone.now()
-    created = Event._meta.get_field("created_at").get_db_prep_save(now, connection)
+    created = Event._meta.get_field("created_at").get_db_prep_save(
+        created_at, connection
+    )
     table = connection.ops.quote_name(Event._meta.db_table)
     json_param = "%s::jsonb" if connection.vendor == "postgresql" else "%s"
-    values = ", ".join([f"(%s, %s, %s, %s, {json_param}, %s)"] * len(rows))
+    values = ", ".join([f"(%s, %s, %s, %s, {json_param}, %s)"] * len(entries))
     params: list = []
-    for i, (kind, step_id, data) in enumerate(rows):
-        params += [task_id, step_id, first_seq + i, kind, json.dumps(data), created]
+    for i, (kind, step_id, data) in enumerate(entries):
+        params += [
+            task_id,
+            step_id,
+            first_seq + i,
+            str(kind),
+            _encode_data(data),
+            created,
+        ]
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {table} (task_id, step_id, seq, kind, data, created_at) "
-            f"VALUES {values} RETURNING id",
+            f"VALUES {values}{' RETURNING id' if returning else ''}",
             params,
         )
-        ids = [row[0] for row in cursor.fetchall()]
+        # Ids are handed out in insert order; RETURNING's row order is not.
+        return sorted(row[0] for row in cursor.fetchall()) if returning else []
+
+
+def _append(
+    task_id: int, entries: list[tuple[str, int | None, dict[str, Any] | None]]
+) -> list[Event]:
+    last = _next_seqs(task_id, len(entries))
+    first = last - len(entries) + 1
+    now = timezone.now()
+    ids = events_insert(
+        task_id=task_id,
+        first_seq=first,
+        entries=entries,
+        created_at=now,
+        returning=True,
+    )
     events = []
-    for pk, (i, (kind, step_id, data)) in zip(
-        sorted(ids), enumerate(rows), strict=True
-    ):
+    for pk, (i, (kind, step_id, data)) in zip(ids, enumerate(entries), strict=True):
         event = Event(
             id=pk,
             task_id=task_id,
             step_id=step_id,
-            seq=first_seq + i,
+            seq=first + i,
             kind=kind,
-            data=data,
+            data=data or {},
             created_at=now,
         )
         event._state.adding = False
@@ -103,9 +132,7 @@ def event_append(
     data: dict[str, Any] | None = None,
 ) -> Event:
     """Append one event to a task's log with the next gap-free sequence number."""
-    data = _check_data(data)
-    seq = _next_seqs(task_id, 1)
-    return _insert_events(task_id, seq, [(kind, step_id, data)])[0]
+    return _append(task_id, [(kind, step_id, data)])[0]
 
 
 @transaction.atomic
@@ -115,9 +142,7 @@ def events_append(
     """Append several events (kind, step_id, data) in order, in one transaction."""
     if not entries:
         return []
-    checked = [(kind, step_id, _check_data(data)) for kind, step_id, data in entries]
-    last = _next_seqs(task_id, len(checked))
-    return _insert_events(task_id, last - len(checked) + 1, checked)
+    return _append(task_id, entries)
 
 
 # -- deletion -----------------------------------------------------------------
