@@ -12,10 +12,11 @@ PYTHON ?= $(shell for c in python3.13 python3.12 python3 \
 	  $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo $$p; break; }; \
 	done)
 
-.PHONY: run test bench lint format venv install install-test browser clean help
+.PHONY: prepare run dev test bench lint format venv install install-test install-bench browser clean help
 
 help:
-	@echo "make run    - set up .venv, migrate, load the demo, serve on http://$(HOST):$(PORT)"
+	@echo "make run    - set up .venv, migrate, load the demo, serve on http://$(HOST):$(PORT) (gunicorn)"
+	@echo "make dev    - the same with Django's development server (auto-reload, DEBUG=1)"
 	@echo "make test   - set up .venv with test extras and run the whole suite"
 	@echo "make bench  - print the benchmark table"
 	@echo "make lint   - ruff check and ruff format --check"
@@ -39,27 +40,44 @@ $(VENV)/.installed-test: $(VENV)/.installed
 
 venv: $(VENV)/.created
 install: $(VENV)/.installed
+$(VENV)/.installed-bench: $(VENV)/.installed-test
+	$(PY) -m pip install -q -e '.[test,bench]'
+	@touch $@
+
 install-test: $(VENV)/.installed-test
+install-bench: $(VENV)/.installed-bench
 
 browser:
 	@bash .ci/install-chromium
 
-run: install
+prepare: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py collectstatic --noinput -v 0
 	$(PY) manage.py pippa_bootstrap
+
+# Production server: gunicorn (pippa_site/gunicorn_conf.py), whitenoise for static
+# files. A worker runs beside it so demo tasks advance live; Ctrl-C stops both.
+run: prepare
 	@echo "Pippa Stateful: http://$(HOST):$(PORT)/  (admin: http://$(HOST):$(PORT)/admin/)"
-	@# A worker runs beside the server so demo tasks advance live; Ctrl-C stops both.
-	@if $(PY) manage.py help pippa_worker >/dev/null 2>&1; then \
-	  trap 'kill 0' EXIT INT TERM; \
+	@trap 'kill 0' EXIT INT TERM; \
 	  $(PY) manage.py pippa_worker & \
-	  $(PY) manage.py runserver --noreload $(HOST):$(PORT); \
-	else $(PY) manage.py runserver --noreload $(HOST):$(PORT); fi
+	  HOST=$(HOST) PORT=$(PORT) $(VENV)/bin/gunicorn -c python:pippa_site.gunicorn_conf
+
+# Django's development server: auto-reload and debug pages, for working on the code.
+dev: prepare
+	@echo "Pippa Stateful (development server): http://$(HOST):$(PORT)/"
+	@trap 'kill 0' EXIT INT TERM; \
+	  $(PY) manage.py pippa_worker & \
+	  DEBUG=1 $(PY) manage.py runserver $(HOST):$(PORT)
 
 test: install-test browser
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-bench: install-test
+# Installs the peers (LangGraph, DBOS) from the bench extra, and Debian's eatmydata
+# when missing and apt-get is there; the bench says so when it cannot.
+bench: install-bench
+	@command -v eatmydata >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+	  [ "$$(id -u)" = 0 ] && apt-get install -y -q eatmydata >/dev/null 2>&1; } || true
 	$(PY) -m bench $(BENCH_ARGS)
 
 lint: install-test

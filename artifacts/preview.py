@@ -202,6 +202,16 @@ def preview_render(*, artifact: Artifact) -> Artifact | None:
     return preview
 
 
+def preview_sha_for(artifact: Artifact) -> str | None:
+    """Return the sha256 of the PNG ``preview_artifact_for`` shows, without a query."""
+    if artifact.media_type == PREVIEW_MEDIA_TYPE:
+        return artifact.sha256
+    status = preview_status(artifact)
+    if status.get("status") != STATUS_OK:
+        return None
+    return status.get("sha256") or None
+
+
 def preview_artifact_for(artifact: Artifact) -> Artifact | None:
     """Return the PNG to show for ``artifact``: itself if a PNG, else its preview."""
     if artifact.media_type == PREVIEW_MEDIA_TYPE:

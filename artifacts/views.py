@@ -15,8 +15,9 @@ from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST, require_safe
 
+from artifacts.caching import immutable, not_modified
 from artifacts.models import Artifact
-from artifacts.preview import preview_artifact_for, preview_status
+from artifacts.preview import preview_artifact_for, preview_sha_for, preview_status
 from artifacts.selectors import (
     artifact_get_for_user,
     artifact_lineage,
@@ -34,6 +35,7 @@ INLINE_MEDIA_TYPES = frozenset(
 TEXT_MEDIA_PREFIXES = ("text/", "image/svg+xml", "application/json", "application/xml")
 MAX_SOURCE_TEXT_BYTES = 256 * 1024
 
+ERR_NO_PREVIEW = "This artifact has no preview."
 ERR_BLOB_MISSING = "The payload of this artifact is missing from the blob store."
 MSG_VERIFIED = {
     Artifact.Integrity.OK: "Verified: the blob matches its sha256.",
@@ -57,9 +59,7 @@ def _payload_response(artifact: Artifact, *, download: bool) -> FileResponse:
     response["X-Content-Type-Options"] = "nosniff"
     response["Cross-Origin-Resource-Policy"] = "same-origin"
     # Content-addressed: the bytes behind this URL never change.
-    response["Cache-Control"] = "private, max-age=31536000, immutable"
-    response["ETag"] = f'"{artifact.sha256}"'
-    return response
+    return immutable(response, sha256=artifact.sha256)
 
 
 def _filename(artifact: Artifact) -> str:
@@ -74,14 +74,13 @@ def _filename(artifact: Artifact) -> str:
     return f"artifact-{artifact.pk}-{artifact.sha256[:12]}.{extension}"
 
 
-def _not_modified(request: HttpRequest, artifact: Artifact) -> bool:
-    return request.headers.get("If-None-Match") == f'"{artifact.sha256}"'
-
-
 @require_safe
 @login_required
 def artifact_source(request: HttpRequest, artifact_id: int) -> HttpResponse:
     artifact = artifact_get_for_user(user=request.user, artifact_id=artifact_id)
+    cached = not_modified(request, sha256=artifact.sha256)
+    if cached is not None:
+        return cached
     download = artifact.media_type not in INLINE_MEDIA_TYPES
     return _payload_response(artifact, download=download)
 
@@ -90,13 +89,14 @@ def artifact_source(request: HttpRequest, artifact_id: int) -> HttpResponse:
 @login_required
 def artifact_preview(request: HttpRequest, artifact_id: int) -> HttpResponse:
     artifact = artifact_get_for_user(user=request.user, artifact_id=artifact_id)
+    # A repeat view is answered from the widget's own row: no preview row, no blob.
+    sha = preview_sha_for(artifact)
+    cached = not_modified(request, sha256=sha) if sha else None
+    if cached is not None:
+        return cached
     preview = preview_artifact_for(artifact)
     if preview is None:
-        raise Http404("This artifact has no preview.")
-    if _not_modified(request, preview):
-        response = HttpResponse(status=304)
-        response["ETag"] = f'"{preview.sha256}"'
-        return response
+        raise Http404(ERR_NO_PREVIEW)
     return _payload_response(preview, download=False)
 
 

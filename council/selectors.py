@@ -66,17 +66,22 @@ def participant_get(*, council_round: CouncilRound, participant_id) -> Participa
         raise Http404(ERR_PARTICIPANT_NOT_FOUND) from None
 
 
-def turn_context_bytes(*, turn: Turn) -> bytes:
-    """Return the stored context document this turn's speaker received."""
-    link = (
+def turn_context_sha(*, turn: Turn) -> str:
+    """Return the sha256 of the stored context this turn's speaker received."""
+    sha = (
         TurnArtifact.objects.filter(turn=turn, role=TurnArtifact.Role.CONTEXT)
-        .select_related("artifact")
+        .values_list("artifact__sha256", flat=True)
         .first()
     )
-    if link is None:
+    if sha is None:
         raise Http404(ERR_CONTEXT_MISSING)
+    return sha
+
+
+def turn_context_bytes(*, turn: Turn, sha256: str | None = None) -> bytes:
+    """Return the stored context document this turn's speaker received."""
     try:
-        return default_store().get(link.artifact.sha256)
+        return default_store().get(sha256 or turn_context_sha(turn=turn))
     except BlobError:
         raise Http404(ERR_CONTEXT_MISSING) from None
 

@@ -10,6 +10,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
+from artifacts.caching import immutable, not_modified
 from council.selectors import (
     live_context,
     next_participant,
@@ -17,6 +18,7 @@ from council.selectors import (
     round_get_for_user,
     round_page,
     turn_context_bytes,
+    turn_context_sha,
     turn_get_for_user,
 )
 from council.services import brain_label, context_bytes
@@ -70,4 +72,9 @@ def round_context(request: HttpRequest, round_id: int) -> HttpResponse:
 def turn_context(request: HttpRequest, turn_id: int) -> HttpResponse:
     """The stored context this turn's speaker received, byte for byte."""
     turn = turn_get_for_user(user=request.user, turn_id=turn_id)
-    return _json(turn_context_bytes(turn=turn))
+    # Stored once and never rewritten: cacheable by its sha like any payload.
+    sha = turn_context_sha(turn=turn)
+    cached = not_modified(request, sha256=sha)
+    if cached is not None:
+        return cached
+    return immutable(_json(turn_context_bytes(turn=turn, sha256=sha)), sha256=sha)

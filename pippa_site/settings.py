@@ -100,7 +100,13 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files answer here, already compressed (whitenoise keeps .gz/.br).
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Compresses on the way out, after everything below has written the body.
+    # Django's GZip adds random bytes per response against BREACH, and the CSRF
+    # token in pages is masked anew per response; payloads are left alone
+    # (see pippa_site/middleware.py).
+    "pippa_site.middleware.TextGZipMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -210,6 +216,15 @@ STORAGES = {
         else "django.contrib.staticfiles.storage.StaticFilesStorage"
     },
 }
+
+# Request bodies: the WSGI server (gunicorn) streams them; Django reads at most
+# this much of a form or JSON body into memory (more is a 400), and spools
+# uploaded files to disk past FILE_UPLOAD_MAX_MEMORY_SIZE. The API's artifact
+# upload streams into the blob store up to PIPPA_MAX_UPLOAD_BYTES.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("PIPPA_MAX_FORM_BYTES", 2_621_440)
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
+DATA_UPLOAD_MAX_NUMBER_FILES = 10
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 
 # Executor knobs.
 PIPPA_LEASE_SECONDS = env_int("PIPPA_LEASE_SECONDS", 60)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from artifacts.models import Artifact, ArtifactClass
@@ -303,3 +305,101 @@ def test_source_answers_head_requests_with_the_same_headers(dad_client, owned):
     assert response.status_code == 200
     assert response["X-Content-Type-Options"] == "nosniff"
     assert "sandbox" in response["Content-Security-Policy"]
+
+
+@pytest.mark.django_db
+def test_source_carries_its_sha_as_etag_and_is_cacheable_for_good(dad_client, owned):
+    _, artifact = owned
+    response = dad_client.get(reverse("artifacts:source", args=[artifact.pk]))
+    assert response.status_code == 200
+    assert response["ETag"] == f'"{artifact.sha256}"'
+    assert response["Cache-Control"] == "private, max-age=31536000, immutable"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "header",
+    [
+        '"{sha}"',
+        'W/"{sha}"',
+        '"0000", "{sha}"',
+        "*",
+    ],
+)
+def test_a_repeat_view_of_a_source_is_304_without_a_body(dad_client, owned, header):
+    _, artifact = owned
+    response = dad_client.get(
+        reverse("artifacts:source", args=[artifact.pk]),
+        headers={"If-None-Match": header.format(sha=artifact.sha256)},
+    )
+    assert response.status_code == 304
+    assert response.content == b""
+    assert response["ETag"] == f'"{artifact.sha256}"'
+    assert response["Cache-Control"] == "private, max-age=31536000, immutable"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "header",
+    ['"0000"', "{sha}", '"{sha}x"', "garbage, ,,", '"' + "a" * 5000 + '"'],
+)
+def test_a_stale_or_hostile_if_none_match_gets_the_bytes(dad_client, owned, header):
+    _, artifact = owned
+    response = dad_client.get(
+        reverse("artifacts:source", args=[artifact.pk]),
+        headers={"If-None-Match": header.format(sha=artifact.sha256)},
+    )
+    assert response.status_code == 200
+    assert b"".join(response.streaming_content) == default_store().get(artifact.sha256)
+
+
+@pytest.mark.django_db
+def test_another_user_holding_the_right_etag_still_gets_404(client, make_user, owned):
+    task, artifact = owned
+    widget, preview = widget_store(data=SVG)
+    task.artifact_links.create(artifact=widget)
+    client.force_login(make_user())
+    for name, target, sha in (
+        ("source", artifact, artifact.sha256),
+        ("preview", widget, preview.sha256),
+    ):
+        response = client.get(
+            reverse(f"artifacts:{name}", args=[target.pk]),
+            headers={"If-None-Match": f'"{sha}"'},
+        )
+        assert response.status_code == 404, name
+
+
+@pytest.mark.django_db
+def test_a_repeat_view_of_a_preview_reads_neither_the_preview_row_nor_its_blob(
+    dad_client, owned
+):
+    task, _ = owned
+    widget, preview = widget_store(data=SVG)
+    task.artifact_links.create(artifact=widget)
+    url = reverse("artifacts:preview", args=[widget.pk])
+    with CaptureQueriesContext(connection) as first:
+        assert dad_client.get(url).status_code == 200
+    default_store().unlink(preview.sha256)
+
+    with CaptureQueriesContext(connection) as repeat:
+        response = dad_client.get(url, headers={"If-None-Match": f'"{preview.sha256}"'})
+
+    assert response.status_code == 304
+    assert len(repeat) < len(first)
+    # The bytes are gone: a client without them is told so.
+    assert dad_client.get(url).status_code == 404
+
+
+@pytest.mark.django_db
+def test_a_png_preview_is_sent_uncompressed_with_its_strong_etag(dad_client, owned):
+    task, _ = owned
+    widget, preview = widget_store(data=SVG)
+    task.artifact_links.create(artifact=widget)
+    response = dad_client.get(
+        reverse("artifacts:preview", args=[widget.pk]),
+        headers={"Accept-Encoding": "gzip, br"},
+    )
+    assert "Content-Encoding" not in response
+    assert response["ETag"] == f'"{preview.sha256}"'
+    assert b"".join(response.streaming_content).startswith(b"\x89PNG")

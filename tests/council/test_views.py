@@ -207,3 +207,41 @@ def test_round_page_queries_do_not_grow_with_the_number_of_turns(
     with django_assert_max_num_queries(len(few.captured_queries)):
         response = dad_client.get(url)
     assert b"more 3" in response.content
+
+
+@pytest.mark.django_db
+def test_a_turn_context_is_cached_by_its_sha_and_a_repeat_view_is_304(
+    dad_client, council_round
+):
+    grace_turn = Turn.objects.get(round=council_round, order=2)
+    url = reverse("council:turn_context", args=[grace_turn.pk])
+    first = dad_client.get(url)
+    sha = grace_turn.artifact_links.get(role="context").artifact.sha256
+
+    again = dad_client.get(url, headers={"If-None-Match": first["ETag"]})
+
+    assert first["ETag"] == f'"{sha}"'
+    assert first["Cache-Control"] == "private, max-age=31536000, immutable"
+    assert again.status_code == 304
+    assert again.content == b""
+
+
+@pytest.mark.django_db
+def test_the_live_round_context_is_never_cached(dad_client, council_round):
+    response = dad_client.get(reverse("council:context", args=[council_round.pk]))
+    assert response["Cache-Control"] == "private, no-store"
+    assert "ETag" not in response
+
+
+@pytest.mark.django_db
+def test_another_users_turn_context_is_404_even_with_the_right_etag(
+    client, make_user, council_round
+):
+    grace_turn = Turn.objects.get(round=council_round, order=2)
+    sha = grace_turn.artifact_links.get(role="context").artifact.sha256
+    client.force_login(make_user())
+    response = client.get(
+        reverse("council:turn_context", args=[grace_turn.pk]),
+        headers={"If-None-Match": f'"{sha}"'},
+    )
+    assert response.status_code == 404

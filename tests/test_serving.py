@@ -1,0 +1,234 @@
+"""Serving: compressed HTML that stays safe against BREACH, payloads left as they
+are, and the production server (gunicorn) bounding what a client may send."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import re
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from django.urls import reverse
+
+from tasks.models import Task
+from tests.conftest import REPO
+
+TOKEN = re.compile(rb'name="csrfmiddlewaretoken" value="([^"]+)"')
+
+
+@pytest.mark.django_db
+def test_html_pages_are_gzip_compressed_for_a_client_that_accepts_it(client, user):
+    client.force_login(user)
+    response = client.get("/", headers={"Accept-Encoding": "gzip, deflate, br"})
+    assert response.status_code == 200
+    assert response["Content-Encoding"] == "gzip"
+    assert "Accept-Encoding" in response["Vary"]
+    page = gzip.decompress(response.content)
+    assert b"</html>" in page
+    assert len(response.content) < len(page)
+
+
+@pytest.mark.django_db
+def test_a_client_that_does_not_accept_gzip_gets_plain_html(client, user):
+    client.force_login(user)
+    response = client.get("/")
+    assert "Content-Encoding" not in response
+    assert b"</html>" in response.content
+
+
+@pytest.mark.django_db
+def test_two_compressed_login_pages_differ_in_length_and_csrf_token(client):
+    """BREACH needs a stable secret and a stable length; neither is."""
+    pages = [
+        client.get("/login/", headers={"Accept-Encoding": "gzip"}) for _ in range(6)
+    ]
+    assert all(p["Content-Encoding"] == "gzip" for p in pages)
+    tokens = {TOKEN.search(gzip.decompress(p.content)).group(1) for p in pages}
+    lengths = {len(p.content) for p in pages}
+    assert len(tokens) == 6
+    assert len(lengths) > 1
+
+
+@pytest.mark.django_db
+def test_htmx_fragments_and_json_are_compressed_too(
+    client, user, make_conversation, make_task
+):
+    client.force_login(user)
+    task = make_task(
+        conversation=make_conversation(owner=user),
+        title="A task with a long title " * 8,
+        status=Task.Status.DONE,
+    )
+    response = client.get(
+        task.get_absolute_url(),
+        headers={
+            "Accept-Encoding": "gzip",
+            "HX-Request": "true",
+            "HX-Target": "events",
+        },
+    )
+    assert response.status_code == 200
+    assert response["Content-Encoding"] == "gzip"
+    assert b"<html" not in gzip.decompress(response.content)
+    api = client.get(reverse("api:openapi-json"), headers={"Accept-Encoding": "gzip"})
+    assert api["Content-Encoding"] == "gzip"
+    assert b'"openapi"' in gzip.decompress(api.content)
+
+
+# --- The production server: gunicorn with pippa_site/gunicorn_conf.py ---------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rss_kib(pid: int) -> int:
+    """Resident memory of gunicorn's master and its workers, in KiB."""
+    total = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        if int(status.parent.name) == pid or fields.get("PPid", "").strip() == str(pid):
+            total += int(fields.get("VmRSS", "0 kB").split()[0])
+    return total
+
+
+@pytest.fixture
+def gunicorn_server(transactional_db, subprocess_env, python_exe):
+    """gunicorn serving this test's database with the settings ``make run`` uses."""
+    env = {**subprocess_env, "PORT": str(_free_port()), "HOST": "127.0.0.1"}
+    env.pop("PIPPA_PLAIN_STATIC", None)
+    env["PIPPA_WEB_WORKERS"] = "1"
+    subprocess.run(
+        [python_exe, "manage.py", "collectstatic", "--noinput", "-v", "0"],
+        cwd=REPO,
+        env=env,
+        check=True,
+        timeout=120,
+    )
+    proc = subprocess.Popen(
+        [
+            str(Path(python_exe).parent / "gunicorn"),
+            "-c",
+            "python:pippa_site.gunicorn_conf",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    base = f"http://127.0.0.1:{env['PORT']}"
+    for _ in range(200):
+        try:
+            with urllib.request.urlopen(base + "/login/", timeout=2):
+                break
+        except OSError:
+            if proc.poll() is not None:
+                pytest.fail(proc.stderr.read().decode())
+            time.sleep(0.05)
+    try:
+        yield proc, int(env["PORT"])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _get(port: int, path: str, **headers) -> http.client.HTTPResponse:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", path, headers=headers)
+    response = conn.getresponse()
+    response.body = response.read()
+    conn.close()
+    return response
+
+
+def _post_declaring(port: int, path: str, declared: int, send_at_most: int) -> int:
+    """POST declaring ``declared`` bytes, send up to ``send_at_most``; return the status."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/x-www-form-urlencoded\r\n"
+        f"Content-Length: {declared}\r\n\r\n".encode()
+    )
+    chunk = b"a=" + b"x" * (1024 * 1024 - 2)
+    sent = 0
+    try:
+        while sent < send_at_most:
+            sock.sendall(chunk)
+            sent += len(chunk)
+    except OSError:
+        pass  # the server answered and closed: what a bounded server does
+    sock.settimeout(10)
+    head = b""
+    try:
+        while b"\r\n" not in head:
+            data = sock.recv(4096)
+            if not data:
+                break
+            head += data
+    except OSError:
+        pass
+    sock.close()
+    return int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/") else 0
+
+
+@pytest.mark.slow
+def test_gunicorn_serves_compressed_pages_and_immutable_compressed_static(
+    gunicorn_server,
+):
+    _, port = gunicorn_server
+    page = _get(port, "/login/", **{"Accept-Encoding": "gzip"})
+    assert page.status == 200
+    assert page.headers["Server"] == "gunicorn"
+    assert page.headers["Content-Encoding"] == "gzip"
+    html = gzip.decompress(page.body)
+    css = re.search(rb'href="(/static/css/[^"]+\.css)"', html).group(1).decode()
+    static = _get(port, css, **{"Accept-Encoding": "gzip"})
+    assert static.status == 200
+    assert "immutable" in static.headers["Cache-Control"]
+    assert static.headers["Content-Encoding"] == "gzip"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("path", "statuses"),
+    [
+        # Unauthenticated upload: refused before a byte of the body is read.
+        ("/api/v1/tasks/1/artifacts?artifact_class=2", {401}),
+        # A form larger than DATA_UPLOAD_MAX_MEMORY_SIZE.
+        ("/login/", {400, 403}),
+    ],
+)
+def test_a_huge_request_body_is_refused_without_the_server_buffering_it(
+    gunicorn_server, path, statuses
+):
+    proc, port = gunicorn_server
+    before = _rss_kib(proc.pid)
+
+    status = _post_declaring(
+        port, path, declared=200 * 1024 * 1024, send_at_most=100 * 1024 * 1024
+    )
+
+    assert status in statuses
+    assert _rss_kib(proc.pid) - before < 48 * 1024
+    assert _get(port, "/login/").status == 200
+
+
+@pytest.mark.slow
+def test_a_request_with_an_oversized_header_is_refused_by_the_server(
+    gunicorn_server,
+):
+    _, port = gunicorn_server
+    response = _get(port, "/login/", **{"X-Pad": "a" * 20_000})
+    assert response.status in {400, 431}
+    assert _get(port, "/login/").status == 200
