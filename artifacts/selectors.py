@@ -179,3 +179,16 @@ def artifact_owners(*, artifact: Artifact, user) -> list[OwnerLink]:
     for link in turn_links.order_by("turn__round_id", "turn__order"):
         owners.append(OwnerLink("turn", link.get_role_display(), link.turn))
     return owners
+
+
+def artifact_home(
+    *, artifact: Artifact, user, owners: list[OwnerLink] | None = None
+) -> object | None:
+    """The task or council turn whose trail the artifact's breadcrumbs follow.
+
+    The first of its owners that ``user`` sees (pass ``owners`` when already
+    read); None when it is seen only through its lineage.
+    """
+    if owners is None:
+        owners = artifact_owners(artifact=artifact, user=user)
+    return owners[0].obj if owners else None

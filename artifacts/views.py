@@ -20,6 +20,7 @@ from artifacts.models import Artifact
 from artifacts.preview import preview_artifact_for, preview_sha_for, preview_status
 from artifacts.selectors import (
     artifact_get_for_user,
+    artifact_home,
     artifact_lineage,
     artifact_owners,
 )
@@ -121,6 +122,7 @@ def artifact_source_text(request: HttpRequest, artifact_id: int) -> HttpResponse
         "artifacts/source_text.html",
         {
             "artifact": artifact,
+            "crumb_parent": artifact_home(artifact=artifact, user=request.user),
             "text": text,
             "truncated": truncated,
             "error": error,
@@ -133,15 +135,19 @@ def artifact_source_text(request: HttpRequest, artifact_id: int) -> HttpResponse
 @login_required
 def artifact_detail(request: HttpRequest, artifact_id: int) -> HttpResponse:
     artifact = artifact_get_for_user(user=request.user, artifact_id=artifact_id)
+    owners = artifact_owners(artifact=artifact, user=request.user)
     return render(
         request,
         "artifacts/detail.html",
         {
             "artifact": artifact,
+            "crumb_parent": artifact_home(
+                artifact=artifact, user=request.user, owners=owners
+            ),
             "preview": preview_artifact_for(artifact),
             "preview_state": preview_status(artifact),
             "lineage": artifact_lineage(artifact=artifact, user=request.user),
-            "owners": artifact_owners(artifact=artifact, user=request.user),
+            "owners": owners,
             "is_text": artifact.media_type.startswith(TEXT_MEDIA_PREFIXES),
         },
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 
 from django.db.models import Prefetch
@@ -99,12 +100,21 @@ class TurnView:
     brain: str
     widgets: list[WidgetView] = field(default_factory=list)
     cited: list[Artifact] = field(default_factory=list)
+    # The stored context's row only: the page shows its size; its text is read
+    # when the reader opens it (turn_context_view), so the page grows linearly.
     context_artifact: Artifact | None = None
-    context_text: str = ""
-    context_error: str = ""
-    highlight_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class ContextView:
+    """One turn's received context, for the fold the round page opens on demand."""
+
+    turn: Turn
+    error: str = ""
     # The exact stored text, cut into (text, is_ref) runs for <mark>.
-    context_segments: list[tuple[str, bool]] = field(default_factory=list)
+    segments: list[tuple[str, bool]] = field(default_factory=list)
+    # Each artifact the refs name, once, with how many times it is named.
+    refs: list[tuple[int, int]] = field(default_factory=list)
 
 
 REFS_KEY = '"artifact_refs"'
@@ -151,21 +161,24 @@ def highlight_refs(raw: str) -> list[tuple[str, bool]]:
     return [(text, marked) for text, marked in segments if text]
 
 
-def _context_text(artifact: Artifact | None) -> tuple[str, list[int], str]:
-    """Pretty text of a stored context plus the artifact ids its refs name."""
-    if artifact is None:
-        return "", [], ERR_CONTEXT_MISSING
+def turn_context_view(*, turn: Turn) -> ContextView:
+    """The context ``turn``'s speaker received, with its artifact refs marked."""
+    view = ContextView(turn=turn)
     try:
-        raw = default_store().get(artifact.sha256)
+        raw = turn_context_bytes(turn=turn)
         doc = json.loads(raw)
-    except (BlobError, ValueError):
-        return "", [], ERR_CONTEXT_MISSING
-    ids = [
+    except (Http404, ValueError):
+        view.error = ERR_CONTEXT_MISSING
+        return view
+    named = Counter(
         ref.get("id")
-        for turn in doc.get("turns", [])
-        for ref in turn.get("artifact_refs", [])
-    ]
-    return raw.decode("utf-8"), [i for i in ids if isinstance(i, int)], ""
+        for earlier in doc.get("turns", [])
+        for ref in earlier.get("artifact_refs", [])
+        if isinstance(ref.get("id"), int)
+    )
+    view.refs = list(named.items())
+    view.segments = highlight_refs(raw.decode("utf-8"))
+    return view
 
 
 def round_page(*, council_round: CouncilRound) -> list[TurnView]:
@@ -199,9 +212,6 @@ def round_page(*, council_round: CouncilRound) -> list[TurnView]:
                     "" if ok else "no preview was rendered"
                 )
                 view.widgets.append(WidgetView(artifact, ok, reason))
-        text, ids, error = _context_text(view.context_artifact)
-        view.context_text, view.highlight_ids, view.context_error = text, ids, error
-        view.context_segments = highlight_refs(text) if text else []
         views.append(view)
     return views
 

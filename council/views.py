@@ -19,6 +19,7 @@ from council.selectors import (
     round_page,
     turn_context_bytes,
     turn_context_sha,
+    turn_context_view,
     turn_get_for_user,
 )
 from council.services import brain_label, context_bytes
@@ -78,3 +79,16 @@ def turn_context(request: HttpRequest, turn_id: int) -> HttpResponse:
     if cached is not None:
         return cached
     return immutable(_json(turn_context_bytes(turn=turn, sha256=sha)), sha256=sha)
+
+
+@require_GET
+@login_required
+def turn_context_page(request: HttpRequest, turn_id: int) -> HttpResponse:
+    """The stored context as readable text with its refs marked.
+
+    The round page folds each turn's context and fetches this fragment (htmx)
+    when it is opened; without script the fold links to the whole page.
+    """
+    turn = turn_get_for_user(user=request.user, turn_id=turn_id)
+    template = "council/turn_context.html" + ("#context" if request.htmx else "")
+    return render(request, template, {"context": turn_context_view(turn=turn)})

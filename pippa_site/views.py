@@ -1,4 +1,4 @@
-"""Dashboard pages for API tokens: list, create (shown once), revoke."""
+"""Dashboard pages for API tokens: list, create (shown once), revoke (confirmed)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,19 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import (
+    require_GET,
+    require_http_methods,
+    require_POST,
+)
 
 from pippa_site.models import ApiToken
-from pippa_site.services import TokenError, token_create, token_revoke
+from pippa_site.services import (
+    ERR_TOKEN_REVOKED,
+    TokenError,
+    token_create,
+    token_revoke,
+)
 
 MSG_REVOKED = "Token “{name}” revoked. Runners using it now get 401."
 
@@ -39,10 +48,16 @@ def token_new(request: HttpRequest) -> HttpResponse:
     return _page(request, new_token=new.raw, new_name=new.token.name)
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @login_required
 def token_revoke_view(request: HttpRequest, token_id: int) -> HttpResponse:
+    """GET: say what revoking does and ask; POST: revoke."""
     token = get_object_or_404(ApiToken, pk=token_id, user=request.user)
+    if request.method == "GET":
+        if not token.is_active:
+            messages.error(request, ERR_TOKEN_REVOKED)
+            return redirect("tokens:list")
+        return render(request, "pippa_site/token_revoke.html", {"token": token})
     try:
         token_revoke(token=token)
     except TokenError as exc:

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django import template
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.formats import date_format
+from django.utils.html import format_html
 
 register = template.Library()
 
 MAX_DATA_CHARS = 300
+ABSOLUTE_FORMAT = "D j M Y, H:i:s T"
 
 
 @register.filter
@@ -43,14 +48,13 @@ def humanize_key(value: str) -> str:
     return str(value).replace("_", " ")
 
 
-@register.filter
-def from_now(value) -> str:
-    """Return "in 45 s", "in 3 min", "5 min ago" or "just now", relative to now."""
-    from django.utils import timezone
+def relative_text(value: datetime, now: datetime | None = None) -> str:
+    """Return "just now", "12 s ago", "in 3 min", "2 h 5 min ago", "3 days ago".
 
-    if value is None:
-        return ""
-    delta = (value - timezone.now()).total_seconds()
+    Past a week the date itself ("12 Mar 2026") reads better than a count.
+    """
+    now = now or timezone.now()
+    delta = (value - now).total_seconds()
     if abs(delta) < 1:
         return "just now"
     ahead = delta > 0
@@ -59,6 +63,107 @@ def from_now(value) -> str:
         text = f"{seconds} s"
     elif seconds < 3600:
         text = f"{seconds // 60} min"
+    elif seconds < 86400:
+        hours, minutes = seconds // 3600, seconds % 3600 // 60
+        text = f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    elif seconds < 7 * 86400:
+        days = seconds // 86400
+        text = f"{days} day{'s' if days > 1 else ''}"
     else:
-        text = f"{seconds // 3600} h {seconds % 3600 // 60} min"
+        return date_format(timezone.localtime(value), "j M Y")
     return f"in {text}" if ahead else f"{text} ago"
+
+
+def absolute_text(value: datetime) -> str:
+    """Return the full local time, e.g. "Thu 12 Mar 2026, 14:03:22 UTC"."""
+    return date_format(timezone.localtime(value), ABSOLUTE_FORMAT)
+
+
+@register.filter
+def from_now(value: datetime | None) -> str:
+    """Return "in 45 s", "in 3 min", "5 min ago" or "just now", relative to now."""
+    if value is None:
+        return ""
+    return relative_text(value)
+
+
+@register.filter
+def when(value: datetime | None) -> str:
+    """The site's one date format: relative words, the absolute time on hover.
+
+    ``<time datetime="2026-03-12T14:03:22+00:00" title="Thu 12 Mar 2026,
+    14:03:22 UTC">5 min ago</time>``; an empty string for None.
+    """
+    if value is None:
+        return ""
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>',
+        value.isoformat(),
+        absolute_text(value),
+        relative_text(value),
+    )
+
+
+Crumb = tuple[str, str]
+# Pages that are not an object, by URL name: {% breadcrumbs "tokens:list" %}.
+PAGE_LABELS = {"tokens:list": "API tokens"}
+
+
+def crumb_trail(obj: object | None) -> list[Crumb]:
+    """Return ``[(label, url), ...]`` from the conversation list down to ``obj``."""
+    from artifacts.models import Artifact
+    from council.models import CouncilRound, Turn
+    from tasks.models import Conversation, Task
+
+    if obj is None:
+        return [("Conversations", reverse("tasks:conversations"))]
+    if isinstance(obj, str):
+        return [*crumb_trail(None), (PAGE_LABELS[obj], reverse(obj))]
+    if isinstance(obj, Conversation):
+        return [*crumb_trail(None), (obj.title, obj.get_absolute_url())]
+    if isinstance(obj, Task):
+        return [*crumb_trail(obj.conversation), (obj.title, obj.get_absolute_url())]
+    if isinstance(obj, CouncilRound):
+        return [*crumb_trail(obj.conversation), (str(obj), obj.get_absolute_url())]
+    if isinstance(obj, Turn):
+        label = f"Turn {obj.order} by {obj.participant.name}"
+        url = f"{obj.round.get_absolute_url()}#turn-{obj.order}"
+        return [*crumb_trail(obj.round), (label, url)]
+    if isinstance(obj, Artifact):
+        return [(obj.title or f"Artifact {obj.pk}", obj.get_absolute_url())]
+    raise TypeError(f"no breadcrumb for {type(obj).__name__}")
+
+
+@register.inclusion_tag("_breadcrumbs.html")
+def breadcrumbs(*objects: object, here: str = "") -> dict:
+    """Render the trail to the last of ``objects``; ``here`` names a sub-page.
+
+    ``{% breadcrumbs task %}``: Conversations › its conversation › the task.
+    ``{% breadcrumbs owner artifact %}``: the owner's trail, then the artifact.
+    ``{% breadcrumbs conversation here="Delete" %}``: … › the conversation › Delete.
+    The last crumb is the page itself (``aria-current="page"``, not a link).
+    """
+    trail = crumb_trail(objects[0] if objects else None)
+    for obj in objects[1:]:
+        trail += crumb_trail(obj)
+    if here:
+        trail.append((here, ""))
+    return {"trail": trail}
+
+
+@register.inclusion_tag("_messages.html", takes_context=True)
+def flash_messages(context, *, partial: bool = False) -> dict:
+    """Show django messages once, to the page that answers the user's own request.
+
+    A full page (``partial=False``, in base.html) shows them. A fragment
+    (``partial=True``) shows them only in the answer to an htmx POST (the user's
+    action), swapped out of band into the page's message region. A poll, an
+    htmx GET, never reads them, so they stay for the page that should show them.
+    """
+    request = context.get("request")
+    htmx = bool(getattr(request, "htmx", False))
+    if partial:
+        show = htmx and request.method != "GET"
+    else:
+        show = not htmx
+    return {"messages": context.get("messages") if show else None, "oob": partial}

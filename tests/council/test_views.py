@@ -81,18 +81,50 @@ def test_round_page_never_inlines_the_widget_markup(dad_client, council_round):
 
 
 @pytest.mark.django_db
-def test_round_page_shows_each_turns_received_context_with_refs_highlighted(
+def test_round_page_folds_each_turns_context_and_links_to_it(dad_client, council_round):
+    grace_turn = Turn.objects.get(round=council_round, order=2)
+    page = dad_client.get(council_round.get_absolute_url()).content.decode()
+    grace_section = page[page.index('id="turn-2"') :]
+    context_url = reverse("council:turn_context_page", args=[grace_turn.pk])
+    assert "Context Grace received" in grace_section
+    assert f'hx-get="{context_url}"' in grace_section
+    assert f'href="{context_url}"' in grace_section  # works without script too
+    assert '<mark class="ref">' not in page  # no context text until opened
+    ada_section = page[page.index('id="turn-1"') : page.index('id="turn-2"')]
+    assert "(0 earlier turns, " in ada_section
+
+
+@pytest.mark.django_db
+def test_an_opened_context_shows_its_refs_highlighted_each_artifact_named_once(
     dad_client, council_round
 ):
     widget = _widget()
-    page = dad_client.get(council_round.get_absolute_url()).content.decode()
-    grace_section = page[page.index('id="turn-2"') :]
-    assert "Context Grace received" in grace_section
-    assert '<mark class="ref">[' in grace_section
-    assert f"&quot;id&quot;: {widget.pk}" in grace_section
-    assert f"refs highlighted (artifacts {widget.pk})" in grace_section
-    ada_section = page[page.index('id="turn-1"') : page.index('id="turn-2"')]
-    assert "(0 earlier turns, 0 refs" in ada_section
+    kit = council_round.participants.get(name="Kit")
+    turn = turn_add(council_round=council_round, participant=kit, text="late")
+    url = reverse("council:turn_context_page", args=[turn.pk])
+    fragment = dad_client.get(url, headers={"HX-Request": "true"}).content.decode()
+    assert '<mark class="ref">[' in fragment
+    assert f"&quot;id&quot;: {widget.pk}" in fragment
+    # Ada made it and Grace cited it: one artifact, named twice, said once.
+    assert (
+        f'Highlighted: the refs to\n  <a href="/artifacts/{widget.pk}/">'
+        f"artifact {widget.pk}</a> (named 2 times)." in fragment
+    )
+    assert "<header" not in fragment  # a fragment, no page chrome
+    page = dad_client.get(url).content.decode()
+    assert 'aria-current="page">Context received<' in page
+    assert f'href="{council_round.get_absolute_url()}#turn-3"' in page
+
+
+@pytest.mark.django_db
+def test_the_first_turns_context_says_there_is_nothing_to_highlight(
+    dad_client, council_round
+):
+    ada_turn = Turn.objects.get(round=council_round, order=1)
+    url = reverse("council:turn_context_page", args=[ada_turn.pk])
+    fragment = dad_client.get(url, headers={"HX-Request": "true"}).content.decode()
+    assert "no refs to highlight" in fragment
+    assert "<mark" not in fragment
 
 
 @pytest.mark.django_db
@@ -112,6 +144,7 @@ def test_another_users_round_and_contexts_are_404(client, make_user, council_rou
         council_round.get_absolute_url(),
         reverse("council:context", args=[council_round.pk]),
         reverse("council:turn_context", args=[turn.pk]),
+        reverse("council:turn_context_page", args=[turn.pk]),
     ):
         assert client.get(url).status_code == 404
 
