@@ -1,8 +1,9 @@
-"""The token page in a real browser: create (shown once), then revoke."""
+"""The token page in a real browser: create (shown once), copy, then revoke (confirmed)."""
 
 from __future__ import annotations
 
 import pytest
+from playwright.sync_api import expect
 
 from pippa_site.models import ApiToken
 
@@ -18,10 +19,19 @@ def test_a_token_is_created_shown_once_and_revoked_in_the_browser(
     page.click("text=Create token")
     raw = page.input_value("#new-token")
     assert raw.startswith("pip_")
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.get_by_role("button", name="Copy").click()
+    expect(page.locator("#copy-status")).to_contain_text("Copied.")
+    assert page.evaluate("navigator.clipboard.readText()") == raw
     screenshot(page, "api-tokens-created")
     page.goto(f"{page.base_url}/settings/tokens/")
     assert raw not in page.content()
-    page.click("text=Revoke")
+    page.get_by_role("link", name="Revoke… gemini runner").click()
+    expect(
+        page.get_by_role("heading", name="Revoke the token “gemini runner”?")
+    ).to_be_visible()
+    assert ApiToken.objects.get(user=page.user).revoked_at is None
+    page.get_by_role("button", name="Revoke “gemini runner”").click()
     assert (
         page.locator(".messages")
         .inner_text()
