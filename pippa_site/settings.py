@@ -237,6 +237,9 @@ PIPPA_FILES_DIR = env_str("PIPPA_FILES_DIR") or None
 PIPPA_DOCTOR_GRACE_SECONDS = env_int("PIPPA_DOCTOR_GRACE_SECONDS", 3600)
 # Largest request body an upload may stream into the blob store.
 PIPPA_MAX_UPLOAD_BYTES = env_int("PIPPA_MAX_UPLOAD_BYTES", 256 * 1024 * 1024)
+# The Messages API version the Anthropic adapter asks for (the anthropic-version
+# header): the one Anthropic's own Python SDK sends as of anthropic 2.14.
+PIPPA_ANTHROPIC_VERSION = env_str("PIPPA_ANTHROPIC_VERSION", "2026-10-21")
 
 LOGGING = {
     "version": 1,

@@ -1,12 +1,13 @@
 """Anthropic Messages API (Claude).
 
 Wire format (POST ``{base_url}/v1/messages`` with ``x-api-key`` and
-``anthropic-version: 2023-06-01``): request ``{"model", "max_tokens",
-"system", "messages", "tools": [{"name", "description", "input_schema"}]}``.
-The answer's ``content[]`` holds ``{"type": "text"}`` and ``{"type":
-"tool_use", "id", "name", "input"}`` blocks with ``stop_reason`` "tool_use";
-results go back in the next user message as ``{"type": "tool_result",
-"tool_use_id", "content"}`` blocks.
+``anthropic-version``, the setting ``PIPPA_ANTHROPIC_VERSION``): request
+``{"model", "max_tokens", "system", "messages", "tools": [{"name",
+"description", "input_schema"}]}``. The answer's ``content[]`` holds
+``{"type": "text"}`` and ``{"type": "tool_use", "id", "name", "input"}``
+blocks with ``stop_reason`` "tool_use"; results go back in the next user
+message as ``{"type": "tool_result", "tool_use_id", "content", "is_error"?}``
+blocks.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from tasks.brains.base import (
     parse_arguments,
 )
 
-API_VERSION = "2023-06-01"
-
 
 class AnthropicBrain(HttpBrainAdapter):
     name = "claude"
@@ -43,7 +42,10 @@ class AnthropicBrain(HttpBrainAdapter):
         retries: int = 2,
         backoff: float = 0.5,
         brain: str = "claude",
+        api_version: str | None = None,
     ):
+        from django.conf import settings
+
         super().__init__(
             brain=brain,
             model=model,
@@ -54,6 +56,7 @@ class AnthropicBrain(HttpBrainAdapter):
             backoff=backoff,
         )
         self.max_tokens = max_tokens
+        self.api_version = api_version or settings.PIPPA_ANTHROPIC_VERSION
 
     def request_body(
         self, *, system: str, messages: list[Message], tools: list[ToolSpec]
@@ -148,6 +151,6 @@ class AnthropicBrain(HttpBrainAdapter):
         data = self.http.post(
             f"{self.base_url}/v1/messages",
             self.request_body(system=system, messages=messages, tools=tools),
-            {"x-api-key": self.api_key, "anthropic-version": API_VERSION},
+            {"x-api-key": self.api_key, "anthropic-version": self.api_version},
         )
         return self.parse_reply(data)

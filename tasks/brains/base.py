@@ -5,21 +5,30 @@ vendor's chat request, sends it, and turns the answer back into a neutral
 ``BrainReply`` (text and tool calls). The runner never sees a vendor format;
 an adapter never touches task state.
 
+Some vendors hand state back that must return verbatim with the next request
+(Gemini's thought signatures, on the very part that carried them). The adapter
+keeps it in ``BrainReply.replay``; the runner appends ``reply.as_message()`` to
+the conversation, which carries it back to the adapter unread.
+
 HTTP is the standard library's ``urllib``: a timeout on every request, a few
 retries with backoff for the failures that are worth retrying (timeouts,
-connection errors, 408/409/429/5xx), and a ``BrainError`` that says which
-vendor failed and why, in the vendor's own words when it gave any.
+connection errors, 408/409/429/5xx), waiting as long as a ``Retry-After``
+header asks (up to a cap), and a ``BrainError`` that says which vendor failed
+and why, in the vendor's own words when it gave any.
 """
 
 from __future__ import annotations
 
+import email.utils
 import json
 import socket
 import time
 import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
@@ -31,6 +40,9 @@ ERR_HTTP = "{vendor}: HTTP {status}: {message}"
 ERR_NOT_JSON = "{vendor}: the answer is not JSON"
 ERR_SHAPE = "{vendor}: unexpected answer shape: {what}"
 ERR_TOO_LARGE = "{vendor}: the answer is larger than {limit} bytes"
+ERR_WAIT_TOO_LONG = (
+    "{message} (the vendor asks to retry after {seconds:g}s; the limit is {limit:g}s)"
+)
 
 
 class BrainError(Exception):
@@ -43,12 +55,15 @@ class BrainError(Exception):
         status: int | None = None,
         retryable: bool = False,
         kind: str = "shape",
+        retry_after: float | None = None,
     ):
         super().__init__(message)
         self.status = status
         self.retryable = retryable
         # "timeout", "connect", "http" or "shape".
         self.kind = kind
+        # Seconds the vendor asked to wait before the next try (Retry-After).
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True)
@@ -71,7 +86,9 @@ class Message:
     """One neutral conversation entry.
 
     ``role`` is "user", "assistant" (text and/or ``tool_calls``) or "tool"
-    (the result of the call ``tool_call_id`` to ``tool_name``).
+    (the result of the call ``tool_call_id`` to ``tool_name``). ``replay`` is
+    what an adapter asked to get back with an assistant turn, keyed by the
+    adapter's wire format; nobody else reads it.
     """
 
     role: str
@@ -80,6 +97,7 @@ class Message:
     tool_call_id: str = ""
     tool_name: str = ""
     result: dict[str, Any] | None = None
+    replay: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -88,6 +106,17 @@ class BrainReply:
     tool_calls: list[ToolCall]
     stop_reason: str
     usage: dict[str, Any] = field(default_factory=dict)
+    # Vendor state to send back verbatim with this turn (see the module docstring).
+    replay: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_message(self) -> Message:
+        """Return this reply as the assistant turn of the conversation."""
+        return Message(
+            role="assistant",
+            text=self.text,
+            tool_calls=list(self.tool_calls),
+            replay=self.replay,
+        )
 
 
 class BrainAdapter(ABC):
@@ -157,12 +186,17 @@ class HttpJsonClient:
         retries: int = 2,
         backoff: float = 0.5,
         max_backoff: float = 8.0,
+        max_retry_after: float = 60.0,
+        sleep: Callable[[float], None] = time.sleep,
     ):
         self.vendor = vendor
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
+        # A Retry-After longer than this is not waited for: the error goes up.
+        self.max_retry_after = max_retry_after
+        self.sleep = sleep
 
     def post(
         self, url: str, body: dict[str, Any], headers: dict[str, str]
@@ -177,7 +211,20 @@ class HttpJsonClient:
                 last = exc
                 if not exc.retryable or attempt == attempts:
                     break
-                time.sleep(min(self.max_backoff, self.backoff * 2 ** (attempt - 1)))
+                wait = exc.retry_after
+                if wait is None:
+                    wait = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
+                elif wait > self.max_retry_after:
+                    raise BrainError(
+                        ERR_WAIT_TOO_LONG.format(
+                            message=exc, seconds=wait, limit=self.max_retry_after
+                        ),
+                        status=exc.status,
+                        retryable=True,
+                        kind=exc.kind,
+                        retry_after=wait,
+                    ) from None
+                self.sleep(wait)
         assert last is not None
         if last.kind == "timeout" and attempts > 1:
             raise BrainError(
@@ -216,6 +263,7 @@ class HttpJsonClient:
                 status=exc.code,
                 retryable=exc.code in RETRYABLE_STATUS,
                 kind="http",
+                retry_after=retry_after_seconds(exc.headers),
             ) from None
         except TimeoutError:
             raise BrainError(
@@ -258,6 +306,33 @@ class HttpJsonClient:
                 ERR_SHAPE.format(vendor=self.vendor, what="not a JSON object")
             )
         return value
+
+
+def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:
+    """Return the wait a 429/503 answer asks for, or None when it names none.
+
+    ``Retry-After`` is seconds or an HTTP date (RFC 9110); OpenAI also sends
+    ``retry-after-ms``.
+    """
+    if headers is None:
+        return None
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = (headers.get(name) or "").strip()
+        if not value:
+            continue
+        try:
+            return max(0.0, float(value) * scale)
+        except ValueError:
+            pass
+        if scale == 1.0:
+            try:
+                when = email.utils.parsedate_to_datetime(value)
+            except (TypeError, ValueError):
+                return None
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=UTC)
+            return max(0.0, (when - datetime.now(UTC)).total_seconds())
+    return None
 
 
 def _error_message(raw: bytes, fallback: object) -> str:

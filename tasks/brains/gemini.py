@@ -1,16 +1,27 @@
-"""Gemini ``generateContent`` (Google AI Studio REST).
+"""Gemini ``generateContent`` (Google AI Studio REST, API version ``v1beta``).
 
 Wire format (POST ``{base_url}/v1beta/models/{model}:generateContent`` with
 ``x-goog-api-key``): request ``{"systemInstruction": {"parts": [{"text"}]},
 "contents": [{"role": "user"|"model", "parts": [...]}], "tools":
-[{"functionDeclarations": [{"name", "description", "parameters"}]}]}``. The
-answer's ``candidates[0].content.parts[]`` holds ``{"text"}`` and
+[{"functionDeclarations": [{"name", "description", "parametersJsonSchema"}]}]}``.
+The answer's ``candidates[0].content.parts[]`` holds ``{"text"}`` and
 ``{"functionCall": {"name", "args", "id"?}}`` parts; results go back as a user
 turn of ``{"functionResponse": {"name", "id"?, "response": {...}}}`` parts.
+
+Thought signatures: a part may carry ``thoughtSignature``, and the model's
+turn must come back with each signature on the part that carried it, or the
+API answers 400 in the middle of a function-calling turn. The adapter keeps
+the model's parts as they came (``BrainReply.replay["gemini"]``) and sends
+that turn back verbatim, the way the official SDK's chat keeps its history.
+
+Declarations use ``parametersJsonSchema`` (a JSON Schema, as the runner writes
+it) rather than ``parameters`` (an OpenAPI subset that refuses, among other
+things, an OBJECT without properties, such as a tool's free-form ``args``).
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 from urllib.parse import quote
 
@@ -25,12 +36,14 @@ from tasks.brains.base import (
     parse_arguments,
 )
 
+REPLAY_KEY = "gemini"
+
 
 def _declaration(tool: ToolSpec) -> dict[str, Any]:
-    """A function declaration; a tool without arguments gets no parameters object."""
+    """A function declaration; a tool without arguments gets no parameters."""
     decl: dict[str, Any] = {"name": tool.name, "description": tool.description}
     if tool.parameters.get("properties"):
-        decl["parameters"] = tool.parameters
+        decl["parametersJsonSchema"] = tool.parameters
     return decl
 
 
@@ -67,7 +80,13 @@ class GeminiBrain(HttpBrainAdapter):
             if m.role == "user":
                 contents.append({"role": "user", "parts": [{"text": m.text}]})
             elif m.role == "assistant":
-                parts: list[dict[str, Any]] = []
+                parts: list[dict[str, Any]] = copy.deepcopy(
+                    list(m.replay.get(REPLAY_KEY) or [])
+                )
+                if parts:
+                    # The model's own turn, signatures on the parts that bore them.
+                    contents.append({"role": "model", "parts": parts})
+                    continue
                 if m.text:
                     parts.append({"text": m.text})
                 for c in m.tool_calls:
@@ -75,7 +94,8 @@ class GeminiBrain(HttpBrainAdapter):
                     if not c.id.startswith("gemini-"):
                         call["id"] = c.id
                     parts.append({"functionCall": call})
-                contents.append({"role": "model", "parts": parts})
+                if parts:  # the API refuses a turn without parts
+                    contents.append({"role": "model", "parts": parts})
             elif m.role == "tool":
                 response: dict[str, Any] = {
                     "name": m.tool_name,
@@ -136,6 +156,7 @@ class GeminiBrain(HttpBrainAdapter):
             tool_calls=calls,
             stop_reason=candidate.get("finishReason") or "",
             usage=data.get("usageMetadata") or {},
+            replay={REPLAY_KEY: copy.deepcopy(parts)} if parts else {},
         )
 
     def complete(

@@ -1,4 +1,4 @@
-"""OpenAI-compatible Chat Completions: OpenAI/Codex, Kimi, Grok, GLM, Ollama.
+"""OpenAI-compatible Chat Completions (REST ``v1``): OpenAI/Codex, Kimi, Grok, GLM, Ollama.
 
 Wire format (POST ``{base_url}/chat/completions``, ``Authorization: Bearer``):
 request ``{"model", "messages", "tools": [{"type": "function", "function":

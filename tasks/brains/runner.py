@@ -76,7 +76,11 @@ TOOL_SPECS = [
                             "id": {"type": "integer"},
                             "title": {"type": "string"},
                             "tool": {"type": "string"},
-                            "args": {"type": "object"},
+                            "args": {
+                                "type": "object",
+                                "description": "the tool's keyword arguments",
+                                "additionalProperties": True,
+                            },
                         },
                         "required": ["title", "tool"],
                     },
@@ -233,9 +237,8 @@ class Runner:
                 system=SYSTEM_PROMPT, messages=messages, tools=TOOL_SPECS
             )
             self.report.turns += 1
-            messages.append(
-                Message(role="assistant", text=reply.text, tool_calls=reply.tool_calls)
-            )
+            # as_message() keeps what the vendor wants back (e.g. signatures).
+            messages.append(reply.as_message())
             if not reply.tool_calls:
                 self.report.final_text = reply.text
                 self.report.stopped_because = "the brain answered without a tool call"

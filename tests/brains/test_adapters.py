@@ -1,4 +1,8 @@
-"""Each adapter speaks its vendor's wire format to a loopback fake of that vendor."""
+"""Each adapter speaks its vendor's wire format to a loopback fake of that vendor.
+
+The fakes judge every request with the vendor's official SDK types and answer
+with the SDK's response models (``tests.support.fake_vendors``).
+"""
 
 from __future__ import annotations
 
@@ -39,6 +43,14 @@ def make(kind, brain, fake, **kwargs):
     )
 
 
+def waiting_adapter(kind, brain, fake, **kwargs):
+    """An adapter whose client records its waits instead of sleeping them."""
+    adapter = make(kind, brain, fake, **kwargs)
+    waits = []
+    adapter.http.sleep = waits.append
+    return adapter, waits
+
+
 def opening():
     return [Message(role="user", text="Task 1. Resume context: {}")]
 
@@ -75,7 +87,7 @@ def test_tool_results_go_back_answering_the_calls_that_asked_for_them(vendor):
     }
     messages = [
         *opening(),
-        Message(role="assistant", text="", tool_calls=[call]),
+        first.as_message(),
         Message(role="tool", tool_call_id=call.id, tool_name=call.name, result=result),
     ]
     second = adapter.complete(system=SYSTEM_PROMPT, messages=messages, tools=TOOL_SPECS)
@@ -105,6 +117,38 @@ def test_a_rate_limit_is_retried_and_then_answered(vendor):
     )
     assert reply.tool_calls[0].name == "run_next_step"
     assert len(fake.requests) == 2
+
+
+def test_a_rate_limit_waits_as_long_as_its_retry_after_header_asks(vendor):
+    kind, brain, fake = vendor
+    fake.faults = [Fault(status=429, message="slow down", retry_after="3")]
+    adapter, waits = waiting_adapter(kind, brain, fake)
+    reply = adapter.complete(system=SYSTEM_PROMPT, messages=opening(), tools=TOOL_SPECS)
+    assert reply.tool_calls[0].name == "run_next_step"
+    assert waits == [3.0]
+    assert len(fake.requests) == 2
+
+
+def test_a_retry_after_longer_than_the_limit_is_reported_not_waited_for(vendor):
+    kind, brain, fake = vendor
+    fake.faults = [Fault(status=429, message="quota spent", retry_after="3600")]
+    adapter, waits = waiting_adapter(kind, brain, fake)
+    with pytest.raises(BrainError, match="retry after 3600s") as info:
+        adapter.complete(system=SYSTEM_PROMPT, messages=opening(), tools=TOOL_SPECS)
+    assert "quota spent" in str(info.value)
+    assert info.value.status == 429
+    assert info.value.retry_after == 3600
+    assert waits == []
+    assert len(fake.requests) == 1
+
+
+def test_a_server_error_without_retry_after_backs_off_exponentially(vendor):
+    kind, brain, fake = vendor
+    fake.faults = [Fault(status=503), Fault(status=502)]
+    adapter, waits = waiting_adapter(kind, brain, fake, backoff=0.25)
+    reply = adapter.complete(system=SYSTEM_PROMPT, messages=opening(), tools=TOOL_SPECS)
+    assert reply.tool_calls[0].name == "run_next_step"
+    assert waits == [0.25, 0.5]
 
 
 def test_a_server_error_that_persists_fails_with_the_vendors_own_message(vendor):
@@ -207,15 +251,45 @@ def test_anthropic_tool_results_of_one_turn_share_one_user_message():
     assert [b["tool_use_id"] for b in body["messages"][2]["content"]] == ["t1", "t2"]
 
 
-def test_gemini_declares_argument_free_tools_without_a_parameters_object():
+def test_gemini_declares_tools_as_json_schema_and_argument_free_tools_without_one():
     from tasks.brains.gemini import GeminiBrain
 
     body = GeminiBrain(model="m", api_key="k").request_body(
         system="s", messages=opening(), tools=TOOL_SPECS
     )
     decls = {d["name"]: d for d in body["tools"][0]["functionDeclarations"]}
-    assert "parameters" not in decls["run_next_step"]
-    assert decls["read_artifact"]["parameters"]["required"] == ["artifact_id"]
+    assert "parametersJsonSchema" not in decls["run_next_step"]
+    assert decls["read_artifact"]["parametersJsonSchema"]["required"] == ["artifact_id"]
+    # The OpenAPI-subset field refuses free-form objects such as a step's args.
+    assert all("parameters" not in d for d in decls.values())
+
+
+def test_anthropic_sends_the_configured_api_version(settings):
+    settings.PIPPA_ANTHROPIC_VERSION = "2023-06-01"
+    with FakeAnthropic() as fake:
+        make("anthropic", "claude", fake).complete(
+            system=SYSTEM_PROMPT, messages=opening(), tools=TOOL_SPECS
+        )
+    assert fake.requests[0].headers["anthropic-version"] == "2023-06-01"
+    assert fake.errors == []
+
+
+def test_anthropic_by_default_sends_a_current_api_version(settings):
+    with FakeAnthropic() as fake:
+        make("anthropic", "claude", fake).complete(
+            system=SYSTEM_PROMPT, messages=opening(), tools=TOOL_SPECS
+        )
+    assert fake.requests[0].headers["anthropic-version"] == "2026-10-21"
+    assert settings.PIPPA_ANTHROPIC_VERSION == "2026-10-21"
+    assert fake.errors == []
+
+
+def test_an_anthropic_version_the_api_does_not_know_is_refused(settings):
+    settings.PIPPA_ANTHROPIC_VERSION = "2099-01-01"
+    with FakeAnthropic() as fake, pytest.raises(BrainError, match="anthropic-version"):
+        make("anthropic", "claude", fake).complete(
+            system=SYSTEM_PROMPT, messages=opening(), tools=TOOL_SPECS
+        )
 
 
 def test_the_scripted_brain_runs_steps_until_the_task_settles():

@@ -1,18 +1,25 @@
-"""Loopback stand-ins for the vendors' chat APIs, answering in their documented shapes.
+"""Loopback stand-ins for the vendors' chat APIs, judged by the vendors' own SDKs.
 
-Each fake listens on 127.0.0.1 (a free port), checks every request the way the
-vendor would (path, auth header, body shape, tool-call ids that answer earlier
-calls) and answers like a small deterministic model: it calls
-``run_next_step`` until the task is settled, then replies with text. Faults can
-be queued: an HTTP error in the vendor's error shape, a delay longer than the
-client's timeout, or a body that is not JSON.
+Each fake listens on 127.0.0.1 (a free port). Every request is judged by
+``tests.support.vendor_judge``: the official SDK's request types (unknown
+keys included) plus the protocol rules the vendors document. A request that
+fails is answered 400 in the vendor's error shape and recorded in
+``errors``. Every answer is built from the SDK's own response models
+(``openai.types.chat.ChatCompletion``, ``anthropic.types.Message``,
+``google.genai.types.GenerateContentResponse``) and serialized as the REST
+API sends it. The fake model is small and deterministic: it calls
+``run_next_step`` until the task is settled, then replies with text, unless a
+``script`` of moves says otherwise. Faults can be queued: an HTTP error in the
+vendor's error shape (with a ``Retry-After`` header if asked), a delay longer
+than the client's timeout, or a body that is not JSON.
 
-- ``FakeOpenAI``: ``POST /v1/chat/completions`` (Bearer auth), ``tool_calls`` with
-  JSON-string arguments, ``role: tool`` results.
-- ``FakeAnthropic``: ``POST /v1/messages`` (``x-api-key`` + ``anthropic-version``),
-  ``tool_use`` / ``tool_result`` content blocks.
+- ``FakeOpenAI``: ``POST /v1/chat/completions`` (Bearer auth).
+- ``FakeAnthropic``: ``POST /v1/messages`` (``x-api-key`` + ``anthropic-version``).
 - ``FakeGemini``: ``POST /v1beta/models/{model}:generateContent``
-  (``x-goog-api-key``), ``functionCall`` / ``functionResponse`` parts.
+  (``x-goog-api-key``). Like Gemini 3 models it signs its turns: a
+  ``thoughtSignature`` on each text part and on the first function call of a
+  turn, and it refuses a request that sends one of its parts back without
+  that signature (the API's 400 in a function-calling turn).
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.support.vendor_judge import judge_anthropic, judge_gemini, judge_openai
 
 API_KEY = "test-key-not-secret"
 SETTLED = {"done", "failed", "needs_review", "paused"}
@@ -38,6 +47,7 @@ class Fault:
     delay: float = 0.0
     garbage: bool = False
     message: str = "injected fault"
+    retry_after: str = ""
 
 
 @dataclass
@@ -82,6 +92,7 @@ class FakeVendor:
         self.script = list(script or [])
         self.faults: list[Fault] = []
         self.requests: list[Recorded] = []
+        self.responses: list[dict[str, Any]] = []
         self.errors: list[str] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -146,8 +157,12 @@ class FakeVendor:
         if fault and fault.garbage:
             return self._send(handler, 200, b"<html>gateway hiccup</html>", "text/html")
         if fault and fault.status:
+            extra = {"Retry-After": fault.retry_after} if fault.retry_after else {}
             return self._send_json(
-                handler, fault.status, self.error_body(fault.status, fault.message)
+                handler,
+                fault.status,
+                self.error_body(fault.status, fault.message),
+                extra,
             )
         try:
             self.check(handler.path, headers, body)
@@ -159,16 +174,22 @@ class FakeVendor:
             move = self.script.pop(0)
         else:
             move = drive_policy(results, read_outputs=self.read_outputs)
-        return self._send_json(handler, 200, self.reply_body(move, counter, body))
+        answer = self.reply_body(move, counter, body)
+        self.responses.append(answer)
+        return self._send_json(handler, 200, answer)
 
-    def _send_json(self, handler, status: int, body: dict) -> None:
-        self._send(handler, status, json.dumps(body).encode(), "application/json")
+    def _send_json(self, handler, status: int, body: dict, headers=None) -> None:
+        self._send(
+            handler, status, json.dumps(body).encode(), "application/json", headers
+        )
 
     @staticmethod
-    def _send(handler, status: int, data: bytes, content_type: str) -> None:
+    def _send(handler, status: int, data: bytes, content_type: str, headers=None):
         try:
             handler.send_response(status)
             handler.send_header("Content-Type", content_type)
+            for name, value in (headers or {}).items():
+                handler.send_header(name, value)
             handler.send_header("Content-Length", str(len(data)))
             handler.end_headers()
             handler.wfile.write(data)
@@ -193,9 +214,9 @@ class FakeVendor:
         raise NotImplementedError
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise BadRequest(message)
+def _require_none(problems: list[str]) -> None:
+    if problems:
+        raise BadRequest("; ".join(problems))
 
 
 class FakeOpenAI(FakeVendor):
@@ -206,51 +227,9 @@ class FakeOpenAI(FakeVendor):
         return self.root + "/v1"
 
     def check(self, path, headers, body):
-        _require(path == "/v1/chat/completions", f"unknown path {path}")
-        _require(
-            headers.get("authorization") == f"Bearer {API_KEY}",
-            "Incorrect API key provided",
-        )
-        _require(
-            isinstance(body.get("model"), str), "you must provide a model parameter"
-        )
-        messages = body.get("messages")
-        _require(
-            isinstance(messages, list) and messages,
-            "messages must be a non-empty array",
-        )
-        open_ids: set[str] = set()
-        for m in messages:
-            role = m.get("role")
-            _require(
-                role in {"system", "user", "assistant", "tool"}, f"bad role {role}"
-            )
-            if role == "assistant":
-                for call in m.get("tool_calls") or []:
-                    _require(
-                        call.get("type") == "function",
-                        "tool_calls[].type must be function",
-                    )
-                    _require(
-                        isinstance(call["function"].get("arguments"), str),
-                        "tool_calls[].function.arguments must be a JSON string",
-                    )
-                    open_ids.add(call["id"])
-            if role == "tool":
-                _require(
-                    m.get("tool_call_id") in open_ids,
-                    "messages with role 'tool' must be a response to a preceding tool_calls",
-                )
-                _require(
-                    isinstance(m.get("content"), str), "tool content must be a string"
-                )
-        for t in body.get("tools") or []:
-            _require(t.get("type") == "function", "tools[].type must be function")
-            _require(t["function"].get("name"), "tools[].function.name is required")
-            _require(
-                isinstance(t["function"].get("parameters"), dict),
-                "parameters must be an object",
-            )
+        if path != "/v1/chat/completions":
+            raise BadRequest(f"unknown path {path}")
+        _require_none(judge_openai(body, headers, api_key=API_KEY))
 
     def tool_names(self, body):
         return [t["function"]["name"] for t in body.get("tools") or []]
@@ -266,30 +245,46 @@ class FakeOpenAI(FakeVendor):
         return out
 
     def reply_body(self, move, counter, request):
-        message: dict[str, Any] = {"role": "assistant", "content": move.text or None}
-        if move.calls:
-            message["tool_calls"] = [
-                {
-                    "id": f"call_{counter}_{i}",
-                    "type": "function",
-                    "function": {"name": name, "arguments": json.dumps(args)},
-                }
-                for i, (name, args) in enumerate(move.calls)
-            ]
-        return {
-            "id": f"chatcmpl-{counter}",
-            "object": "chat.completion",
-            "created": 1_790_000_000 + counter,
-            "model": request.get("model", ""),
-            "choices": [
-                {
-                    "index": 0,
-                    "message": message,
-                    "finish_reason": "tool_calls" if move.calls else "stop",
-                }
+        from openai.types.chat import ChatCompletion, ChatCompletionMessage
+        from openai.types.chat.chat_completion import Choice
+        from openai.types.chat.chat_completion_message_function_tool_call import (
+            ChatCompletionMessageFunctionToolCall,
+            Function,
+        )
+        from openai.types.completion_usage import CompletionUsage
+
+        calls = [
+            ChatCompletionMessageFunctionToolCall(
+                id=f"call_{counter}_{i}",
+                type="function",
+                function=Function(name=name, arguments=json.dumps(args)),
+            )
+            for i, (name, args) in enumerate(move.calls)
+        ]
+        answer = ChatCompletion(
+            id=f"chatcmpl-{counter}",
+            object="chat.completion",
+            created=1_790_000_000 + counter,
+            model=request.get("model", ""),
+            choices=[
+                Choice(
+                    index=0,
+                    finish_reason="tool_calls" if calls else "stop",
+                    logprobs=None,
+                    message=ChatCompletionMessage(
+                        role="assistant",
+                        content=move.text or None,
+                        refusal=None,
+                        annotations=[],
+                        **({"tool_calls": calls} if calls else {}),
+                    ),
+                )
             ],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-        }
+            usage=CompletionUsage(
+                prompt_tokens=10, completion_tokens=5, total_tokens=15
+            ),
+        )
+        return answer.to_dict(mode="json")
 
     def error_body(self, status, message):
         kinds = {
@@ -307,56 +302,24 @@ class FakeOpenAI(FakeVendor):
         }
 
 
+def anthropic_versions() -> set[str]:
+    """The versions the fake takes: the documented ones and the installed SDK's own."""
+    from anthropic._constants import ANTHROPIC_API_VERSION
+
+    return {"2023-06-01", "2026-10-21", ANTHROPIC_API_VERSION}
+
+
 class FakeAnthropic(FakeVendor):
     vendor = "anthropic"
 
     def check(self, path, headers, body):
-        _require(path == "/v1/messages", f"unknown path {path}")
-        _require(headers.get("x-api-key") == API_KEY, "invalid x-api-key")
-        _require(
-            headers.get("anthropic-version") == "2023-06-01",
-            "anthropic-version header is required",
-        )
-        _require(isinstance(body.get("max_tokens"), int), "max_tokens: Field required")
-        _require(isinstance(body.get("system", ""), str), "system must be a string")
-        messages = body.get("messages")
-        _require(
-            isinstance(messages, list) and messages,
-            "messages: at least one message is required",
-        )
-        _require(messages[0]["role"] == "user", "first message must use the user role")
-        tool_use_ids: set[str] = set()
-        for prev, m in zip([None, *messages], messages, strict=False):
-            _require(m["role"] in {"user", "assistant"}, f"bad role {m['role']}")
-            if prev is not None:
-                _require(
-                    prev["role"] != m["role"],
-                    "roles must alternate between user and assistant",
-                )
-            content = m["content"]
-            if isinstance(content, str):
-                continue
-            for block in content:
-                if block["type"] == "tool_use":
-                    _require(
-                        m["role"] == "assistant",
-                        "tool_use blocks come from the assistant",
-                    )
-                    _require(
-                        isinstance(block.get("input"), dict),
-                        "tool_use.input must be an object",
-                    )
-                    tool_use_ids.add(block["id"])
-                elif block["type"] == "tool_result":
-                    _require(
-                        block.get("tool_use_id") in tool_use_ids,
-                        "tool_result block(s) provided without a preceding tool_use",
-                    )
-        for t in body.get("tools") or []:
-            _require(
-                t.get("name") and isinstance(t.get("input_schema"), dict),
-                "tools[]: name and input_schema required",
+        if path != "/v1/messages":
+            raise BadRequest(f"unknown path {path}")
+        _require_none(
+            judge_anthropic(
+                body, headers, api_key=API_KEY, versions=anthropic_versions()
             )
+        )
 
     def tool_names(self, body):
         return [t["name"] for t in body.get("tools") or []]
@@ -377,28 +340,28 @@ class FakeAnthropic(FakeVendor):
         return out
 
     def reply_body(self, move, counter, request):
-        content: list[dict[str, Any]] = []
+        from anthropic.types import Message, TextBlock, ToolUseBlock, Usage
+
+        content: list[Any] = []
         if move.text:
-            content.append({"type": "text", "text": move.text})
-        for i, (name, args) in enumerate(move.calls):
-            content.append(
-                {
-                    "type": "tool_use",
-                    "id": f"toolu_{counter}_{i}",
-                    "name": name,
-                    "input": args,
-                }
+            content.append(TextBlock(type="text", text=move.text, citations=None))
+        content += [
+            ToolUseBlock(
+                type="tool_use", id=f"toolu_{counter}_{i}", name=name, input=args
             )
-        return {
-            "id": f"msg_{counter}",
-            "type": "message",
-            "role": "assistant",
-            "model": request.get("model", ""),
-            "content": content,
-            "stop_reason": "tool_use" if move.calls else "end_turn",
-            "stop_sequence": None,
-            "usage": {"input_tokens": 10, "output_tokens": 5},
-        }
+            for i, (name, args) in enumerate(move.calls)
+        ]
+        answer = Message(
+            id=f"msg_{counter}",
+            type="message",
+            role="assistant",
+            model=request.get("model", ""),
+            content=content,
+            stop_reason="tool_use" if move.calls else "end_turn",
+            stop_sequence=None,
+            usage=Usage(input_tokens=10, output_tokens=5),
+        )
+        return answer.to_dict(mode="json")
 
     def error_body(self, status, message):
         kinds = {
@@ -413,55 +376,32 @@ class FakeAnthropic(FakeVendor):
         }
 
 
+ERR_SIGNATURE = (
+    "Function call is missing a thought_signature in functionCall parts "
+    "(or a part came back without the signature it was given)"
+)
+
+
 class FakeGemini(FakeVendor):
     vendor = "gemini"
 
+    def __init__(self, *, signs: bool = True, call_ids: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.signs = signs
+        self.call_ids = call_ids
+        # Each signed part as sent (signature removed) -> the signatures it bore.
+        self.signed: dict[str, set[str]] = {}
+
     def check(self, path, headers, body):
-        _require(
-            path.startswith("/v1beta/models/") and path.endswith(":generateContent"),
-            f"unknown path {path}",
-        )
-        _require(
-            headers.get("x-goog-api-key") == API_KEY,
-            "API key not valid. Please pass a valid API key.",
-        )
-        contents = body.get("contents")
-        _require(isinstance(contents, list) and contents, "contents is not specified")
-        system = body.get("systemInstruction") or {}
-        _require(
-            isinstance(system.get("parts", []), list),
-            "systemInstruction.parts must be a list",
-        )
-        called: list[str] = []
-        for c in contents:
-            _require(c.get("role") in {"user", "model"}, f"bad role {c.get('role')}")
-            _require(
-                isinstance(c.get("parts"), list) and c["parts"],
-                "parts must not be empty",
-            )
+        _require_none(judge_gemini(path, body, headers, api_key=API_KEY))
+        for c in body["contents"]:
+            if c["role"] != "model":
+                continue
             for part in c["parts"]:
-                if "functionCall" in part:
-                    _require(
-                        c["role"] == "model", "functionCall parts come from the model"
-                    )
-                    _require(
-                        isinstance(part["functionCall"].get("args", {}), dict),
-                        "args must be an object",
-                    )
-                    called.append(part["functionCall"]["name"])
-                if "functionResponse" in part:
-                    fr = part["functionResponse"]
-                    _require(
-                        fr.get("name") in called,
-                        "functionResponse without a matching functionCall",
-                    )
-                    _require(
-                        isinstance(fr.get("response"), dict),
-                        "functionResponse.response must be an object",
-                    )
-        for tool in body.get("tools") or []:
-            for decl in tool.get("functionDeclarations") or []:
-                _require(decl.get("name"), "functionDeclarations[].name is required")
+                bare = {k: v for k, v in part.items() if k != "thoughtSignature"}
+                issued = self.signed.get(json.dumps(bare, sort_keys=True))
+                if issued and part.get("thoughtSignature") not in issued:
+                    raise BadRequest(ERR_SIGNATURE)
 
     def tool_names(self, body):
         return [
@@ -480,26 +420,45 @@ class FakeGemini(FakeVendor):
         return out
 
     def reply_body(self, move, counter, request):
-        parts: list[dict[str, Any]] = []
+        from google.genai import types
+
+        parts = []
         if move.text:
-            parts.append({"text": move.text})
-        for name, args in move.calls:
-            parts.append({"functionCall": {"name": name, "args": args}})
-        return {
-            "candidates": [
-                {
-                    "content": {"role": "model", "parts": parts},
-                    "finishReason": "STOP",
-                    "index": 0,
-                }
+            parts.append(types.Part(text=move.text))
+        for i, (name, args) in enumerate(move.calls):
+            call = types.FunctionCall(name=name, args=args)
+            if self.call_ids:
+                call.id = f"fc-{counter}-{i}"
+            parts.append(types.Part(function_call=call))
+        if self.signs:
+            first_call = True
+            for i, part in enumerate(parts):
+                if part.text is not None or (part.function_call and first_call):
+                    part.thought_signature = f"sig-{counter}-{i}".encode()
+                    first_call = first_call and part.function_call is None
+        answer = types.GenerateContentResponse(
+            candidates=[
+                types.Candidate(
+                    content=types.Content(role="model", parts=parts),
+                    finish_reason=types.FinishReason.STOP,
+                    index=0,
+                )
             ],
-            "usageMetadata": {
-                "promptTokenCount": 10,
-                "candidatesTokenCount": 5,
-                "totalTokenCount": 15,
-            },
-            "modelVersion": "gemini-fake",
-        }
+            usage_metadata=types.GenerateContentResponseUsageMetadata(
+                prompt_token_count=10, candidates_token_count=5, total_token_count=15
+            ),
+            model_version="gemini-fake",
+            response_id=f"resp-{counter}",
+        )
+        data = answer.model_dump(mode="json", by_alias=True, exclude_none=True)
+        for part in data["candidates"][0]["content"]["parts"]:
+            if "thoughtSignature" in part:
+                bare = {k: v for k, v in part.items() if k != "thoughtSignature"}
+                with self._lock:
+                    self.signed.setdefault(json.dumps(bare, sort_keys=True), set()).add(
+                        part["thoughtSignature"]
+                    )
+        return data
 
     def error_body(self, status, message):
         statuses = {
