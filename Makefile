@@ -12,7 +12,7 @@ PYTHON ?= $(shell for c in python3.13 python3.12 python3 \
 	  $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo $$p; break; }; \
 	done)
 
-.PHONY: prepare run dev test bench lint format venv install install-test install-bench browser clean help
+.PHONY: prepare run dev test bench lint format venv install install-test install-bench browser axe clean help
 
 help:
 	@echo "make run    - set up .venv, migrate, load the demo, serve on http://$(HOST):$(PORT) (gunicorn)"
@@ -50,6 +50,10 @@ install-bench: $(VENV)/.installed-bench
 browser:
 	@bash .ci/install-chromium
 
+# axe-core from the npm registry, for the accessibility browser tests.
+axe:
+	@bash .ci/install-axe
+
 prepare: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py collectstatic --noinput -v 0
@@ -70,7 +74,7 @@ dev: prepare
 	  $(PY) manage.py pippa_worker & \
 	  DEBUG=1 $(PY) manage.py runserver $(HOST):$(PORT)
 
-test: install-test browser
+test: install-test browser axe
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # Installs the peers (LangGraph, DBOS) from the bench extra, and Debian's eatmydata

@@ -16,6 +16,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST, require_safe
 
 from artifacts.caching import immutable, not_modified
+from artifacts.lineage_graph import lineage_svg
 from artifacts.models import Artifact
 from artifacts.preview import preview_artifact_for, preview_sha_for, preview_status
 from artifacts.selectors import (
@@ -136,6 +137,7 @@ def artifact_source_text(request: HttpRequest, artifact_id: int) -> HttpResponse
 def artifact_detail(request: HttpRequest, artifact_id: int) -> HttpResponse:
     artifact = artifact_get_for_user(user=request.user, artifact_id=artifact_id)
     owners = artifact_owners(artifact=artifact, user=request.user)
+    lineage = artifact_lineage(artifact=artifact, user=request.user)
     return render(
         request,
         "artifacts/detail.html",
@@ -146,7 +148,8 @@ def artifact_detail(request: HttpRequest, artifact_id: int) -> HttpResponse:
             ),
             "preview": preview_artifact_for(artifact),
             "preview_state": preview_status(artifact),
-            "lineage": artifact_lineage(artifact=artifact, user=request.user),
+            "lineage": lineage,
+            "lineage_svg": lineage_svg(artifact=artifact, lineage=lineage),
             "owners": owners,
             "is_text": artifact.media_type.startswith(TEXT_MEDIA_PREFIXES),
         },

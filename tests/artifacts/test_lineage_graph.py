@@ -1,0 +1,130 @@
+"""The artifact page draws its lineage as a small server-made SVG graph."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.urls import reverse
+
+from artifacts.lineage_graph import MAX_PER_ROW, lineage_graph
+from artifacts.models import ArtifactClass
+from artifacts.selectors import artifact_lineage
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def dad_client(client, user):
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def task(make_conversation, make_task, user):
+    return make_task(conversation=make_conversation(owner=user), title="Chart closes")
+
+
+def _kept(task, artifact):
+    task.artifact_links.create(artifact=artifact)
+    return artifact
+
+
+def _svg(page: str) -> str:
+    match = re.search(r'<svg class="lineage-svg".*?</svg>', page, re.S)
+    assert match, "no lineage picture"
+    return match[0]
+
+
+def test_sources_are_drawn_above_and_derived_artifacts_below_with_arrows(
+    dad_client, task, make_artifact
+):
+    closes = _kept(
+        task, make_artifact(title="Closes", artifact_class=ArtifactClass.FETCH)
+    )
+    news = _kept(
+        task, make_artifact(title="News", artifact_class=ArtifactClass.SNAPSHOT)
+    )
+    chart = _kept(
+        task,
+        make_artifact(
+            title="Chart",
+            artifact_class=ArtifactClass.RENDER,
+            source_ids=[closes.pk, news.pk],
+        ),
+    )
+    png = _kept(task, make_artifact(title="Chart PNG", source_ids=[chart.pk]))
+    page = dad_client.get(reverse("artifacts:detail", args=[chart.pk])).content.decode()
+    svg = _svg(page)
+    links = {
+        int(pk): re.sub(r"<[^>]+>", " ", inner).split()
+        for pk, inner in re.findall(
+            r'<a class="node" href="/artifacts/(\d+)/">(.*?)</a>', svg, re.S
+        )
+    }
+    assert links == {
+        closes.pk: ["fetch", "·", "artifact", str(closes.pk), "Closes"],
+        news.pk: ["snapshot", "·", "artifact", str(news.pk), "News"],
+        png.pk: ["snapshot", "·", "artifact", str(png.pk), "Chart", "PNG"],
+    }
+    # The artifact itself is a box but not a link to itself.
+    assert f'aria-label="render · artifact {chart.pk}: Chart (this artifact)"' in svg
+    assert svg.count('marker-end="url(#arrow)"') == 3
+    tops = {
+        title: int(y)
+        for y, title in re.findall(
+            r'<text class="name" x="\d+" y="(\d+)">([^<]+)</text>', svg
+        )
+    }
+    assert tops["Closes"] == tops["News"] < tops["Chart"] < tops["Chart PNG"]
+    assert "<script" not in svg
+    assert " style=" not in svg  # the CSP forbids inline style
+
+
+def test_an_artifact_without_lineage_has_no_picture(dad_client, task, make_artifact):
+    alone = _kept(task, make_artifact(title="Alone"))
+    page = dad_client.get(reverse("artifacts:detail", args=[alone.pk])).content.decode()
+    assert "lineage-svg" not in page
+    assert "No sources: this artifact was not derived from another." in page
+
+
+def test_hostile_titles_are_escaped_in_the_picture(dad_client, task, make_artifact):
+    source = _kept(task, make_artifact(title='<script>alert("x")</script>'))
+    derived = _kept(task, make_artifact(title="Made from it", source_ids=[source.pk]))
+    page = dad_client.get(
+        reverse("artifacts:detail", args=[derived.pk])
+    ).content.decode()
+    svg = _svg(page)
+    assert "<script>" not in svg
+    assert "&lt;script&gt;alert(&quot;x&quot;)" in svg
+
+
+def test_a_derived_artifact_none_of_yours_keeps_is_not_drawn(
+    dad_client, task, make_artifact
+):
+    mine = _kept(task, make_artifact(title="Mine"))
+    make_artifact(title="Nobody keeps this", source_ids=[mine.pk])
+    kept = _kept(task, make_artifact(title="Kept child", source_ids=[mine.pk]))
+    svg = _svg(
+        dad_client.get(reverse("artifacts:detail", args=[mine.pk])).content.decode()
+    )
+    assert "Kept child" in svg
+    assert "Nobody keeps this" not in svg
+    assert f"/artifacts/{kept.pk}/" in svg
+
+
+def test_a_wide_lineage_draws_a_few_boxes_and_says_how_many_more(
+    user, task, make_artifact
+):
+    root = _kept(task, make_artifact(title="Root"))
+    for i in range(MAX_PER_ROW + 7):
+        _kept(task, make_artifact(title=f"child {i}", source_ids=[root.pk]))
+    graph = lineage_graph(
+        artifact=root, lineage=artifact_lineage(artifact=root, user=user)
+    )
+    row = graph.rows[1]
+    assert [box.artifact.title for box in row[:-1]] == [
+        f"child {i}" for i in range(MAX_PER_ROW)
+    ]
+    assert row[-1].artifact is None
+    assert row[-1].more == 7

@@ -1,0 +1,132 @@
+"""axe-core, injected by the browser tests, finds no violations on Dad's pages.
+
+axe-core comes from the npm registry (``.ci/install-axe`` puts it in var/axe).
+The site's CSP refuses injected script, so axe runs in a browser context made
+with ``bypass_csp=True``; the CSP itself is checked by other tests. Every page
+is checked in the light and the dark colour scheme, with its folds opened.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from council.demo import demo_round_load
+from council.models import Turn
+from pippa_site.services import token_create
+from tests.conftest import REPO
+from tests.tasks.dashboard_data import showcase
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+AXE = REPO / "var" / "axe" / "node_modules" / "axe-core" / "axe.min.js"
+# WCAG 2.1 A and AA, plus axe's best practices (landmarks, heading order...).
+AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "best-practice"]
+RUN_AXE = """async (tags) => {
+  const result = await axe.run(document, {runOnly: {type: "tag", values: tags}});
+  return result.violations.map(v => ({
+    rule: v.id, impact: v.impact, help: v.help,
+    where: v.nodes.slice(0, 4).map(n => n.target.join(" ") + " | " + n.failureSummary),
+  }));
+}"""
+
+
+@pytest.fixture(scope="session")
+def axe_script() -> str:
+    if not AXE.exists():
+        subprocess.run(["bash", str(REPO / ".ci" / "install-axe")], check=False)
+    if not AXE.exists():
+        pytest.skip("axe-core is not installed (run .ci/install-axe)")
+    return AXE.read_text()
+
+
+@pytest.fixture
+def dads_pages(
+    make_user, make_conversation, make_task
+) -> tuple[object, dict[str, str]]:
+    """Dad's data and the pages to check: name -> path."""
+    dad = make_user(username="dad-axe")
+    data = showcase(dad, make_conversation, make_task)
+    council_round = demo_round_load(owner=dad)
+    turn = Turn.objects.filter(round=council_round).order_by("-order").first()
+    widget = next(
+        link.artifact
+        for t in Turn.objects.filter(round=council_round)
+        for link in t.artifact_links.all()
+        if link.artifact.media_type == "image/svg+xml"
+    )
+    token = token_create(user=dad, name="laptop runner").token
+    conversation = data["conversation"]
+    return dad, {
+        "conversation list": "/",
+        "conversation": conversation.get_absolute_url(),
+        "running task": data["running"].get_absolute_url(),
+        "task that needs Dad": data["review"].get_absolute_url(),
+        "finished task": data["done"].get_absolute_url(),
+        "artifact with lineage": widget.get_absolute_url(),
+        "artifact source": f"/artifacts/{widget.pk}/source/text",
+        "council round": council_round.get_absolute_url(),
+        "context a turn received": f"/council/turns/{turn.pk}/context/",
+        "API tokens": "/settings/tokens/",
+        "revoke a token": f"/settings/tokens/{token.pk}/revoke/",
+        "delete a conversation": f"/conversations/{conversation.pk}/delete/",
+        "page not found": "/conversations/999999/",
+    }
+
+
+def _violations(page, axe_script: str) -> list[dict]:
+    page.add_script_tag(content=axe_script)
+    return page.evaluate(RUN_AXE, AXE_TAGS)
+
+
+def _open_folds(page) -> None:
+    """Open every <details>, so what loads into a fold is checked too."""
+    page.evaluate(
+        "document.querySelectorAll('details').forEach(d => { d.open = true; })"
+    )
+    page.wait_for_load_state("networkidle")
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_axe_finds_no_violations_on_dads_pages(
+    browser, live_server, dads_pages, axe_script, scheme
+):
+    dad, pages = dads_pages
+    context = browser.new_context(
+        bypass_csp=True, color_scheme=scheme, viewport={"width": 1280, "height": 900}
+    )
+    page = context.new_page()
+    found: dict[str, list[dict]] = {}
+    try:
+        page.goto(f"{live_server.url}/login/")
+        if problems := _violations(page, axe_script):
+            found["login"] = problems
+        page.fill("#id_username", dad.username)
+        page.fill("#id_password", "correct horse battery staple")
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{live_server.url}/")
+        for name, path in pages.items():
+            page.goto(f"{live_server.url}{path}")
+            page.wait_for_load_state("networkidle")
+            _open_folds(page)
+            if problems := _violations(page, axe_script):
+                found[name] = problems
+    finally:
+        context.close()
+    assert not found, json.dumps(found, indent=1, ensure_ascii=False)
+
+
+def test_the_dark_scheme_really_changes_the_page(browser, live_server):
+    """The check above runs in dark mode, not in light mode twice."""
+    colours = {}
+    for scheme in ("light", "dark"):
+        context = browser.new_context(color_scheme=scheme)
+        page = context.new_page()
+        page.goto(f"{live_server.url}/login/")
+        colours[scheme] = page.evaluate(
+            "getComputedStyle(document.body).backgroundColor"
+        )
+        context.close()
+    assert colours == {"light": "rgb(246, 247, 249)", "dark": "rgb(17, 20, 26)"}
