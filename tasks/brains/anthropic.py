@@ -23,6 +23,7 @@ from tasks.brains.base import (
     Message,
     ToolCall,
     ToolSpec,
+    objects,
     parse_arguments,
 )
 
@@ -118,7 +119,7 @@ class AnthropicBrain(HttpBrainAdapter):
         if data.get("type") == "error" or not isinstance(content, list):
             raise BrainError(ERR_SHAPE.format(vendor=self.vendor, what="no content[]"))
         texts, calls = [], []
-        for block in content:
+        for block in objects(content, vendor=self.vendor, what="content"):
             kind = block.get("type")
             if kind == "text":
                 texts.append(block.get("text") or "")

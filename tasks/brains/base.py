@@ -155,6 +155,17 @@ class HttpBrainAdapter(BrainAdapter):
         )
 
 
+def objects(value: Any, *, vendor: str, what: str) -> list[dict[str, Any]]:
+    """Return ``value`` as a list of JSON objects (missing: empty), or refuse it."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise BrainError(
+            ERR_SHAPE.format(vendor=vendor, what=f"{what} is not a list of objects")
+        )
+    return value
+
+
 def parse_arguments(raw: Any, *, vendor: str) -> dict[str, Any]:
     """Return tool-call arguments as a dict (some vendors send a JSON string)."""
     if raw is None or raw == "":

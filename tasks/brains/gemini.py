@@ -33,6 +33,7 @@ from tasks.brains.base import (
     Message,
     ToolCall,
     ToolSpec,
+    objects,
     parse_arguments,
 )
 
@@ -130,7 +131,18 @@ class GeminiBrain(HttpBrainAdapter):
                 f"no candidates (blocked: {feedback})" if feedback else "no candidates"
             )
             raise BrainError(ERR_SHAPE.format(vendor=self.vendor, what=what)) from None
-        parts = (candidate.get("content") or {}).get("parts") or []
+        content = candidate.get("content") if isinstance(candidate, dict) else None
+        if not isinstance(candidate, dict) or not isinstance(content or {}, dict):
+            raise BrainError(
+                ERR_SHAPE.format(
+                    vendor=self.vendor, what="candidates[0].content is not an object"
+                )
+            )
+        parts = objects(
+            (content or {}).get("parts"),
+            vendor=self.vendor,
+            what="candidates[0].content.parts",
+        )
         texts, calls = [], []
         for i, part in enumerate(parts):
             if "text" in part and not part.get("thought"):

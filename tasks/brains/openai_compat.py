@@ -22,6 +22,7 @@ from tasks.brains.base import (
     Message,
     ToolCall,
     ToolSpec,
+    objects,
     parse_arguments,
 )
 
@@ -114,8 +115,15 @@ class OpenAICompatBrain(HttpBrainAdapter):
             raise BrainError(
                 ERR_SHAPE.format(vendor=self.vendor, what="no choices[0].message")
             ) from None
+        if not isinstance(message, dict):
+            raise BrainError(
+                ERR_SHAPE.format(vendor=self.vendor, what="no choices[0].message")
+            )
         calls = []
-        for i, raw in enumerate(message.get("tool_calls") or []):
+        raw_calls = message.get("tool_calls")
+        for i, raw in enumerate(
+            objects(raw_calls, vendor=self.vendor, what="message.tool_calls")
+        ):
             fn = raw.get("function") or {}
             if not fn.get("name"):
                 raise BrainError(

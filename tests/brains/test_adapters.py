@@ -320,3 +320,46 @@ def test_the_scripted_brain_runs_steps_until_the_task_settles():
 def test_an_unknown_brain_kind_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown brain kind 'cobol'"):
         brain_make(kind="cobol")
+
+
+@pytest.mark.parametrize(
+    ("kind", "answer"),
+    [
+        ("openai", {"choices": [{"message": {"tool_calls": "run_next_step"}}]}),
+        ("openai", {"choices": [{"message": ["not", "an", "object"]}]}),
+        ("anthropic", {"content": ["text"], "stop_reason": "end_turn"}),
+        ("gemini", {"candidates": [{"content": {"parts": {"text": "hi"}}}]}),
+        ("gemini", {"candidates": [{"content": "hi"}]}),
+        ("gemini", {"candidates": ["hi"]}),
+    ],
+    ids=[
+        "openai-calls-a-string",
+        "openai-message-a-list",
+        "anthropic-blocks-strings",
+        "gemini-parts-an-object",
+        "gemini-content-a-string",
+        "gemini-candidate-a-string",
+    ],
+)
+def test_an_answer_of_the_wrong_shape_is_a_clear_error_not_a_crash(kind, answer):
+    adapter = brain_make(kind=kind, model="m", base_url="http://127.0.0.1:9")
+    with pytest.raises(BrainError, match="unexpected answer shape"):
+        adapter.parse_reply(answer)
+
+
+def test_retry_after_is_read_as_seconds_milliseconds_or_an_http_date():
+    from email.utils import format_datetime
+
+    from django.utils import timezone
+
+    from tasks.brains.base import retry_after_seconds
+
+    soon = format_datetime(
+        timezone.now() + timezone.timedelta(seconds=600), usegmt=True
+    )
+    assert retry_after_seconds({"retry-after": "7"}) == 7.0
+    assert retry_after_seconds({"retry-after-ms": "250"}) == 0.25
+    assert retry_after_seconds({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}) == 0
+    assert 500 < retry_after_seconds({"retry-after": soon}) <= 600
+    assert retry_after_seconds({"retry-after": "soon"}) is None
+    assert retry_after_seconds({}) is None
