@@ -32,6 +32,11 @@ def env_int(name: str, default: int) -> int:
     return int(value) if value and value.strip() else default
 
 
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name, "")
+    return float(value) if value.strip() else default
+
+
 def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
 
@@ -172,7 +177,9 @@ def _database() -> dict:
             # lock at BEGIN so two writers queue instead of failing mid-way.
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
             "transaction_mode": "IMMEDIATE",
-            "timeout": 30,
+            # Busy timeout: how long a writer waits for the write lock before
+            # "database is locked" (a worker then backs off and tries again).
+            "timeout": env_float("PIPPA_SQLITE_TIMEOUT", 30.0),
         },
         "TEST": {
             # A file, not :memory:, so worker subprocesses in tests share it;
@@ -229,6 +236,13 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 # Executor knobs.
 PIPPA_LEASE_SECONDS = env_int("PIPPA_LEASE_SECONDS", 60)
 PIPPA_MAX_ATTEMPTS = env_int("PIPPA_MAX_ATTEMPTS", 3)
+# Back-off before the next attempt of a failed tool: base * 2**(n-1), capped,
+# jittered to between half and all of it (tasks.faults.backoff_delay).
+PIPPA_RETRY_BASE_SECONDS = env_float("PIPPA_RETRY_BASE_SECONDS", 5.0)
+PIPPA_RETRY_MAX_SECONDS = env_float("PIPPA_RETRY_MAX_SECONDS", 300.0)
+# The same rule for a worker waiting out a full disk or a lost database.
+PIPPA_FAULT_BASE_SECONDS = env_float("PIPPA_FAULT_BASE_SECONDS", 1.0)
+PIPPA_FAULT_MAX_SECONDS = env_float("PIPPA_FAULT_MAX_SECONDS", 60.0)
 PIPPA_TOOLS = env_list("PIPPA_TOOLS")
 # Class-1 tools write their files here (externally persisted outputs); unset,
 # a "files" folder beside the blob folder.

@@ -34,16 +34,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
-import signal
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -51,10 +49,19 @@ from artifacts.models import Artifact, ArtifactClass, ArtifactSource
 from artifacts.preview import WIDGET_MEDIA_TYPES, preview_render
 from artifacts.services import ERR_BLOB_VANISHED, BlobVanished, blob_guard
 from artifacts.store import default_store
+from tasks.faults import (  # noqa: F401 - crash points are re-exported for tests
+    BOUNDARIES,
+    SimulatedCrash,
+    crashpoint,
+    crashpoint_configure,
+    fault_reason,
+    retry_delay,
+)
 from tasks.models import Event, LinkRole, Step, Task, TaskArtifact
 from tasks.resume import (
     ADOPT,
     CALL_AGAIN,
+    REVIEW,
     Envelope,
     class1_file,
     envelope_read,
@@ -87,6 +94,8 @@ ERR_FILE_OUTSIDE = "a class-1 tool must write its file under the files folder"
 ERR_TASK_NOT_RUNNABLE = (
     "the task is {status}; only a queued or running task can be paused"
 )
+ERR_UNSAVED = "the tool ran; its output could not be saved: {reason}"
+ERR_WAITING = "waiting before attempt {attempt}: next attempt {when}"
 
 ACTIONS = ("adopt", "rerun", "fail", "skip")
 FINISHED = (Step.Status.DONE, Step.Status.SKIPPED)
@@ -99,77 +108,6 @@ class ExecutorError(ValueError):
 
 class LeaseLost(RuntimeError):
     """Another worker took the lease: this worker must not record anything."""
-
-
-# -- crash points (tests) -----------------------------------------------------
-
-BOUNDARIES = (
-    "before_started_commit",  # inside the transaction that logs tool_call_started
-    "after_started",  # tool_call_started committed, tool not yet called
-    "after_tool",  # tool returned, payload not yet written
-    "after_payload",  # payload_persisted committed
-    "after_result",  # tool_result_persisted committed, result not yet returned
-)
-
-
-class SimulatedCrash(BaseException):
-    """Raised instead of SIGKILL when the crash point's action is ``raise`` (demo)."""
-
-
-@dataclass
-class _CrashPlan:
-    name: str = ""
-    count: int = 1
-    probability: float = 0.0
-    rng: random.Random | None = None
-    action: str = "kill"
-
-
-_crash = _CrashPlan()
-
-
-def crashpoint_configure(spec: str | None, *, action: str = "kill") -> None:
-    """Arm a crash point: ``name[:n]`` (die the n-th time) or ``random:p[:seed]``."""
-    global _crash
-    if not spec:
-        _crash = _CrashPlan()
-        return
-    parts = spec.split(":")
-    if parts[0] == "random":
-        seed = int(parts[2]) if len(parts) > 2 else None
-        _crash = _CrashPlan(
-            name="random",
-            probability=float(parts[1]) if len(parts) > 1 else 0.05,
-            rng=random.Random(seed),
-            action=action,
-        )
-    else:
-        _crash = _CrashPlan(
-            name=parts[0], count=int(parts[1]) if len(parts) > 1 else 1, action=action
-        )
-
-
-def crashpoint(name: str) -> None:
-    """Die here if a crash point is armed for this boundary (tests and demo only)."""
-    plan = _crash
-    if not plan.name:
-        return
-    if plan.name == "random":
-        if plan.rng.random() >= plan.probability:
-            return
-    elif plan.name != name:
-        return
-    else:
-        plan.count -= 1
-        if plan.count > 0:
-            return
-    if plan.action == "raise":
-        plan.name = ""
-        raise SimulatedCrash(name)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-crashpoint_configure(os.environ.get("PIPPA_CRASHPOINT"))
 
 
 # -- outcome ------------------------------------------------------------------
@@ -186,6 +124,11 @@ class StepOutcome:
     rule: str = ""  # how an uncertain state was resolved, if it was
     artifact: dict[str, Any] | None = None
     error: str = ""
+    # The store or the database failed after the tool returned (or before the
+    # step could be recorded): the worker waits for it to be writable again.
+    fault: str = ""
+    fault_bytes: int = 0  # size of the write that failed, for the probe
+    next_attempt_at: Any = None  # a failed tool's back-off: not before this
 
 
 @dataclass
@@ -202,6 +145,7 @@ class _StepRow:
     attempts: int
     max_attempts: int
     generation: int
+    next_attempt_at: Any = None
 
     @property
     def key(self) -> str:
@@ -367,7 +311,8 @@ def _parse_dt(value):
 def _next_step(cursor, task_id: int) -> _StepRow | None:
     cursor.execute(
         f"SELECT id, position, title, status, tool, args, artifact_class, side_effects, "
-        f"attempts, max_attempts, generation FROM {T_STEP} WHERE task_id = %s "
+        f"attempts, max_attempts, generation, next_attempt_at FROM {T_STEP} "
+        f"WHERE task_id = %s "
         f"AND status NOT IN ('done', 'skipped') ORDER BY position LIMIT 1",
         [task_id],
     )
@@ -387,6 +332,7 @@ def _next_step(cursor, task_id: int) -> _StepRow | None:
         attempts=row[8],
         max_attempts=row[9],
         generation=row[10],
+        next_attempt_at=_parse_dt(row[11]),
     )
 
 
@@ -432,6 +378,14 @@ class _LeaseKeeper:
                     with self.lock:
                         if (task_id, worker_id) in self.held:
                             self.held[(task_id, worker_id)] = True
+                except DatabaseError as exc:
+                    # One line, no traceback: the worker logs the fault itself.
+                    log.warning(
+                        "lease renewal failed for task %s: %s",
+                        task_id,
+                        fault_reason(exc),
+                    )
+                    conn.close()
                 except Exception:  # noqa: BLE001 - a failed renewal is retried next round
                     log.exception("lease renewal failed for task %s", task_id)
             # A renewal every few seconds does not need a standing connection,
@@ -495,6 +449,8 @@ def step(*, task_id: int, worker_id: str) -> StepOutcome | None:
             if lease.entries:
                 _append_held(cursor, task_id, worker_id, lease.entries)
             uncertain = True
+        elif row.next_attempt_at and row.next_attempt_at > timezone.now():
+            return _waiting(cursor, row, worker_id, lease)
         else:
             uncertain = False
             if row.attempts >= row.max_attempts:
@@ -506,11 +462,39 @@ def step(*, task_id: int, worker_id: str) -> StepOutcome | None:
     return _call(row, worker_id)
 
 
+def _waiting(cursor, row: _StepRow, worker_id: str, lease: _Lease) -> StepOutcome:
+    """The step is waiting out its back-off: take nothing, say until when."""
+    if lease.entries:
+        # The lease was only just taken for this look: leave no trace of it.
+        transaction.set_rollback(True)
+        task_status = Task.Status.QUEUED
+    else:
+        task_status = _close_task(
+            cursor, row.task_id, worker_id, Task.Status.QUEUED, [], reason="waiting"
+        )
+    return StepOutcome(
+        task_id=row.task_id,
+        task_status=task_status,
+        step_id=row.id,
+        position=row.position,
+        status=Step.Status.PENDING,
+        error=ERR_WAITING.format(
+            attempt=row.attempts + 1, when=_from_now(row.next_attempt_at)
+        ),
+        next_attempt_at=row.next_attempt_at,
+    )
+
+
+def _from_now(when) -> str:
+    seconds = max(0, round((when - timezone.now()).total_seconds()))
+    return f"in {seconds} s"
+
+
 def _start(cursor, row: _StepRow, worker_id: str, pre: list) -> None:
     """Count the attempt and log ``tool_call_started`` (caller commits it)."""
     cursor.execute(
         f"UPDATE {T_STEP} SET status = 'running', attempts = attempts + 1, "
-        f"started_at = %s, finished_at = NULL WHERE id = %s",
+        f"started_at = %s, finished_at = NULL, next_attempt_at = NULL WHERE id = %s",
         [_dt(timezone.now()), row.id],
     )
     row.attempts += 1
@@ -538,14 +522,18 @@ def _start(cursor, row: _StepRow, worker_id: str, pre: list) -> None:
 
 
 def _close_task(
-    cursor, task_id: int, worker_id: str, status: str, pre: list, *, step_id=None
+    cursor, task_id: int, worker_id: str, status: str, pre: list, *, reason: str = ""
 ) -> str:
-    """Set a task's final or blocked status and release the lease, with events."""
+    """Set a task's final, blocked or queued status and release the lease, with events."""
     entries = list(pre)
     if status == Task.Status.DONE:
         entries.append((Event.Kind.TASK_FINISHED, None, {"status": status}))
     entries.append(
-        (Event.Kind.LEASE_RELEASED, None, {"worker": worker_id, "reason": status})
+        (
+            Event.Kind.LEASE_RELEASED,
+            None,
+            {"worker": worker_id, "reason": reason or status},
+        )
     )
     now = timezone.now()
     finished = _dt(now) if status in (Task.Status.DONE, Task.Status.FAILED) else None
@@ -589,7 +577,13 @@ def _fail_exhausted(cursor, row: _StepRow, worker_id: str, pre: list) -> StepOut
 
 
 def _call(row: _StepRow, worker_id: str, *, rule: str = "") -> StepOutcome:
-    """Call the tool of a step whose ``tool_call_started`` is committed; persist."""
+    """Call the tool of a step whose ``tool_call_started`` is committed; persist.
+
+    A failure of the tool (it raised, or returned no usable output) is the
+    tool's: the attempt fails and is retried after a back-off. A failure once
+    the tool has returned (the blob write, the payload or result transaction)
+    is the executor's: ``_output_unsaved`` decides it like an open envelope.
+    """
     crashpoint("after_started")
     root = files_root()
     ctx = ToolContext(
@@ -606,16 +600,20 @@ def _call(row: _StepRow, worker_id: str, *, rule: str = "") -> StepOutcome:
     if keeper:
         keeper.hold(row.task_id, worker_id)
     failure: Exception | None = None
+    unsaved: Exception | None = None
+    needed = 0
     try:
-        tool = tool_get(row.tool)
-        result = tool.fn(ctx, **row.args)
-        if isinstance(result, (bytes, bytearray, str)):
-            result = ToolResult(
-                data=result.encode() if isinstance(result, str) else bytes(result)
-            )
-        payload = _persist_blob(row, tool.media_type, result, root)
-    except Exception as exc:  # noqa: BLE001 - any tool error fails the attempt
-        failure = exc
+        try:
+            tool = tool_get(row.tool)
+            output = _tool_output(row, tool.fn(ctx, **row.args), root)
+        except Exception as exc:  # noqa: BLE001 - any tool error fails the attempt
+            failure = exc
+        else:
+            needed = output.size
+            try:
+                payload = _persist_blob(row, tool.media_type, output)
+            except Exception as exc:  # noqa: BLE001 - the store's failure, not the tool's
+                unsaved = exc
     finally:
         lost = keeper.drop(row.task_id, worker_id) if keeper else False
     if lost:
@@ -624,26 +622,48 @@ def _call(row: _StepRow, worker_id: str, *, rule: str = "") -> StepOutcome:
         return _record_failure(
             row, worker_id, f"{type(failure).__name__}: {failure}", rule
         )
-    with transaction.atomic(), connection.cursor() as cursor:
-        _append_held(
-            cursor,
-            row.task_id,
-            worker_id,
-            [(Event.Kind.PAYLOAD_PERSISTED, row.id, payload)],
+    if unsaved is not None:
+        return _output_unsaved(
+            row, worker_id, unsaved, stage="blob", needed=needed, rule=rule
         )
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            _append_held(
+                cursor,
+                row.task_id,
+                worker_id,
+                [(Event.Kind.PAYLOAD_PERSISTED, row.id, payload)],
+            )
+    except DatabaseError as exc:
+        return _output_unsaved(row, worker_id, exc, stage="payload", rule=rule)
     crashpoint("after_payload")
-    outcome = _finish(row, worker_id, payload, invoked=True, rule=rule)
+    try:
+        outcome = _finish(row, worker_id, payload, invoked=True, rule=rule)
+    except (DatabaseError, OSError, BlobVanished) as exc:
+        return _output_unsaved(row, worker_id, exc, stage="result", rule=rule)
     crashpoint("after_result")
     return outcome
 
 
-def _persist_blob(
-    row: _StepRow, default_media: str, result: ToolResult, root: Path
-) -> dict[str, Any]:
-    """Write the payload blob (durably) and return the ``payload_persisted`` data."""
+@dataclass
+class _Output:
+    """What the tool handed back, checked: bytes, or a class-1 file under the root."""
+
+    result: ToolResult
+    data: bytes | None = None
+    path: Path | None = None
+    rel_path: str | None = None
+    size: int = 0
+
+
+def _tool_output(row: _StepRow, result: Any, root: Path) -> _Output:
+    """Check what the tool returned; a bad answer is the tool's failure."""
+    if isinstance(result, (bytes, bytearray, str)):
+        result = ToolResult(
+            data=result.encode() if isinstance(result, str) else bytes(result)
+        )
     if not isinstance(result, ToolResult):
         raise TypeError("a tool must return a ToolResult, bytes or str")
-    rel_path = None
     if row.artifact_class == ArtifactClass.FILE and result.path is not None:
         path = Path(result.path)
         if not path.is_absolute():
@@ -651,15 +671,26 @@ def _persist_blob(
         path = path.resolve()
         if not path.is_relative_to(root.resolve()):
             raise ValueError(ERR_FILE_OUTSIDE)
-        rel_path = str(path.relative_to(root.resolve()))
-        crashpoint("after_tool")
-        with path.open("rb") as fh:
+        return _Output(
+            result,
+            path=path,
+            rel_path=str(path.relative_to(root.resolve())),
+            size=path.stat().st_size,  # a missing file is the tool's failure
+        )
+    if result.data is None:
+        raise ValueError(ERR_NO_OUTPUT)
+    return _Output(result, data=result.data, size=len(result.data))
+
+
+def _persist_blob(row: _StepRow, default_media: str, output: _Output) -> dict[str, Any]:
+    """Write the payload blob (durably) and return the ``payload_persisted`` data."""
+    crashpoint("after_tool")
+    result = output.result
+    if output.path is not None:
+        with output.path.open("rb") as fh:
             put = default_store().put_file(fh)
     else:
-        if result.data is None:
-            raise ValueError(ERR_NO_OUTPUT)
-        crashpoint("after_tool")
-        put = default_store().put_bytes(result.data)
+        put = default_store().put_bytes(output.data)
     meta = dict(result.meta or {})
     if len(json.dumps(meta, default=str)) > MAX_PAYLOAD_META_CHARS:
         meta = {"meta_dropped": "too large for the event log"}
@@ -673,43 +704,141 @@ def _persist_blob(
         "generation": row.generation,
         "key": row.key,
     }
-    if rel_path:
-        payload["path"] = rel_path
+    if output.rel_path:
+        payload["path"] = output.rel_path
     if result.source_ids:
         payload["source_ids"] = [int(x) for x in result.source_ids][:50]
     return payload
 
 
+def _output_unsaved(
+    row: _StepRow,
+    worker_id: str,
+    exc: BaseException,
+    *,
+    stage: str,
+    needed: int = 0,
+    rule: str = "",
+) -> StepOutcome:
+    """The tool returned but its output could not be saved: the executor's failure.
+
+    Never a tool failure (that would call a tool with outside effects again
+    with no person deciding). Log ``output_unsaved`` with the reason, leaving
+    the envelope open, and take the open envelope's decision by class at once
+    only when it is "needs review" (a tool with outside effects, say). Adopt
+    and call-again wait until the store takes writes again: the worker backs
+    off, probes and then resumes the step by its class. If the database
+    itself refuses the note, nothing is written and the envelope stays open
+    for the same decision later.
+    """
+    reason = fault_reason(exc)
+    words = ERR_UNSAVED.format(reason=reason)
+    log.warning(
+        "task %s step %s: %s (%s: %s)",
+        row.task_id,
+        row.position,
+        words,
+        type(exc).__name__,
+        str(exc)[:200],
+    )
+    outcome = StepOutcome(
+        task_id=row.task_id,
+        task_status=Task.Status.RUNNING,
+        step_id=row.id,
+        position=row.position,
+        status=Step.Status.RUNNING,
+        invoked=True,
+        rule=rule,
+        error=words,
+        fault=reason,
+        fault_bytes=needed,
+    )
+    if isinstance(exc, DatabaseError) and not connection.in_atomic_block:
+        connection.close()  # a fresh connection for the note (PostgreSQL restarted)
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            _append_held(
+                cursor,
+                row.task_id,
+                worker_id,
+                [
+                    (
+                        Event.Kind.OUTPUT_UNSAVED,
+                        row.id,
+                        {
+                            "reason": reason,
+                            "stage": stage,
+                            "error": f"{type(exc).__name__}: {exc}"[:300],
+                            "worker": worker_id,
+                        },
+                    )
+                ],
+            )
+        env = envelope_read(row.id)
+        advice = uncertain_decide(row.as_step(), env)
+        if advice.action == REVIEW:
+            review = _review(row, worker_id, advice, env)
+            return replace(review, invoked=True, fault=reason, fault_bytes=needed)
+    except DatabaseError as again:
+        log.warning(
+            "task %s step %s: the note could not be written either: %s",
+            row.task_id,
+            row.position,
+            fault_reason(again),
+        )
+        if not connection.in_atomic_block:
+            connection.close()
+    return outcome
+
+
 def _record_failure(
     row: _StepRow, worker_id: str, error: str, rule: str
 ) -> StepOutcome:
+    """The tool failed: retry after a back-off, or fail the step when out of attempts.
+
+    The back-off (``tasks.faults.retry_delay``) is stored on the step as
+    ``next_attempt_at``; the lease is released and the task queued, and no
+    worker takes it again before then (``Task.objects.runnable``).
+    """
     error = error[:1000]
     exhausted = row.attempts >= row.max_attempts
+    now = timezone.now()
+    delay = 0.0 if exhausted else retry_delay(row.attempts)
+    next_at = now + timedelta(seconds=delay) if delay > 0 else None
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {T_STEP} SET status = %s, error = %s, finished_at = %s WHERE id = %s",
+            f"UPDATE {T_STEP} SET status = %s, error = %s, finished_at = %s, "
+            f"next_attempt_at = %s WHERE id = %s",
             [
                 Step.Status.FAILED if exhausted else Step.Status.PENDING,
                 error,
-                _dt(timezone.now()),
+                _dt(now),
+                _dt(next_at) if next_at else None,
                 row.id,
             ],
         )
-        entries = [
-            (
-                Event.Kind.TOOL_CALL_FAILED,
-                row.id,
-                {
-                    "attempt": row.attempts,
-                    "error": error[:500],
-                    "will_retry": not exhausted,
-                },
-            )
-        ]
+        data: dict[str, Any] = {
+            "attempt": row.attempts,
+            "error": error[:500],
+            "will_retry": not exhausted,
+        }
+        if next_at:
+            data["retry_in_seconds"] = round(delay, 1)
+            data["next_attempt_at"] = next_at.isoformat()
+        entries = [(Event.Kind.TOOL_CALL_FAILED, row.id, data)]
         if exhausted:
             entries.append((Event.Kind.STEP_FAILED, row.id, {"attempts": row.attempts}))
             task_status = _close_task(
                 cursor, row.task_id, worker_id, Task.Status.FAILED, entries
+            )
+        elif next_at:
+            task_status = _close_task(
+                cursor,
+                row.task_id,
+                worker_id,
+                Task.Status.QUEUED,
+                entries,
+                reason="waiting to retry",
             )
         else:
             _append_held(cursor, row.task_id, worker_id, entries)
@@ -723,6 +852,7 @@ def _record_failure(
         invoked=True,
         rule=rule,
         error=error,
+        next_attempt_at=next_at,
     )
 
 
@@ -863,20 +993,31 @@ def _resolve_uncertain(row: _StepRow, worker_id: str) -> StepOutcome:
     """Resolve an open envelope by the step's class (DESIGN.md's table)."""
     env = envelope_read(row.id)
     advice = uncertain_decide(row.as_step(), env)
-    note = {
-        "rule": advice.rule,
-        "action": advice.action,
-        "words": advice.words,
-        "worker": worker_id,
-        "had_payload": bool(env.payload),
-    }
+    note = _note(advice, env, worker_id)
     if advice.action == ADOPT:
         payload = dict(env.payload)
-        _ensure_blob(row.artifact_class, payload)
         pre = [(Event.Kind.UNCERTAIN_RESOLVED, row.id, note)]
-        outcome = _finish(
-            row, worker_id, payload, invoked=False, rule=advice.rule, pre=pre
-        )
+        try:
+            _ensure_blob(row.artifact_class, payload)
+            outcome = _finish(
+                row, worker_id, payload, invoked=False, rule=advice.rule, pre=pre
+            )
+        except (DatabaseError, OSError, BlobVanished) as exc:
+            # Nothing was recorded: the envelope stays open for the same
+            # decision once the store takes writes again.
+            if isinstance(exc, DatabaseError) and not connection.in_atomic_block:
+                connection.close()
+            reason = fault_reason(exc)
+            return StepOutcome(
+                task_id=row.task_id,
+                task_status=Task.Status.RUNNING,
+                step_id=row.id,
+                position=row.position,
+                status=Step.Status.RUNNING,
+                rule=advice.rule,
+                error=f"the saved output could not be recorded: {reason}",
+                fault=reason,
+            )
         crashpoint("after_result")
         return outcome
     if advice.action == CALL_AGAIN:
@@ -887,14 +1028,28 @@ def _resolve_uncertain(row: _StepRow, worker_id: str) -> StepOutcome:
             _start(cursor, row, worker_id, pre)
             crashpoint("before_started_commit")
         return _call(row, worker_id, rule=advice.rule)
-    # REVIEW
+    return _review(row, worker_id, advice, env)
+
+
+def _note(advice, env: Envelope, worker_id: str) -> dict[str, Any]:
+    return {
+        "rule": advice.rule,
+        "action": advice.action,
+        "words": advice.words,
+        "worker": worker_id,
+        "had_payload": bool(env.payload),
+    }
+
+
+def _review(row: _StepRow, worker_id: str, advice, env: Envelope) -> StepOutcome:
+    """Hand an open envelope to a person: the step and the task need review."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {T_STEP} SET status = 'needs_review', error = %s WHERE id = %s",
             [advice.words, row.id],
         )
         entries = [
-            (Event.Kind.UNCERTAIN_RESOLVED, row.id, note),
+            (Event.Kind.UNCERTAIN_RESOLVED, row.id, _note(advice, env, worker_id)),
             (
                 Event.Kind.STEP_NEEDS_REVIEW,
                 row.id,
@@ -1096,6 +1251,7 @@ def step_retry(*, step: Step, actor: str = "") -> Step:
         status=Step.Status.PENDING,
         attempts=0,
         generation=current.generation + 1,
+        next_attempt_at=None,
         error="",
         output=None,
         started_at=None,
@@ -1306,6 +1462,7 @@ def step_resolve(*, step: Step, action: str, actor: str = "") -> Step:
         Step.objects.filter(pk=current.pk).update(
             status=Step.Status.PENDING,
             attempts=min(current.attempts, current.max_attempts - 1),
+            next_attempt_at=None,
             error="",
         )
         entries.append((Event.Kind.STEP_RESOLVED, current.pk, note))

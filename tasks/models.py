@@ -99,10 +99,18 @@ class Conversation(models.Model):
 
 class TaskQuerySet(models.QuerySet):
     def runnable(self) -> TaskQuerySet:
-        """Tasks a worker may step now: queued, or running with a dead lease."""
+        """Tasks a worker may step now: queued, or running with a dead lease,
+        and not waiting out the back-off before a step's next attempt."""
         now = timezone.now()
-        return self.filter(status__in=[Task.Status.QUEUED, Task.Status.RUNNING]).filter(
-            Q(lease_owner="") | Q(lease_expires_at__lt=now)
+        waiting = Step.objects.filter(
+            task=models.OuterRef("pk"),
+            status=Step.Status.PENDING,
+            next_attempt_at__gt=now,
+        )
+        return (
+            self.filter(status__in=[Task.Status.QUEUED, Task.Status.RUNNING])
+            .filter(Q(lease_owner="") | Q(lease_expires_at__lt=now))
+            .exclude(models.Exists(waiting))
         )
 
 
@@ -232,6 +240,8 @@ class Step(models.Model):
         related_name="output_of",
     )
     error = models.TextField(blank=True, default="")
+    # After a tool failure: no attempt before this time (the back-off).
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -265,6 +275,12 @@ class Step(models.Model):
                 name="tasks_step_needs_review",
                 condition=Q(status="needs_review"),
             ),
+            # Worker poll: steps waiting out a retry back-off (few at a time).
+            models.Index(
+                fields=["task", "next_attempt_at"],
+                name="tasks_step_waiting",
+                condition=Q(next_attempt_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -279,6 +295,15 @@ class Step(models.Model):
         if self.started_at and self.finished_at:
             return self.finished_at - self.started_at
         return None
+
+    @property
+    def waiting_to_retry(self) -> bool:
+        """A failed tool's back-off is still running: no attempt before next_attempt_at."""
+        return (
+            self.status == StepStatus.PENDING
+            and self.next_attempt_at is not None
+            and self.next_attempt_at > timezone.now()
+        )
 
     def idempotency_key(self) -> str:
         return f"pippa:{self.task_id}:{self.pk}:{self.generation}"
@@ -314,6 +339,10 @@ class Event(models.Model):
         LEASE_TAKEN_OVER = "lease_taken_over"
         TOOL_CALL_STARTED = "tool_call_started"
         PAYLOAD_PERSISTED = "payload_persisted"
+        # The tool returned but its output could not be saved (disk full, the
+        # database gone): the executor's failure, not the tool's. The envelope
+        # stays open and is decided by class.
+        OUTPUT_UNSAVED = "output_unsaved"
         TOOL_RESULT_PERSISTED = "tool_result_persisted"
         TOOL_CALL_FAILED = "tool_call_failed"
         UNCERTAIN_RESOLVED = "uncertain_resolved"
@@ -357,6 +386,12 @@ class Event(models.Model):
                 fields=["step", "seq"],
                 name="tasks_event_calls_started",
                 condition=Q(kind="tool_call_started"),
+            ),
+            # Deletion and the doctor: which blobs a payload_persisted names.
+            models.Index(
+                fields=["step", "seq"],
+                name="tasks_event_payloads",
+                condition=Q(kind="payload_persisted"),
             ),
         ]
 

@@ -27,6 +27,7 @@ SCHEMA = "pippa.resume/1"
 ENVELOPE_KINDS = (
     Event.Kind.TOOL_CALL_STARTED,
     Event.Kind.PAYLOAD_PERSISTED,
+    Event.Kind.OUTPUT_UNSAVED,
     Event.Kind.TOOL_RESULT_PERSISTED,
     Event.Kind.TOOL_CALL_FAILED,
     Event.Kind.STEP_RETRIED,
@@ -65,6 +66,8 @@ class Envelope:
     starts: int = 0
     review_reason: str = ""
     review_rule: str = ""
+    # The tool returned but its output could not be saved: why ("disk full").
+    unsaved: str = ""
 
 
 def envelope_read(step_id: int) -> Envelope:
@@ -79,10 +82,12 @@ def envelope_read(step_id: int) -> Envelope:
         if kind == Event.Kind.STEP_RETRIED:
             env = Envelope()
         elif kind == Event.Kind.TOOL_CALL_STARTED:
-            env.open, env.started, env.payload = True, data, None
+            env.open, env.started, env.payload, env.unsaved = True, data, None, ""
             env.starts += 1
         elif kind == Event.Kind.PAYLOAD_PERSISTED:
             env.payload = data
+        elif kind == Event.Kind.OUTPUT_UNSAVED:
+            env.unsaved = data.get("reason") or "unknown"
         elif kind == Event.Kind.STEP_NEEDS_REVIEW:
             env.review_reason = data.get("reason", "")
             env.review_rule = data.get("rule", "")
@@ -164,6 +169,12 @@ def sources_alive(ids: list[int] | None) -> bool:
 def uncertain_decide(step: Step, env: Envelope) -> ResumeAdvice:
     """Apply DESIGN.md's class table to a step whose envelope is open."""
     has_payload = bool(env.payload and env.payload.get("sha"))
+    if step.side_effects and env.unsaved:
+        return ResumeAdvice(
+            "side_effects_unsaved_review",
+            f"needs you: the tool ran; its output could not be saved: {env.unsaved}",
+            REVIEW,
+        )
     if step.side_effects:
         return ResumeAdvice(
             "side_effects_review", "needs you: the tool has outside effects", REVIEW
@@ -264,6 +275,15 @@ def resume_advice(step: Step, *, task: Task | None = None) -> ResumeAdvice:
             return uncertain_decide(step, env)
     if step.attempts >= step.max_attempts:
         return ResumeAdvice("no_attempts_left", "will fail: no attempts left", "run")
+    if step.waiting_to_retry:
+        from tasks.templatetags.pippa import from_now
+
+        return ResumeAdvice(
+            "retry_wait",
+            f"will run attempt {step.attempts + 1} of {step.max_attempts}: the tool"
+            f" failed, next attempt {from_now(step.next_attempt_at)}",
+            "run",
+        )
     return ResumeAdvice(
         "run",
         f"will run (attempt {step.attempts + 1} of {step.max_attempts})",

@@ -12,6 +12,7 @@ from django.db import connection
 from artifacts.models import ArtifactClass
 from artifacts.services import artifact_store
 from artifacts.store import BlobStore
+from tests.support.faults import Tmpfs, TmpfsUnavailable
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
@@ -72,6 +73,25 @@ def subprocess_env(settings, tmp_path):
             f"postgres://{auth}{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
         )
     return env
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Make size-capped tmpfs mounts (a disk that really fills); skip where not allowed."""
+    made: list[Tmpfs] = []
+
+    def make(name: str = "fs", size: int = 4 * 1024 * 1024) -> Tmpfs:
+        fs = Tmpfs(tmp_path / name, size)
+        try:
+            fs.mount()
+        except TmpfsUnavailable as exc:
+            pytest.skip(f"cannot mount a tmpfs here: {exc}")
+        made.append(fs)
+        return fs
+
+    yield make
+    for fs in made:
+        fs.unmount()
 
 
 @pytest.fixture

@@ -1,7 +1,9 @@
 """Tools for tests, loaded like a user's own module (``PIPPA_TOOLS=tests.support.tools``).
 
 Each call appends a line to ``$PIPPA_TOOL_LOG`` when set (the side channel the
-crash tests count real invocations with).
+crash tests count real invocations with). ``fill=PATH`` makes a call fill the
+disk under PATH once, after its work is done: the tool ran, and then its
+output meets a full disk (see ``tests/support/faults.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,13 @@ def _note(ctx: ToolContext, name: str, phase: str) -> None:
     side_channel_note(ctx, name, phase)
 
 
+def _fill(path: str) -> None:
+    if path:
+        from tests.support.faults import fill_once
+
+        fill_once(path)
+
+
 def _payload(ctx: ToolContext, size: int, stable: bool) -> bytes:
     head = f"task {ctx.task_id} step {ctx.step_id} gen {ctx.generation}"
     if not stable:
@@ -27,20 +36,26 @@ def _payload(ctx: ToolContext, size: int, stable: bool) -> bytes:
 
 
 @tool("test.fetch", artifact_class=2, media_type="text/plain")
-def fetch(ctx: ToolContext, *, size: int = 256, sleep: float = 0) -> ToolResult:
+def fetch(
+    ctx: ToolContext, *, size: int = 256, sleep: float = 0, fill: str = ""
+) -> ToolResult:
     """Idempotent: the same bytes for the same step."""
     _note(ctx, "test.fetch", "start")
     time.sleep(sleep)
     _note(ctx, "test.fetch", "end")
+    _fill(fill)
     return ToolResult(data=_payload(ctx, size, stable=True))
 
 
 @tool("test.snapshot", artifact_class=3, media_type="text/plain")
-def snapshot(ctx: ToolContext, *, size: int = 256, sleep: float = 0) -> ToolResult:
+def snapshot(
+    ctx: ToolContext, *, size: int = 256, sleep: float = 0, fill: str = ""
+) -> ToolResult:
     """Non-deterministic: different bytes every call."""
     _note(ctx, "test.snapshot", "start")
     time.sleep(sleep)
     _note(ctx, "test.snapshot", "end")
+    _fill(fill)
     return ToolResult(data=_payload(ctx, size, stable=False))
 
 
@@ -67,11 +82,12 @@ def render(ctx: ToolContext, *, source: int = 1, sleep: float = 0) -> ToolResult
 
 
 @tool("test.effect", artifact_class=2, side_effects=True, media_type="text/plain")
-def effect(ctx: ToolContext, *, sleep: float = 0) -> ToolResult:
+def effect(ctx: ToolContext, *, sleep: float = 0, fill: str = "") -> ToolResult:
     """Has outside effects: never re-run from an uncertain state."""
     _note(ctx, "test.effect", "start")
     time.sleep(sleep)
     _note(ctx, "test.effect", "end")
+    _fill(fill)
     return ToolResult(data=f"sent with key {ctx.idempotency_key}".encode())
 
 

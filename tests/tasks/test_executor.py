@@ -143,8 +143,9 @@ def test_a_worker_that_lost_its_lease_cannot_record_a_result(demo_task):
 
 @pytest.mark.django_db
 def test_a_failing_tool_is_retried_up_to_its_limit_then_the_task_fails(
-    make_conversation,
+    make_conversation, settings
 ):
+    settings.PIPPA_RETRY_BASE_SECONDS = 0  # no back-off: see tests/tasks/test_faults.py
     task = task_create(
         conversation=make_conversation(),
         title="flaky",
@@ -169,8 +170,9 @@ def test_a_failing_tool_is_retried_up_to_its_limit_then_the_task_fails(
 
 @pytest.mark.django_db
 def test_a_tool_that_recovers_within_its_attempts_finishes_the_step(
-    make_conversation,
+    make_conversation, settings
 ):
+    settings.PIPPA_RETRY_BASE_SECONDS = 0
     task = one_step_task(make_conversation, "test.flaky", fail_times=1)
     outcomes = run_task(task.pk)
     assert [o.status for o in outcomes] == ["pending", "done"]

@@ -4,6 +4,13 @@ The command is only the loop; each step is ``tasks.executor.step``. SIGTERM
 (or Ctrl-C) lets the current step finish, releases the lease and exits; a
 second signal abandons the step at once (its envelope stays open for the next
 worker to resolve by class) and still releases the lease.
+
+The worker outlives its store's bad moments. A database error (disk full,
+"database is locked" past the busy timeout, PostgreSQL restarting, a cut
+connection) or a step whose output could not be saved puts it in a fault
+state: it logs one line naming the reason, drops its connection, backs off
+(``tasks.faults.fault_delay``: exponential, capped, jittered), probes the
+store (``tasks.faults.store_probe``) and carries on once it takes writes.
 """
 
 from __future__ import annotations
@@ -15,13 +22,16 @@ import socket
 import time
 
 from django.core.management import BaseCommand
-from django.db import close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection
 
-from tasks.executor import LeaseLost, lease_release, step
+from tasks.executor import LeaseLost, StepOutcome, lease_release, step
+from tasks.faults import fault_delay, fault_reason, store_probe
 from tasks.models import Task
 from tasks.tools import tools_load
 
 log = logging.getLogger("pippa.worker")
+
+RELEASE_TRIES = 3
 
 
 class WorkerAbandoned(BaseException):
@@ -50,88 +60,186 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options) -> None:
         tools_load()
-        worker_id = (
+        self.worker_id = (
             options["worker_id"] or f"worker:{socket.gethostname()}-{os.getpid()}"
         )
-        state = {"stop": False, "signals": 0}
+        self.options = options
+        self.state = {"stop": False, "signals": 0}
+        self.verbose = options["verbosity"] >= 1
+        self.steps = 0
+        # Consecutive faults, the reason of the last one and the size of the
+        # write that failed (the probe wants that much room).
+        self.faults, self.reason, self.needed = 0, "", 0
 
         def on_signal(signum, frame) -> None:
-            state["signals"] += 1
-            state["stop"] = True
-            if state["signals"] > 1:
+            self.state["stop"] = True
+            self.state["signals"] += 1
+            if self.state["signals"] > 1:
                 raise WorkerAbandoned()
 
         previous = {
             sig: signal.signal(sig, on_signal)
             for sig in (signal.SIGTERM, signal.SIGINT)
         }
-        verbose = options["verbosity"] >= 1
-        if verbose:
-            self.stdout.write(f"{worker_id}: stepping runnable tasks")
-        steps = 0
-        current: int | None = None
+        if self.verbose:
+            self.stdout.write(f"{self.worker_id}: stepping runnable tasks")
+        self.current: int | None = None
         try:
-            while not state["stop"]:
-                if not connection.in_atomic_block:
-                    close_old_connections()
-                runnable = Task.objects.runnable()
-                if options["task"]:
-                    runnable = runnable.filter(pk__in=options["task"])
-                ids = list(
-                    runnable.order_by("updated_at", "id").values_list("id", flat=True)[
-                        :20
-                    ]
-                )
-                if not ids:
-                    if options["until_idle"]:
-                        break
-                    self._sleep(options["poll"], state)
+            while not self.state["stop"]:
+                if self.faults and not self._wait_for_store():
                     continue
-                for task_id in ids:
-                    if state["stop"]:
+                try:
+                    if not self._round():
                         break
-                    current = task_id
-                    while not state["stop"]:
-                        try:
-                            outcome = step(task_id=task_id, worker_id=worker_id)
-                        except LeaseLost as exc:
-                            log.warning("%s: %s", worker_id, exc)
-                            break
-                        if outcome is None:
-                            break
-                        steps += 1
-                        if verbose and outcome.position is not None:
-                            self.stdout.write(
-                                f"task {task_id} step {outcome.position}: "
-                                f"{outcome.status}"
-                                + (f" ({outcome.rule})" if outcome.rule else "")
-                                + f"; task {outcome.task_status}"
-                            )
-                        if options["max_steps"] and steps >= options["max_steps"]:
-                            state["stop"] = True
-                        if outcome.task_status != Task.Status.RUNNING:
-                            break
-                    self._release(task_id, worker_id)
-                    current = None
+                except LeaseLost as exc:
+                    log.warning("%s: %s", self.worker_id, exc)
+                except DatabaseError as exc:
+                    self._fault(fault_reason(exc))
         except WorkerAbandoned:
-            if verbose:
-                self.stdout.write(f"{worker_id}: abandoning the current step")
+            if self.verbose:
+                self.stdout.write(f"{self.worker_id}: abandoning the current step")
         finally:
-            if current is not None:
-                self._release(current, worker_id)
+            if self.current is not None:
+                self._release(self.current)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        if verbose:
-            self.stdout.write(f"{worker_id}: stopped after {steps} step(s)")
+        if self.verbose:
+            self.stdout.write(f"{self.worker_id}: stopped after {self.steps} step(s)")
 
-    @staticmethod
-    def _release(task_id: int, worker_id: str) -> None:
-        task = Task.objects.filter(pk=task_id, lease_owner=worker_id).first()
-        if task is not None:
-            lease_release(task=task, actor=worker_id)
+    # -- one round: poll, then step each runnable task until it stops -------
 
-    @staticmethod
-    def _sleep(seconds: float, state: dict) -> None:
+    def _round(self) -> bool:
+        """Poll once and step what is runnable; False when --until-idle is done."""
+        if not connection.in_atomic_block:
+            close_old_connections()
+        runnable = Task.objects.runnable()
+        if self.options["task"]:
+            runnable = runnable.filter(pk__in=self.options["task"])
+        ids = list(
+            runnable.order_by("updated_at", "id").values_list("id", flat=True)[:20]
+        )
+        if not ids:
+            if self.options["until_idle"]:
+                return False
+            self._sleep(self.options["poll"])
+            return True
+        for task_id in ids:
+            if self.state["stop"]:
+                break
+            self.current = task_id
+            outcome = self._step_task(task_id)
+            self._release(task_id)
+            self.current = None
+            if outcome is not None and outcome.fault:
+                self.needed = outcome.fault_bytes
+                self._fault(outcome.fault, task_id=task_id)
+                break
+        return True
+
+    def _step_task(self, task_id: int) -> StepOutcome | None:
+        """Step one task while it stays ours and running; return a faulted outcome."""
+        while not self.state["stop"]:
+            try:
+                outcome = step(task_id=task_id, worker_id=self.worker_id)
+            except LeaseLost as exc:
+                log.warning("%s: %s", self.worker_id, exc)
+                return None
+            if outcome is None:
+                return None
+            self.steps += 1
+            if self.verbose and outcome.position is not None:
+                self.stdout.write(_describe(outcome))
+            if outcome.fault:
+                return outcome
+            if self.options["max_steps"] and self.steps >= self.options["max_steps"]:
+                self.state["stop"] = True
+            if outcome.task_status != Task.Status.RUNNING:
+                return None
+        return None
+
+    # -- faults ----------------------------------------------------------------
+
+    def _fault(self, reason: str, *, task_id: int | None = None) -> None:
+        """Enter (or stay in) the fault state: one line, drop the connection."""
+        self.faults += 1
+        self.reason = reason
+        delay = fault_delay(self.faults)
+        where = f" (task {task_id})" if task_id else ""
+        log.warning(
+            "%s: %s%s; backing off %.1f s, then checking the store again",
+            self.worker_id,
+            reason,
+            where,
+            delay,
+        )
+        self.delay = delay
+        if not connection.in_atomic_block:
+            connection.close()
+
+    def _wait_for_store(self) -> bool:
+        """Sleep out the back-off and probe; True once the store takes writes."""
+        self._sleep(self.delay)
+        if self.state["stop"]:
+            return False
+        reason = store_probe(needed=self.needed)
+        if reason:
+            self.faults += 1
+            self.delay = fault_delay(self.faults)
+            log.info(
+                "%s: still waiting: %s; next check in %.1f s",
+                self.worker_id,
+                reason,
+                self.delay,
+            )
+            return False
+        log.warning(
+            "%s: the store takes writes again (after: %s); carrying on",
+            self.worker_id,
+            self.reason,
+        )
+        self.faults, self.reason, self.needed = 0, "", 0
+        if self.current is not None:
+            # A step cut short by the database: give its task back so the
+            # next poll (this worker's or another's) resumes it by class.
+            self._release(self.current)
+            self.current = None
+        return True
+
+    def _release(self, task_id: int) -> None:
+        """Give the lease back; a database that refuses is tried a few times."""
+        for attempt in range(1, RELEASE_TRIES + 1):
+            try:
+                task = Task.objects.filter(
+                    pk=task_id, lease_owner=self.worker_id
+                ).first()
+                if task is not None:
+                    lease_release(task=task, actor=self.worker_id)
+                return
+            except DatabaseError as exc:
+                if not connection.in_atomic_block:
+                    connection.close()
+                if attempt == RELEASE_TRIES:
+                    log.warning(
+                        "%s: could not release the lease of task %s (%s); "
+                        "it expires on its own",
+                        self.worker_id,
+                        task_id,
+                        fault_reason(exc),
+                    )
+                    return
+                time.sleep(fault_delay(attempt))
+
+    def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
-        while not state["stop"] and time.monotonic() < deadline:
-            time.sleep(min(0.1, seconds))
+        while not self.state["stop"] and time.monotonic() < deadline:
+            time.sleep(min(0.1, max(seconds, 0.01)))
+
+
+def _describe(outcome: StepOutcome) -> str:
+    """One line per step, naming the reason when it did not finish."""
+    line = f"task {outcome.task_id} step {outcome.position}: {outcome.status}"
+    if outcome.rule:
+        line += f" ({outcome.rule})"
+    if outcome.error and outcome.status != "done":
+        line += f": {outcome.error[:300]}"
+    return line + f"; task {outcome.task_status}"

@@ -1,0 +1,238 @@
+"""Faults that are not the tool's: crash points, plain reasons, back-off, probes.
+
+- Crash points (tests and the demo): ``PIPPA_CRASHPOINT=<boundary>[:<n>]`` or
+  ``random:<p>:<seed>`` makes the process SIGKILL itself at a boundary.
+- ``fault_reason`` names a failure of the store or the database in the words a
+  person reads on the timeline ("disk full", "the database is locked").
+- ``backoff_delay`` is the one back-off rule: exponential, capped, jittered.
+  Tool retries and a worker waiting out its database both use it.
+- ``store_probe`` says whether the blob folder (and an SQLite database's
+  folder) can take a write again.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import signal
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+
+# -- crash points (tests) -----------------------------------------------------
+
+BOUNDARIES = (
+    "before_started_commit",  # inside the transaction that logs tool_call_started
+    "after_started",  # tool_call_started committed, tool not yet called
+    "after_tool",  # tool returned, payload not yet written
+    "after_payload",  # payload_persisted committed
+    "after_result",  # tool_result_persisted committed, result not yet returned
+)
+
+
+class SimulatedCrash(BaseException):
+    """Raised instead of SIGKILL when the crash point's action is ``raise`` (demo)."""
+
+
+@dataclass
+class _CrashPlan:
+    name: str = ""
+    count: int = 1
+    probability: float = 0.0
+    rng: random.Random | None = None
+    action: str = "kill"
+
+
+_crash = _CrashPlan()
+
+
+def crashpoint_configure(spec: str | None, *, action: str = "kill") -> None:
+    """Arm a crash point: ``name[:n]`` (die the n-th time) or ``random:p[:seed]``."""
+    global _crash
+    if not spec:
+        _crash = _CrashPlan()
+        return
+    parts = spec.split(":")
+    if parts[0] == "random":
+        seed = int(parts[2]) if len(parts) > 2 else None
+        _crash = _CrashPlan(
+            name="random",
+            probability=float(parts[1]) if len(parts) > 1 else 0.05,
+            rng=random.Random(seed),
+            action=action,
+        )
+    else:
+        _crash = _CrashPlan(
+            name=parts[0], count=int(parts[1]) if len(parts) > 1 else 1, action=action
+        )
+
+
+def crashpoint(name: str) -> None:
+    """Die here if a crash point is armed for this boundary (tests and demo only)."""
+    plan = _crash
+    if not plan.name:
+        return
+    if plan.name == "random":
+        if plan.rng.random() >= plan.probability:
+            return
+    elif plan.name != name:
+        return
+    else:
+        plan.count -= 1
+        if plan.count > 0:
+            return
+    if plan.action == "raise":
+        plan.name = ""
+        raise SimulatedCrash(name)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+crashpoint_configure(os.environ.get("PIPPA_CRASHPOINT"))
+
+
+# -- reasons ------------------------------------------------------------------
+
+REASON_DISK_FULL = "disk full"
+REASON_DB_LOCKED = "the database is locked"
+REASON_DB_LOST = "the database connection was lost"
+REASON_DB_FAILED = "the database refused the write"
+REASON_STORE = "the blob store could not be written"
+
+_FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+def fault_reason(exc: BaseException) -> str:
+    """Name a store or database failure in plain words (with its detail)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+        return REASON_DISK_FULL
+    lowered = text.lower()
+    if isinstance(exc, DatabaseError):
+        if "disk is full" in lowered or "no space left" in lowered:
+            return REASON_DISK_FULL
+        if "database is locked" in lowered or "database is busy" in lowered:
+            return REASON_DB_LOCKED
+        if _connection_gone(exc, lowered):
+            return REASON_DB_LOST
+        return f"{REASON_DB_FAILED}: {text[:200]}"
+    if isinstance(exc, OSError):
+        return f"{REASON_STORE}: {exc.strerror or text}"[:300]
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
+def _connection_gone(exc: BaseException, lowered: str) -> bool:
+    from django.db import InterfaceError
+
+    if isinstance(exc, InterfaceError):
+        return True
+    words = (
+        "terminating connection",
+        "connection already closed",
+        "server closed the connection",
+        "connection refused",
+        "could not connect",
+        "the database system is",  # starting up / shutting down / in recovery
+        "consuming input failed",
+        "ssl connection has been closed",
+        "connection is lost",
+        "connection not open",
+    )
+    return any(w in lowered for w in words)
+
+
+def is_database_fault(exc: BaseException) -> bool:
+    return isinstance(exc, DatabaseError)
+
+
+# -- back-off -------------------------------------------------------------------
+
+
+def backoff_delay(
+    failures: int, *, base: float, cap: float, rng: random.Random | None = None
+) -> float:
+    """Seconds to wait after the n-th failure in a row (n >= 1).
+
+    ``base * 2**(n-1)``, capped at ``cap``, then jittered down to between half
+    and all of it ("equal jitter"), so workers that failed together do not
+    come back together.
+    """
+    if base <= 0 or failures <= 0:
+        return 0.0
+    full = min(cap, base * (2 ** min(failures - 1, 32)))
+    return full / 2 + (rng or random).uniform(0, full / 2)
+
+
+def retry_delay(attempts: int) -> float:
+    """Wait before the next attempt of a tool that failed ``attempts`` times."""
+    return backoff_delay(
+        attempts,
+        base=settings.PIPPA_RETRY_BASE_SECONDS,
+        cap=settings.PIPPA_RETRY_MAX_SECONDS,
+    )
+
+
+def fault_delay(failures: int) -> float:
+    """Wait of a worker after its ``failures``-th store or database fault in a row."""
+    return backoff_delay(
+        failures,
+        base=settings.PIPPA_FAULT_BASE_SECONDS,
+        cap=settings.PIPPA_FAULT_MAX_SECONDS,
+    )
+
+
+# -- probes ---------------------------------------------------------------------
+
+PROBE_BYTES = 4096
+PROBE_MARGIN = 1024 * 1024  # free space wanted beyond the write that failed
+
+
+def _probe_folder(folder: Path, needed: int) -> str:
+    """Return "" if ``folder`` takes a small durable write and has room, else why not."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        stats = os.statvfs(folder)
+        free = stats.f_bavail * stats.f_frsize
+        if free < needed + PROBE_MARGIN:
+            return REASON_DISK_FULL
+        fd, name = tempfile.mkstemp(dir=folder, prefix="probe-")
+        try:
+            os.write(fd, b"\0" * PROBE_BYTES)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(name)
+    except OSError as exc:
+        return fault_reason(exc)
+    return ""
+
+
+def store_probe(*, needed: int = 0) -> str:
+    """Return "" when the blob store and the database can be written again, else why not.
+
+    The blob folder must take a small fsynced write and have ``needed`` bytes
+    (the write that failed) plus a margin free; an SQLite database's folder
+    likewise. The database must answer. A full SQLite file shows itself only
+    on a real write: the next step is that write, and fails into a longer
+    back-off if the space is still missing.
+    """
+    reason = _probe_folder(Path(settings.BLOB_DIR) / "tmp", needed)
+    if reason:
+        return reason
+    if connection.vendor == "sqlite":
+        reason = _probe_folder(Path(connection.settings_dict["NAME"]).parent, 0)
+        if reason:
+            return reason
+    try:
+        if not connection.in_atomic_block:
+            connection.close()  # reconnect: the old session may be gone
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except DatabaseError as exc:
+        if not connection.in_atomic_block:
+            connection.close()
+        return fault_reason(exc)
+    return ""
