@@ -14,9 +14,11 @@ Two users:
 - The doctor sweeps everything nothing alive keeps (``unowned_artifact_ids``),
   whatever older code or a crash left behind.
 
-Blob files go only after the commit (``transaction.on_commit``); a rollback
-leaves every file in place, and a failed unlink is logged, not raised: the
-doctor sweeps files that no row names.
+Blob files go only after the commit (``transaction.on_commit``); the shas
+are first written to ``PendingUnlink`` in the same transaction, so a crash
+between the commit and the unlink is finished by the next delete, worker
+start or doctor run (``pending_unlinks_finish``). A rollback leaves every
+file in place, and a failed unlink is logged, not raised.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import connection, transaction
+from django.utils import timezone
 
-from artifacts.models import Artifact, ArtifactSource
+from artifacts.models import Artifact, ArtifactSource, PendingUnlink
 from artifacts.services import blob_guard
 from artifacts.store import BlobStore, default_store
 
@@ -265,6 +268,7 @@ def artifacts_delete(
     leaving a dangling ref. Return the number of rows deleted.
     """
     if not records:
+        blobs_unlink_after_commit(shas=[], store=store)
         return 0
     table = connection.ops.quote_name(Artifact._meta.db_table)
     deleted = 0
@@ -280,20 +284,57 @@ def artifacts_delete(
 def blobs_unlink_after_commit(
     *, shas: Sequence[str], store: BlobStore | None = None
 ) -> None:
-    """Schedule the unlink of these blobs for after the commit (never before)."""
-    if not shas:
-        return
+    """Record these blobs as pending in the caller's transaction; unlink after commit.
+
+    The record (``PendingUnlink``) commits with the delete that freed the
+    blobs, so a process killed between the commit and the unlink leaves the
+    shas written down: ``pending_unlinks_finish`` (the next delete, a worker
+    starting, the doctor) unlinks them at once. A rollback takes the record
+    with it and leaves every file.
+    """
+    shas = sorted(set(shas))
+    now = timezone.now()
+    for chunk in batched(shas):
+        PendingUnlink.objects.bulk_create(
+            [PendingUnlink(sha256=sha, created_at=now) for sha in chunk],
+            ignore_conflicts=True,
+        )
+    # Every pending record, not only these: what an earlier killed delete
+    # left is finished by the next one.
+    transaction.on_commit(lambda: pending_unlinks_finish(store=store))
+
+
+def pending_unlinks_finish(
+    *, store: BlobStore | None = None, shas: Sequence[str] | None = None
+) -> int:
+    """Unlink every pending blob (or these) that no row names; clear the record.
+
+    Each chunk is one short transaction under the per-sha guard: a row
+    created for the same bytes meanwhile keeps its blob, and its pending
+    record goes all the same. Return the number of files removed.
+    """
     store = store or default_store()
-    shas = list(shas)
-    transaction.on_commit(lambda: blobs_unlink(shas=shas, store=store))
+    pending = PendingUnlink.objects.order_by("sha256")
+    if shas is not None:
+        pending = pending.filter(sha256__in=list(shas))
+    removed = 0
+    for chunk in batched(list(pending.values_list("sha256", flat=True))):
+        removed += blobs_unlink(shas=chunk, store=store, done=True)
+    return removed
 
 
 def blobs_unlink(
-    *, shas: Sequence[str], store: BlobStore, on_error: Callable | None = None
+    *,
+    shas: Sequence[str],
+    store: BlobStore,
+    on_error: Callable | None = None,
+    done: bool = False,
 ) -> int:
     """Unlink the blobs of these shas that no artifact row names (re-checked
     here: the same bytes may have been stored again since). Failures are
-    logged and skipped; the doctor sweeps what is left. Return the count removed.
+    logged and skipped; the doctor sweeps what is left. With ``done`` the
+    shas' pending-unlink records go in the same guarded transaction. Return
+    the count removed.
     """
     removed = 0
     for chunk in batched(list(shas)):
@@ -308,6 +349,7 @@ def blobs_unlink(
                     "sha256", flat=True
                 )
             )
+            failed = set()
             for sha in chunk:
                 if sha in named:
                     continue
@@ -315,9 +357,13 @@ def blobs_unlink(
                     if store.unlink(sha):
                         removed += 1
                 except OSError as exc:
+                    failed.add(sha)
                     logger.warning("could not unlink blob %s: %s", sha, exc)
                     if on_error:
                         on_error(sha, exc)
+            if done:
+                finished = [sha for sha in chunk if sha not in failed]
+                PendingUnlink.objects.filter(sha256__in=finished).delete()
     return removed
 
 
@@ -380,16 +426,23 @@ def unowned_artifacts(*, created_before: datetime) -> list[tuple[int, str]]:
 
 
 def unowned_artifacts_delete(
-    *, created_before: datetime, store: BlobStore | None = None
+    *,
+    created_before: datetime,
+    store: BlobStore | None = None,
+    only: Iterable[int] | None = None,
 ) -> list[tuple[int, str]]:
-    """Delete every artifact nothing alive keeps; blobs go after the commit.
+    """Delete every artifact nothing alive keeps (of ``only``, if given); blobs
+    go after the commit.
 
     The unowned set is closed under "names as a source" (a kept artifact keeps
-    its sources), so deleting all of it in one transaction satisfies the
-    schema's NO ACTION refs. Return the (id, sha256) pairs deleted.
+    its sources), and so is its intersection with an earlier unowned set
+    (``only``: what the doctor's check found), so deleting it in one
+    transaction satisfies the schema's NO ACTION refs. Return the (id, sha256)
+    pairs deleted.
     """
+    allowed = set(only) if only is not None else None
     with transaction.atomic():
-        rows = unowned_artifacts(created_before=created_before)
+        rows = _unowned_within(created_before, allowed)
         if connection.features.has_select_for_update and rows:
             for chunk in batched([pk for pk, _ in rows]):
                 list(
@@ -397,8 +450,32 @@ def unowned_artifacts_delete(
                     .filter(pk__in=chunk)
                     .values_list("pk", flat=True)
                 )
-            rows = unowned_artifacts(created_before=created_before)
+            rows = _unowned_within(created_before, allowed)
         artifacts_delete(
             records=[ArtifactRecord(pk, sha, "", 0) for pk, sha in rows], store=store
         )
     return rows
+
+
+def _unowned_within(
+    created_before: datetime, allowed: set[int] | None
+) -> list[tuple[int, str]]:
+    """The unowned artifacts, limited to ``allowed``; a source that a survivor
+    outside the set still names stays (the schema would refuse its delete)."""
+    rows = unowned_artifacts(created_before=created_before)
+    if allowed is None:
+        return rows
+    doomed = {pk: sha for pk, sha in rows if pk in allowed}
+    changed = True
+    while changed and doomed:
+        changed = False
+        for chunk in batched(sorted(doomed)):
+            named = (
+                ArtifactSource.objects.filter(source_id__in=chunk)
+                .exclude(artifact_id__in=list(doomed))
+                .values_list("source_id", flat=True)
+            )
+            for pk in set(named):
+                doomed.pop(pk, None)
+                changed = True
+    return sorted(doomed.items())

@@ -124,3 +124,31 @@ class ArtifactSource(models.Model):
 
     def __str__(self) -> str:
         return f"{self.artifact_id} <- {self.source_id}"
+
+
+class PendingUnlink(models.Model):
+    """A blob file that a committed delete (or a failed write) still has to unlink.
+
+    Written in the same transaction as the delete, so a crash after the commit
+    leaves the shas here rather than forgotten: the next delete, the next
+    worker start or the doctor finishes them at once, under the per-sha guard,
+    unlinking only blobs that no artifact row of any owner names.
+    """
+
+    sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            # One row per blob: a second delete of the same bytes adds nothing.
+            models.UniqueConstraint(
+                fields=["sha256"], name="artifacts_pendingunlink_sha_uniq"
+            ),
+            models.CheckConstraint(
+                condition=Exact(Length("sha256"), 64),
+                name="artifacts_pendingunlink_sha256_len",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"unlink {self.sha256[:12]}"

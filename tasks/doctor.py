@@ -16,16 +16,32 @@ Repair order (each step may free rows for the next):
    so an in-flight write (blob first, row second) is never swept.
 4. Rows whose blob is missing or fails its sha: flagged through
    ``Artifact.integrity``, never deleted; they stay problems for a person.
-5. Expired leases: released, with a ``lease_released`` event.
-6. Tool-call envelopes open longer than a lease on a task no worker holds:
-   the step goes to ``needs_review`` (uncertain state is resolved by a person
-   or by its class, never by a blind re-run), with an event saying why.
+5. Expired leases: released (a running task goes back to queued), with a
+   ``lease_released`` event. Only if the lease is still the expired one.
+6. Blob unlinks a killed delete left written down (``PendingUnlink``):
+   finished at once, no grace period.
+7. Tool-call envelopes still open on a step no worker will ever pick up (its
+   task is done, failed or waiting for a person): the step goes to
+   ``needs_review``, with an event saying why.
+
+The doctor never takes a decision a worker would take. An open tool call on
+a queued, running or paused task belongs to the next worker's class rules
+(``tasks.resume.uncertain_decide``), however long its lease has been dead;
+the doctor leaves it alone. "Open" means what resume means by it
+(``tasks.resume.CLOSING_KINDS``), so a step an operator chose to run again
+is not open.
+
+Every figure comes from one consistent read (a read-only snapshot
+transaction that blocks no writer), and ``--repair`` touches only what that
+read found, each item re-checked at its write, so it is safe beside live
+workers: ``repaired`` never exceeds ``found``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -34,11 +50,18 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from artifacts.gc import batched, unowned_artifacts, unowned_artifacts_delete
-from artifacts.models import Artifact, ArtifactSource
+from artifacts.gc import (
+    batched,
+    blobs_unlink,
+    pending_unlinks_finish,
+    unowned_artifacts,
+    unowned_artifacts_delete,
+)
+from artifacts.models import Artifact, ArtifactSource, PendingUnlink
 from artifacts.store import BlobStore, default_store
 from council.models import CouncilRound, Participant, Turn, TurnArtifact
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
+from tasks.resume import CLOSING_KINDS
 from tasks.services import event_append
 
 DEFAULT_GRACE_SECONDS = 3600
@@ -47,17 +70,10 @@ SAMPLE = 10
 PROGRESS_EVERY = 2000
 
 ACTOR = "doctor"
-ENVELOPE_OPEN_REASON = "tool call open longer than a lease with no worker on it"
-# Events after a tool_call_started that close its envelope.
-CLOSING_KINDS = (
-    Event.Kind.TOOL_RESULT_PERSISTED,
-    Event.Kind.TOOL_CALL_FAILED,
-    Event.Kind.UNCERTAIN_RESOLVED,
-    Event.Kind.STEP_NEEDS_REVIEW,
-    Event.Kind.STEP_RETRIED,
-    Event.Kind.STEP_SKIPPED,
-    Event.Kind.STEP_FAILED,
-)
+ENVELOPE_OPEN_REASON = "tool call left open on a task no worker will pick up ({status})"
+# Tasks a worker steps (queued, running) or will step once resumed (paused):
+# an open envelope there is the next worker's to resolve by class.
+WORKER_STATUSES = (Task.Status.QUEUED, Task.Status.RUNNING, Task.Status.PAUSED)
 
 Progress = Callable[[str], None]
 
@@ -203,13 +219,29 @@ def _delete_in_chunks(model, condition: str, label: str, total: int, progress) -
 # -- blobs -------------------------------------------------------------------------
 
 
+def _in_flight_payloads() -> set[str]:
+    """Shas that a running step's ``payload_persisted`` names: an open envelope
+    the next worker may adopt, however long its store was down."""
+    return {
+        sha
+        for sha in Event.objects.filter(
+            kind=Event.Kind.PAYLOAD_PERSISTED, step__status=Step.Status.RUNNING
+        ).values_list("data__sha", flat=True)
+        if isinstance(sha, str)
+    }
+
+
 def _orphan_blobs(store: BlobStore, cutoff: float) -> list[tuple[str, Any]]:
-    """(sha, path) of blob files older than ``cutoff`` that no row names."""
+    """(sha, path) of blob files older than ``cutoff`` that no row names, that
+    no open envelope may still adopt and that no pending unlink already has."""
     found = []
     pending: list[tuple[str, Any]] = []
+    spoken_for = _in_flight_payloads() | set(
+        PendingUnlink.objects.values_list("sha256", flat=True)
+    )
 
     def flush():
-        named = set(
+        named = spoken_for | set(
             Artifact.objects.filter(sha256__in=[s for s, _ in pending]).values_list(
                 "sha256", flat=True
             )
@@ -294,29 +326,41 @@ def _expired_leases(now) -> list[tuple[int, str]]:
 
 
 def _open_envelopes(now) -> list[tuple[int, int, int]]:
-    """(event id, task id, step id) of the latest tool_call_started per step with
-    no closing event after it, older than a lease, on a task no worker holds."""
+    """(event id, task id, step id) of tool calls no worker will ever resolve.
+
+    The step's latest ``tool_call_started`` has no closing event after it
+    (resume's ``CLOSING_KINDS``), the step is still ``running``, the call is
+    older than a lease, no live lease covers the task, and the task is not
+    one a worker steps (queued, running, or paused until resumed).
+    """
     cutoff = now - timedelta(seconds=settings.PIPPA_LEASE_SECONDS)
     ev = _q(Event)
     task = _q(Task)
-    later = ", ".join(["%s"] * (len(CLOSING_KINDS) + 1))
+    step = _q(Step)
+    closing = sorted(str(k) for k in CLOSING_KINDS)
+    later = ", ".join(["%s"] * (len(closing) + 1))
+    statuses = ", ".join(["%s"] * len(WORKER_STATUSES))
     sql = f"""
         SELECT x.id, x.task_id, x.step_id FROM {ev} x
-         WHERE x.kind = %s AND x.step_id IS NOT NULL AND x.created_at < %s
+          JOIN {step} s ON s.id = x.step_id AND s.status = %s
+          JOIN {task} t ON t.id = x.task_id
+         WHERE x.kind = %s AND x.created_at < %s
            AND NOT EXISTS (SELECT 1 FROM {ev} f
                             WHERE f.step_id = x.step_id AND f.seq > x.seq
                               AND f.kind IN ({later}))
-           AND EXISTS (SELECT 1 FROM {task} t WHERE t.id = x.task_id
-                        AND (t.lease_owner = '' OR t.lease_expires_at IS NULL
-                             OR t.lease_expires_at < %s))
+           AND t.status NOT IN ({statuses})
+           AND (t.lease_owner = '' OR t.lease_expires_at IS NULL
+                OR t.lease_expires_at < %s)
          ORDER BY x.id
     """
     adapt = connection.ops.adapt_datetimefield_value
     params = [
+        Step.Status.RUNNING.value,
         Event.Kind.TOOL_CALL_STARTED.value,
         adapt(cutoff),
-        *[k.value for k in CLOSING_KINDS],
+        *closing,
         Event.Kind.TOOL_CALL_STARTED.value,
+        *[str(x) for x in WORKER_STATUSES],
         adapt(now),
     ]
     with connection.cursor() as cursor:
@@ -325,12 +369,15 @@ def _open_envelopes(now) -> list[tuple[int, int, int]]:
 
 
 def _lease_release(task_id: int, owner: str, now) -> bool:
+    """Release a lease only if it is still the expired one the check found."""
     with transaction.atomic():
-        released = (
-            Task.objects.filter(pk=task_id, lease_owner=owner)
-            .exclude(lease_expires_at__gte=now)
-            .update(lease_owner="", lease_expires_at=None, updated_at=now)
+        expired = Task.objects.filter(pk=task_id, lease_owner=owner).exclude(
+            lease_expires_at__gte=now
         )
+        # A running task with no lease is queued again; the next worker
+        # resolves its open step by class.
+        expired.filter(status=Task.Status.RUNNING).update(status=Task.Status.QUEUED)
+        released = expired.update(lease_owner="", lease_expires_at=None, updated_at=now)
         if released:
             event_append(
                 task_id=task_id,
@@ -341,22 +388,24 @@ def _lease_release(task_id: int, owner: str, now) -> bool:
 
 
 def _envelope_close(event_id: int, task_id: int, step_id: int) -> bool:
-    """Hand an open envelope to a person: the step goes to needs_review."""
+    """Hand a call no worker will resolve to a person: the step needs review.
+
+    Re-checked under the task's lock: if the envelope closed, the step moved
+    on or the task went back to a worker meanwhile, nothing is written.
+    """
     with transaction.atomic():
-        step = Step.objects.select_for_update().filter(pk=step_id).first()
-        if step is None:
+        task = Task.objects.select_for_update().filter(pk=task_id).first()
+        still_open = {e[0] for e in _open_envelopes(timezone.now())}
+        if task is None or event_id not in still_open:
             return False
-        data = {"actor": ACTOR, "reason": ENVELOPE_OPEN_REASON, "event": event_id}
-        if step.status in (Step.Status.DONE, Step.Status.SKIPPED):
-            data["resolution"] = f"step already {step.status}"
-            event_append(
-                task_id=task_id,
-                step_id=step_id,
-                kind=Event.Kind.UNCERTAIN_RESOLVED,
-                data=data,
-            )
-            return True
-        Step.objects.filter(pk=step_id).update(status=Step.Status.NEEDS_REVIEW)
+        data = {
+            "actor": ACTOR,
+            "reason": ENVELOPE_OPEN_REASON.format(status=task.status),
+            "event": event_id,
+        }
+        Step.objects.filter(pk=step_id, status=Step.Status.RUNNING).update(
+            status=Step.Status.NEEDS_REVIEW, error=data["reason"]
+        )
         Task.objects.filter(pk=task_id).exclude(
             status__in=[Task.Status.DONE, Task.Status.FAILED]
         ).update(status=Task.Status.NEEDS_REVIEW, updated_at=timezone.now())
@@ -370,6 +419,39 @@ def _envelope_close(event_id: int, task_id: int, step_id: int) -> bool:
 
 
 # -- the run ---------------------------------------------------------------------------
+
+
+@contextmanager
+def _one_read() -> Iterator[None]:
+    """Run the checks in one read-only snapshot that blocks no writer.
+
+    PostgreSQL: a REPEATABLE READ, READ ONLY transaction. SQLite: a DEFERRED
+    transaction, which in WAL mode reads one snapshot without taking the
+    write lock (the connection's IMMEDIATE mode would block every worker for
+    the length of the scan). Inside a caller's transaction (tests) that
+    transaction is the snapshot already.
+    """
+    if connection.in_atomic_block:
+        yield
+        return
+    if connection.vendor == "sqlite":
+        connection.ensure_connection()
+        mode = connection.transaction_mode
+        connection.transaction_mode = "DEFERRED"
+        try:
+            with transaction.atomic():
+                connection.transaction_mode = mode
+                yield
+        finally:
+            connection.transaction_mode = mode
+        return
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+                )
+        yield
 
 
 def _check(
@@ -393,7 +475,7 @@ def _check(
     results["unowned_artifacts"] = (
         len(unowned),
         [pk for pk, _ in unowned[:SAMPLE]],
-        None,
+        [pk for pk, _ in unowned],
     )
 
     progress("checking blob files that no row names")
@@ -414,6 +496,10 @@ def _check(
             ],
             (damaged, restored),
         )
+
+    progress("checking blob unlinks a delete left pending")
+    pending = list(PendingUnlink.objects.values_list("sha256", flat=True))
+    results["pending_unlinks"] = (len(pending), pending[:SAMPLE], pending)
 
     progress("checking leases and tool-call envelopes")
     leases = _expired_leases(now)
@@ -437,9 +523,10 @@ LABELS = {
         "restore the blob from a backup, or retry/branch the steps that made it; "
         "--repair only flags them (Artifact.integrity)",
     ),
+    "pending_unlinks": ("blob unlinks a killed delete left pending", True, ""),
     "expired_leases": ("task leases past expiry", True, ""),
     "open_envelopes": (
-        "tool calls open longer than a lease with no worker on the task",
+        "tool calls left open on tasks no worker will pick up",
         True,
         "--repair sends the step to needs_review for a person to resolve",
     ),
@@ -464,7 +551,8 @@ def doctor_run(
             settings, "PIPPA_DOCTOR_GRACE_SECONDS", DEFAULT_GRACE_SECONDS
         )
     options = {"store": store, "grace_seconds": grace_seconds, "verify": verify}
-    before = _check(integrity=True, progress=progress, **options)
+    with _one_read():
+        before = _check(integrity=True, progress=progress, **options)
 
     report = DoctorReport(repair=repair)
     for key, label, _model, _cond, fixable, advice in _orphan_checks():
@@ -498,22 +586,25 @@ def doctor_run(
     progress("removing artifacts nothing alive keeps")
     now = timezone.now()
     gone = unowned_artifacts_delete(
-        created_before=now - timedelta(seconds=grace_seconds), store=store
+        created_before=now - timedelta(seconds=grace_seconds),
+        store=store,
+        only=before["unowned_artifacts"][2],
     )
     repaired["unowned_artifacts"] = len(gone)
 
+    progress("finishing blob unlinks a delete left pending")
+    pending = before["pending_unlinks"][2]
+    pending_unlinks_finish(store=store, shas=pending)
+    repaired["pending_unlinks"] = (
+        len(pending) - PendingUnlink.objects.filter(sha256__in=pending).count()
+    )
+
     progress("sweeping blob files that no row names")
-    repaired["orphan_blobs"] = 0
-    for chunk in batched(before["orphan_blobs"][2]):
-        named = set(
-            Artifact.objects.filter(sha256__in=[s for s, _ in chunk]).values_list(
-                "sha256", flat=True
-            )
-        )
-        for sha, path in chunk:
-            if sha not in named:
-                path.unlink(missing_ok=True)
-                repaired["orphan_blobs"] += 1
+    # Under the per-sha guard, re-checking rows and open envelopes: a write
+    # that named one of these since the check keeps its file.
+    in_flight = _in_flight_payloads()
+    orphans = [sha for sha, _ in before["orphan_blobs"][2] if sha not in in_flight]
+    repaired["orphan_blobs"] = blobs_unlink(shas=orphans, store=store)
     repaired["stale_temp_files"] = 0
     for path in before["stale_temp_files"][2]:
         path.unlink(missing_ok=True)
@@ -538,10 +629,11 @@ def doctor_run(
     )
     progress("closing open tool-call envelopes")
     repaired["open_envelopes"] = sum(
-        _envelope_close(*envelope) for envelope in _open_envelopes(timezone.now())
+        _envelope_close(*envelope) for envelope in before["open_envelopes"][2]
     )
 
-    after = _check(integrity=False, progress=progress, **options)
+    with _one_read():
+        after = _check(integrity=False, progress=progress, **options)
     still_damaged = 0
     for chunk in batched(list(damaged)):
         still_damaged += Artifact.objects.filter(pk__in=chunk).count()

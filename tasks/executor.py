@@ -45,6 +45,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from artifacts.gc import blobs_unlink_after_commit
 from artifacts.models import Artifact, ArtifactClass, ArtifactSource
 from artifacts.preview import WIDGET_MEDIA_TYPES, preview_render
 from artifacts.services import ERR_BLOB_VANISHED, BlobVanished, blob_guard
@@ -635,7 +636,9 @@ def _call(row: _StepRow, worker_id: str, *, rule: str = "") -> StepOutcome:
                 [(Event.Kind.PAYLOAD_PERSISTED, row.id, payload)],
             )
     except DatabaseError as exc:
-        return _output_unsaved(row, worker_id, exc, stage="payload", rule=rule)
+        return _output_unsaved(
+            row, worker_id, exc, stage="payload", rule=rule, written=payload["sha"]
+        )
     crashpoint("after_payload")
     try:
         outcome = _finish(row, worker_id, payload, invoked=True, rule=rule)
@@ -719,6 +722,7 @@ def _output_unsaved(
     stage: str,
     needed: int = 0,
     rule: str = "",
+    written: str = "",
 ) -> StepOutcome:
     """The tool returned but its output could not be saved: the executor's failure.
 
@@ -730,8 +734,15 @@ def _output_unsaved(
     off, probes and then resumes the step by its class. If the database
     itself refuses the note, nothing is written and the envelope stays open
     for the same decision later.
+
+    A blob written whose ``payload_persisted`` never committed (``written``)
+    is named by nothing, and resume never adopts it: it goes to the
+    pending-unlink record with the note (or with a later one, if the database
+    refuses this one).
     """
     reason = fault_reason(exc)
+    if written:
+        _unnamed_blobs.add(written)
     words = ERR_UNSAVED.format(reason=reason)
     log.warning(
         "task %s step %s: %s (%s: %s)",
@@ -757,6 +768,7 @@ def _output_unsaved(
         connection.close()  # a fresh connection for the note (PostgreSQL restarted)
     try:
         with transaction.atomic(), connection.cursor() as cursor:
+            unnamed_blobs_record()
             _append_held(
                 cursor,
                 row.task_id,
@@ -789,6 +801,22 @@ def _output_unsaved(
         if not connection.in_atomic_block:
             connection.close()
     return outcome
+
+
+# Blobs this process wrote whose payload_persisted never committed, not yet
+# written down as pending unlinks (the database refused that too).
+_unnamed_blobs: set[str] = set()
+
+
+def unnamed_blobs_record() -> None:
+    """Write the blobs nothing names to the pending-unlink record (a worker's
+    store came back); they are unlinked after the commit, under the guard."""
+    if not _unnamed_blobs:
+        return
+    shas = sorted(_unnamed_blobs)
+    with transaction.atomic():
+        blobs_unlink_after_commit(shas=shas)
+        transaction.on_commit(lambda: _unnamed_blobs.difference_update(shas))
 
 
 def _record_failure(

@@ -9,7 +9,15 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from artifacts.gc import ArtifactRecord, artifacts_delete, gc_plan
+from artifacts.gc import (
+    ArtifactRecord,
+    artifacts_delete,
+    batched,
+    blobs_unlink_after_commit,
+    gc_plan,
+)
+from artifacts.models import Artifact
+from tasks.faults import crashpoint
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 
 ERR_EVENT_DATA_TOO_LARGE = "event data must stay small (refs and sizes, not payloads)"
@@ -274,7 +282,11 @@ def conversation_delete(*, conversation_id: int) -> DeletionReport:
        participants, turns and turn links, tasks, steps, events and ownership
        links. No row is loaded into Python.
     4. Delete the artifacts nothing alive keeps; their lineage edges cascade.
-    5. After commit, unlink their blob files (a rollback leaves every file).
+       Their shas, and those of payloads the subtree's events name but no row
+       does, are written to the pending-unlink record in this transaction.
+    5. After commit, unlink those files that no row names (a rollback leaves
+       every file; a crash leaves the record for the next delete, worker
+       start or doctor run, which finish it at once).
 
     A conversation that is already gone gives an empty report.
     """
@@ -289,13 +301,49 @@ def conversation_delete(*, conversation_id: int) -> DeletionReport:
         return DeletionReport(conversation_id=conversation_id)
     report = _deletion_plan(conversation_id, lock=True)
 
+    unnamed = _payload_shas_without_rows(conversation_id, report)
+
     table = connection.ops.quote_name(Conversation._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(f"DELETE FROM {table} WHERE id = %s", [conversation_id])
     if Task.objects.filter(conversation_id=conversation_id).exists():
         raise RuntimeError(ERR_CASCADE_INCOMPLETE)
 
+    # Runs first after the commit: tests kill the process here to leave the
+    # pending unlinks for the next delete, worker start or doctor run.
+    transaction.on_commit(lambda: crashpoint("after_delete_commit"))
     deleted = artifacts_delete(records=report.removed_artifacts)
     if deleted != len(report.removed_artifacts):
         raise RuntimeError(ERR_GC_MISMATCH)
+    # Payloads no row names (a call cut off between payload_persisted and its
+    # result) go too, unless a surviving task's envelope still names them.
+    blobs_unlink_after_commit(shas=_not_named_by_survivors(unnamed))
     return report
+
+
+def _payload_shas_without_rows(
+    conversation_id: int, report: DeletionReport
+) -> set[str]:
+    """Shas the subtree's ``payload_persisted`` events name and no artifact row does."""
+    named = Event.objects.filter(
+        task__conversation_id=conversation_id, kind=Event.Kind.PAYLOAD_PERSISTED
+    ).values_list("data__sha", flat=True)
+    shas = {sha for sha in named if isinstance(sha, str) and len(sha) == 64}
+    shas -= {r.sha256 for r in report.removed_artifacts}
+    for chunk in batched(sorted(shas)):
+        shas -= set(
+            Artifact.objects.filter(sha256__in=chunk).values_list("sha256", flat=True)
+        )
+    return shas
+
+
+def _not_named_by_survivors(shas: set[str]) -> list[str]:
+    """Drop shas that a payload_persisted event of another task still names."""
+    keep: set[str] = set()
+    for chunk in batched(sorted(shas)):
+        keep.update(
+            Event.objects.filter(
+                kind=Event.Kind.PAYLOAD_PERSISTED, data__sha__in=chunk
+            ).values_list("data__sha", flat=True)
+        )
+    return sorted(shas - keep)

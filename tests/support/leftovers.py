@@ -14,7 +14,7 @@ It checks, independently of the code under test:
 - no artifact is left that nothing alive keeps (a live task link, step output
   or turn link, or being a source of a kept artifact);
 - the blob folder holds exactly one intact file per artifact row and no temp
-  files.
+  files, and no blob unlink is left pending.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from artifacts.models import Artifact, ArtifactSource
+from artifacts.models import Artifact, ArtifactSource, PendingUnlink
 from council.models import CouncilRound, Participant, Turn, TurnArtifact
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 
@@ -220,6 +220,9 @@ def find_leftovers(
     unowned = _ids(Artifact.objects.all()) - kept_artifact_ids()
     if unowned:
         problems.append(f"artifacts nothing alive keeps: {sorted(unowned)}")
+    pending = PendingUnlink.objects.count()
+    if pending:
+        problems.append(f"{pending} blob unlinks still pending")
     problems += _blob_problems(Path(blob_dir or settings.BLOB_DIR))
     return problems
 

@@ -183,11 +183,12 @@ def test_the_doctor_repairs_13750_orphan_steps_and_98159_orphan_events_in_one_ru
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_crash_between_commit_and_unlink_leaves_only_unreferenced_files(
+def test_blob_files_that_nothing_names_or_records_wait_out_the_grace_period(
     user, blob_store, monkeypatch
 ):
     conversation, artifacts = conversation_with_everything(owner=user)
-    # The process dies after the commit, before its on_commit unlink runs.
+    # Older code deleted without writing the pending unlinks down, and died
+    # before unlinking (tests/tasks/test_deletion_faults.py has today's case).
     monkeypatch.setattr(gc, "blobs_unlink_after_commit", lambda **kwargs: None)
 
     conversation_delete(conversation_id=conversation.pk)
@@ -324,39 +325,88 @@ def open_envelope(task: Task, *, age: timedelta, closed: bool = False) -> Step:
 
 
 @pytest.mark.django_db
-def test_a_tool_call_open_longer_than_a_lease_goes_to_needs_review(make_task, settings):
+def test_the_doctor_leaves_open_tool_calls_to_the_next_worker_and_hands_only_abandoned_ones_to_a_person(
+    make_task, settings
+):
     settings.PIPPA_LEASE_SECONDS = 60
-    stuck = open_envelope(make_task(status="running"), age=timedelta(minutes=10))
-    young = open_envelope(make_task(status="running"), age=timedelta(seconds=5))
-    closed = open_envelope(
-        make_task(status="running"), age=timedelta(minutes=10), closed=True
+    old = timedelta(minutes=10)
+    # Workers will resolve these by class: the doctor must not decide for them.
+    dead_lease = open_envelope(
+        make_task(
+            status="running",
+            lease_owner="worker:gone",
+            lease_expires_at=timezone.now() - timedelta(minutes=5),
+        ),
+        age=old,
     )
+    queued = open_envelope(make_task(status="queued"), age=old)
+    paused = open_envelope(make_task(status="paused"), age=old)
     held = open_envelope(
         make_task(
             status="running",
             lease_owner="worker:slow-tool",
             lease_expires_at=timezone.now() + timedelta(seconds=30),
         ),
-        age=timedelta(minutes=10),
+        age=old,
     )
+    closed = open_envelope(make_task(status="failed"), age=old, closed=True)
+    young = open_envelope(make_task(status="failed"), age=timedelta(seconds=5))
+    # No worker ever steps a failed task: only a person can settle this call.
+    abandoned = open_envelope(make_task(status="failed"), age=old)
 
     code, report, _ = doctor("--repair")
 
-    assert found(report) == {"open_envelopes": 1}
+    assert found(report) == {"open_envelopes": 1, "expired_leases": 1}
     assert code == 0
     statuses = dict(Step.objects.values_list("pk", "status"))
     assert statuses == {
-        stuck.pk: "needs_review",
-        young.pk: "running",
-        closed.pk: "running",
+        dead_lease.pk: "running",
+        queued.pk: "running",
+        paused.pk: "running",
         held.pk: "running",
+        closed.pk: "running",
+        young.pk: "running",
+        abandoned.pk: "needs_review",
     }
-    assert Task.objects.get(pk=stuck.task_id).status == "needs_review"
-    event = Event.objects.filter(step=stuck).order_by("seq").last()
+    # The dead lease is given back; the open call stays for the next worker.
+    task = Task.objects.get(pk=dead_lease.task_id)
+    assert (task.status, task.lease_owner) == ("queued", "")
+    assert Task.objects.get(pk=abandoned.task_id).status == "failed"
+    event = Event.objects.filter(step=abandoned).order_by("seq").last()
     assert (event.kind, event.data["reason"]) == (
         "step_needs_review",
-        ENVELOPE_OPEN_REASON,
+        ENVELOPE_OPEN_REASON.format(status="failed"),
     )
+
+
+@pytest.mark.django_db
+def test_after_an_operator_rerun_the_doctor_leaves_the_step_alone(
+    make_conversation, settings
+):
+    from tasks.executor import step_resolve
+    from tasks.plan import task_create
+    from tasks.tools import tools_load
+    from tests.support.executing import crash_at, expire_lease, run_task
+
+    tools_load(["tests.support.tools"])
+    task = task_create(
+        conversation=make_conversation(),
+        title="notify",
+        steps=[{"title": "notify", "tool": "test.effect"}],
+    )
+    crash_at(task.pk, "after_tool")
+    expire_lease(task.pk)
+    run_task(task.pk, worker_id="worker:b")  # outside effects: needs review
+    the_step = Step.objects.get(task=task)
+    step_resolve(step=the_step, action="rerun", actor="dad")
+    settings.PIPPA_LEASE_SECONDS = 0  # every call counts as old
+
+    code, report, _ = doctor("--repair")
+
+    assert (code, found(report)) == (0, {})
+    the_step.refresh_from_db()
+    task.refresh_from_db()
+    assert (the_step.status, task.status) == ("pending", "queued")
 
 
 @pytest.mark.django_db

@@ -24,7 +24,14 @@ import time
 from django.core.management import BaseCommand
 from django.db import DatabaseError, close_old_connections, connection
 
-from tasks.executor import LeaseLost, StepOutcome, lease_release, step
+from artifacts.gc import pending_unlinks_finish
+from tasks.executor import (
+    LeaseLost,
+    StepOutcome,
+    lease_release,
+    step,
+    unnamed_blobs_record,
+)
 from tasks.faults import fault_delay, fault_reason, store_probe
 from tasks.models import Task
 from tasks.tools import tools_load
@@ -81,6 +88,7 @@ class Command(BaseCommand):
             sig: signal.signal(sig, on_signal)
             for sig in (signal.SIGTERM, signal.SIGINT)
         }
+        self._finish_pending_unlinks()
         if self.verbose:
             self.stdout.write(f"{self.worker_id}: stepping runnable tasks")
         self.current: int | None = None
@@ -94,7 +102,7 @@ class Command(BaseCommand):
                 except LeaseLost as exc:
                     log.warning("%s: %s", self.worker_id, exc)
                 except DatabaseError as exc:
-                    self._fault(fault_reason(exc))
+                    self._fault(fault_reason(exc), task_id=self.current)
         except WorkerAbandoned:
             if self.verbose:
                 self.stdout.write(f"{self.worker_id}: abandoning the current step")
@@ -112,6 +120,8 @@ class Command(BaseCommand):
         """Poll once and step what is runnable; False when --until-idle is done."""
         if not connection.in_atomic_block:
             close_old_connections()
+        if self.current is not None and self._release(self.current):
+            self.current = None  # a lease a fault kept us from giving back
         runnable = Task.objects.runnable()
         if self.options["task"]:
             runnable = runnable.filter(pk__in=self.options["task"])
@@ -128,8 +138,8 @@ class Command(BaseCommand):
                 break
             self.current = task_id
             outcome = self._step_task(task_id)
-            self._release(task_id)
-            self.current = None
+            if self._release(task_id):
+                self.current = None
             if outcome is not None and outcome.fault:
                 self.needed = outcome.fault_bytes
                 self._fault(outcome.fault, task_id=task_id)
@@ -192,21 +202,25 @@ class Command(BaseCommand):
                 self.delay,
             )
             return False
+        try:
+            unnamed_blobs_record()
+        except DatabaseError as exc:
+            self._fault(fault_reason(exc))
+            return False
         log.warning(
             "%s: the store takes writes again (after: %s); carrying on",
             self.worker_id,
             self.reason,
         )
         self.faults, self.reason, self.needed = 0, "", 0
-        if self.current is not None:
-            # A step cut short by the database: give its task back so the
+        if self.current is not None and self._release(self.current):
+            # A step cut short by the database: its task is given back so the
             # next poll (this worker's or another's) resumes it by class.
-            self._release(self.current)
             self.current = None
         return True
 
-    def _release(self, task_id: int) -> None:
-        """Give the lease back; a database that refuses is tried a few times."""
+    def _release(self, task_id: int) -> bool:
+        """Give the lease back (True when done); a refusing database is tried again."""
         for attempt in range(1, RELEASE_TRIES + 1):
             try:
                 task = Task.objects.filter(
@@ -214,7 +228,7 @@ class Command(BaseCommand):
                 ).first()
                 if task is not None:
                     lease_release(task=task, actor=self.worker_id)
-                return
+                return True
             except DatabaseError as exc:
                 if not connection.in_atomic_block:
                     connection.close()
@@ -226,8 +240,23 @@ class Command(BaseCommand):
                         task_id,
                         fault_reason(exc),
                     )
-                    return
+                    return False
                 time.sleep(fault_delay(attempt))
+        return False
+
+    def _finish_pending_unlinks(self) -> None:
+        """Finish the blob unlinks a killed delete left (at start, no grace period)."""
+        try:
+            removed = pending_unlinks_finish()
+        except DatabaseError as exc:
+            log.warning(
+                "%s: pending blob unlinks wait for the next start or delete: %s",
+                self.worker_id,
+                fault_reason(exc),
+            )
+            return
+        if removed:
+            log.info("%s: unlinked %s blob(s) a delete left", self.worker_id, removed)
 
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
