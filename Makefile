@@ -12,7 +12,7 @@ PYTHON ?= $(shell for c in python3.13 python3.12 python3 \
 	  $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo $$p; break; }; \
 	done)
 
-.PHONY: prepare run dev test bench lint format venv install install-test install-bench browser axe clean help
+.PHONY: prepare run dev test bench lint format venv install install-test install-bench browser axe screenshots clean help
 
 help:
 	@echo "make run    - set up .venv, migrate, load the demo, serve on http://$(HOST):$(PORT) (gunicorn)"
@@ -53,6 +53,10 @@ browser:
 # axe-core from the npm registry, for the accessibility browser tests.
 axe:
 	@bash .ci/install-axe
+
+# The README's pictures: docs/screenshots/*.png at 1280 and 390 px, light and dark.
+screenshots: install-test browser
+	PIPPA_DOCS_SCREENSHOTS=1 $(VENV)/bin/pytest -q -p no:randomly tests/test_browser_screenshots.py
 
 prepare: install
 	$(PY) manage.py migrate --noinput

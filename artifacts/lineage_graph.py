@@ -21,10 +21,10 @@ from artifacts.selectors import LineageNode
 
 MAX_LEVELS = 3
 MAX_PER_ROW = 5
-BOX_W, BOX_H = 200, 54
+BOX_W, BOX_H = 230, 54
 GAP_X, GAP_Y = 16, 38
 PAD = 8
-TITLE_CHARS = 24
+TITLE_CHARS = 22
 
 
 @dataclass
