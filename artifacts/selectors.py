@@ -23,6 +23,9 @@ MAX_TREE_NODES = 200
 
 ERR_NOT_FOUND = "No such artifact."
 
+# Media types whose bytes are text a person or a model can read as source.
+TEXT_MEDIA_PREFIXES = ("text/", "image/svg+xml", "application/json", "application/xml")
+
 
 def _kept_sql(count: int) -> str:
     """One statement: does a task link, step output or turn link of a user keep any?
@@ -192,3 +195,31 @@ def artifact_home(
     if owners is None:
         owners = artifact_owners(artifact=artifact, user=user)
     return owners[0].obj if owners else None
+
+
+@dataclass(frozen=True)
+class TextHead:
+    text: str
+    truncated: bool
+    is_text: bool
+    missing: bool
+
+
+def artifact_text_head(*, artifact: Artifact, limit: int) -> TextHead:
+    """Read the first ``limit`` bytes of a text artifact as text (read-only).
+
+    Binary artifacts are not read (``is_text`` False); a lost blob gives
+    ``missing``. Invalid UTF-8 is replaced, never raised.
+    """
+    from artifacts.store import BlobError, default_store
+
+    if not artifact.media_type.startswith(TEXT_MEDIA_PREFIXES):
+        return TextHead("", False, False, False)
+    try:
+        with default_store().open(artifact.sha256) as fh:
+            raw = fh.read(limit + 1)
+    except (BlobError, OSError):
+        return TextHead("", False, True, True)
+    return TextHead(
+        raw[:limit].decode("utf-8", "replace"), len(raw) > limit, True, False
+    )

@@ -20,10 +20,12 @@ from artifacts.lineage_graph import lineage_svg
 from artifacts.models import Artifact
 from artifacts.preview import preview_artifact_for, preview_sha_for, preview_status
 from artifacts.selectors import (
+    TEXT_MEDIA_PREFIXES,
     artifact_get_for_user,
     artifact_home,
     artifact_lineage,
     artifact_owners,
+    artifact_text_head,
 )
 from artifacts.services import artifact_verify
 from artifacts.store import BlobError, default_store
@@ -34,7 +36,6 @@ SOURCE_CSP = "default-src 'none'; style-src 'unsafe-inline'; sandbox"
 INLINE_MEDIA_TYPES = frozenset(
     {"image/png", "image/jpeg", "image/gif", "text/plain", "application/json"}
 )
-TEXT_MEDIA_PREFIXES = ("text/", "image/svg+xml", "application/json", "application/xml")
 MAX_SOURCE_TEXT_BYTES = 256 * 1024
 
 ERR_NO_PREVIEW = "This artifact has no preview."
@@ -107,17 +108,13 @@ def artifact_preview(request: HttpRequest, artifact_id: int) -> HttpResponse:
 def artifact_source_text(request: HttpRequest, artifact_id: int) -> HttpResponse:
     """The payload as escaped text (SVG/HTML source), capped, never as markup."""
     artifact = artifact_get_for_user(user=request.user, artifact_id=artifact_id)
-    text, truncated, error = "", False, ""
-    if not artifact.media_type.startswith(TEXT_MEDIA_PREFIXES):
+    head = artifact_text_head(artifact=artifact, limit=MAX_SOURCE_TEXT_BYTES)
+    error = ""
+    if not head.is_text:
         error = "This artifact is binary; download it instead."
-    else:
-        try:
-            with default_store().open(artifact.sha256) as fh:
-                raw = fh.read(MAX_SOURCE_TEXT_BYTES + 1)
-        except BlobError:
-            raw, error = b"", ERR_BLOB_MISSING
-        truncated = len(raw) > MAX_SOURCE_TEXT_BYTES
-        text = raw[:MAX_SOURCE_TEXT_BYTES].decode("utf-8", "replace")
+    elif head.missing:
+        error = ERR_BLOB_MISSING
+    text, truncated = head.text, head.truncated
     return render(
         request,
         "artifacts/source_text.html",

@@ -19,6 +19,7 @@ ERR_ROUND_NOT_FOUND = "No such council round."
 ERR_TURN_NOT_FOUND = "No such turn."
 ERR_PARTICIPANT_NOT_FOUND = "No such participant in this round."
 ERR_CONTEXT_MISSING = "The stored context of this turn is missing."
+ERR_NO_PARTICIPANTS = "this council round has no participants"
 
 
 def round_get_for_user(*, user, round_id: int) -> CouncilRound:
@@ -219,3 +220,36 @@ def round_page(*, council_round: CouncilRound) -> list[TurnView]:
 def live_context(*, council_round: CouncilRound, participant: Participant) -> dict:
     """The context ``participant`` would receive if they spoke next (read-only)."""
     return serialize_branch_context(council_round, participant)
+
+
+def context_for(*, council_round: CouncilRound, participant_id=None) -> dict:
+    """The context the next speaker (or ``participant_id``) receives; 404 if none."""
+    if participant_id is None:
+        participant = next_participant(council_round=council_round)
+        if participant is None:
+            raise Http404(ERR_NO_PARTICIPANTS)
+    else:
+        participant = participant_get(
+            council_round=council_round, participant_id=participant_id
+        )
+    return live_context(council_round=council_round, participant=participant)
+
+
+def rounds_payload(*, conversation) -> list[dict]:
+    """The council rounds of a conversation with their participants, as JSON."""
+    rounds = conversation.council_rounds.prefetch_related("participants").order_by(
+        "number"
+    )
+    return [round_payload(council_round=r) for r in rounds]
+
+
+def round_payload(*, council_round: CouncilRound) -> dict:
+    return {
+        "id": council_round.pk,
+        "number": council_round.number,
+        "topic": council_round.topic,
+        "participants": [
+            {"id": p.pk, "name": p.name, "brain": p.brain, "position": p.position}
+            for p in council_round.participants.all()
+        ],
+    }

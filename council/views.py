@@ -6,15 +6,14 @@ Reading a round or a context is read-only: no lease, no state change.
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from artifacts.caching import immutable, not_modified
 from council.selectors import (
-    live_context,
+    context_for,
     next_participant,
-    participant_get,
     round_get_for_user,
     round_page,
     turn_context_bytes,
@@ -23,8 +22,6 @@ from council.selectors import (
     turn_get_for_user,
 )
 from council.services import brain_label, context_bytes
-
-ERR_NO_PARTICIPANTS = "This round has no participants."
 
 
 def _json(body: bytes) -> HttpResponse:
@@ -56,15 +53,9 @@ def round_detail(request: HttpRequest, round_id: int) -> HttpResponse:
 def round_context(request: HttpRequest, round_id: int) -> HttpResponse:
     """The context the next speaker (or ``?participant=<id>``) would receive now."""
     council_round = round_get_for_user(user=request.user, round_id=round_id)
-    if "participant" in request.GET:
-        participant = participant_get(
-            council_round=council_round, participant_id=request.GET["participant"]
-        )
-    else:
-        participant = next_participant(council_round=council_round)
-        if participant is None:
-            raise Http404(ERR_NO_PARTICIPANTS)
-    context = live_context(council_round=council_round, participant=participant)
+    context = context_for(
+        council_round=council_round, participant_id=request.GET.get("participant")
+    )
     return _json(context_bytes(context))
 
 

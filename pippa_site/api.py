@@ -27,6 +27,7 @@ from pippa_site import services as api_services
 from pippa_site.selectors import (
     artifact_get,
     artifact_payload,
+    artifacts_get,
     conversation_get_for_user,
     conversation_payload,
     step_payload,
@@ -42,7 +43,6 @@ ERR_AUTH = "missing, unknown or revoked API token (send Authorization: Bearer <t
 ERR_BODY_TOO_LARGE = "request body too large: the limit is {limit} bytes"
 ERR_EMPTY_UPLOAD = "the upload is empty: send the artifact's bytes as the request body"
 ERR_BLOB_MISSING = "artifact {id} has lost its payload (the blob is missing)"
-ERR_NO_PARTICIPANTS = "this council round has no participants"
 ERR_INVALID = "invalid request: {reasons}"
 
 # JSON bodies are small (plans, args); payloads go through the upload endpoint.
@@ -155,6 +155,7 @@ def _is_state_conflict(message: str) -> bool:
         plan.ERR_DONE_ORDER,
         plan.ERR_STARTED_ORDER,
         plan.ERR_LEASED,
+        plan.ERR_STATUS_CHANGED,
     )
     for template in templates:
         head = template.split("{")[0]
@@ -187,6 +188,10 @@ class StepIn(Schema):
 class PlanStepIn(StepIn):
     id: int | None = Field(
         default=None, description="An existing step's id keeps that step."
+    )
+    status: str | None = Field(
+        default=None,
+        description="The status you believe the step has; a mismatch is refused (409).",
     )
 
 
@@ -426,7 +431,7 @@ def task_resume(request: HttpRequest, task_id: int):
 
 
 def _worker_id(request: HttpRequest, worker: str) -> str:
-    return f"api:{request.user.get_username()}:{worker}"
+    return api_services.door_worker_id(door="api", user=request.user, worker=worker)
 
 
 UPLOAD_BODY = {
@@ -470,10 +475,7 @@ def task_artifact_upload(
         _fail(413, ERR_BODY_TOO_LARGE.format(limit=limit))
     if declared <= 0:
         _fail(400, ERR_EMPTY_UPLOAD)
-    sources = [
-        artifact_get(user=request.user, artifact_id=sid)
-        for sid in dict.fromkeys(source_refs)
-    ]
+    sources = artifacts_get(user=request.user, artifact_ids=source_refs)
     media_type = (request.content_type or "application/octet-stream")[:255]
     try:
         artifact = api_services.api_artifact_upload(
@@ -555,20 +557,10 @@ class RoundOut(Schema):
 )
 def council_rounds(request: HttpRequest, conversation_id: int):
     """The council rounds of a conversation, with their participants."""
+    from council.selectors import rounds_payload
+
     conv = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
-    rounds = conv.council_rounds.prefetch_related("participants").order_by("number")
-    return [
-        {
-            "id": r.pk,
-            "number": r.number,
-            "topic": r.topic,
-            "participants": [
-                {"id": p.pk, "name": p.name, "brain": p.brain, "position": p.position}
-                for p in r.participants.all()
-            ],
-        }
-        for r in rounds
-    ]
+    return rounds_payload(conversation=conv)
 
 
 @council.get("/rounds/{round_id}/context", response={200: dict[str, Any], **NOT_FOUND})
@@ -580,23 +572,10 @@ def council_context(
     Earlier turns' text and ``artifact_refs[]`` (refs, never payloads); read an
     artifact's bytes with GET /artifacts/{id}/content. Read-only.
     """
-    from council.selectors import (
-        live_context,
-        next_participant,
-        participant_get,
-        round_get_for_user,
-    )
+    from council.selectors import context_for, round_get_for_user
 
     council_round = round_get_for_user(user=request.user, round_id=round_id)
-    if participant_id is None:
-        participant = next_participant(council_round=council_round)
-        if participant is None:
-            _fail(404, ERR_NO_PARTICIPANTS)
-    else:
-        participant = participant_get(
-            council_round=council_round, participant_id=participant_id
-        )
-    return live_context(council_round=council_round, participant=participant)
+    return context_for(council_round=council_round, participant_id=participant_id)
 
 
 @council.get("/turns/{turn_id}/context", response={200: dict[str, Any], **NOT_FOUND})

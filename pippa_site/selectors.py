@@ -47,6 +47,14 @@ def artifact_get(*, user, artifact_id: int) -> Artifact:
         raise Http404(ERR_NO_ARTIFACT.format(id=artifact_id)) from None
 
 
+def artifacts_get(*, user, artifact_ids) -> list[Artifact]:
+    """Each named artifact, once, in order; one the user may not read is a 404."""
+    return [
+        artifact_get(user=user, artifact_id=artifact_id)
+        for artifact_id in dict.fromkeys(artifact_ids)
+    ]
+
+
 def artifact_ref_payload(artifact: Artifact | None) -> dict[str, Any] | None:
     if artifact is None:
         return None

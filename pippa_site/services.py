@@ -87,6 +87,15 @@ ERR_LEASE_HELD = (
 )
 
 
+def door_worker_id(*, door: str, user, worker: str) -> str:
+    """The lease name of a runner reaching Pippa through ``door`` (api, mcp).
+
+    The user's name is part of it, so two users' runners never share a lease
+    even when they call themselves the same.
+    """
+    return f"{door}:{user.get_username()}:{worker}"
+
+
 @dataclass(frozen=True)
 class StepRun:
     ran: bool

@@ -101,6 +101,7 @@ INSTALLED_APPS = [
     "tasks",
     "council",
     "pippa_site",
+    "pippa_mcp",
 ]
 
 MIDDLEWARE = [

@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from pippa_mcp.views import mcp_endpoint
 from pippa_site import views as site_views
 from pippa_site.api import api
 
@@ -23,6 +24,9 @@ urlpatterns = [
     path("artifacts/", include("artifacts.urls")),
     path("council/", include("council.urls")),
     path("api/v1/", api.urls),
+    # Streamable HTTP MCP; both spellings, since a POST cannot follow a slash redirect.
+    path("mcp/", mcp_endpoint, name="mcp"),
+    path("mcp", mcp_endpoint),
     path("settings/tokens/", include(token_patterns)),
     path("", include("tasks.urls")),
 ]

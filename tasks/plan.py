@@ -43,6 +43,12 @@ ERR_DONE_ORDER = (
 )
 ERR_STARTED_ORDER = "attempted steps keep their order; step {position} moved"
 ERR_LEASED = "a worker is running this task right now; pause it or wait for the step"
+ERR_STATUS_CHANGED = (
+    "step {position} is {status}, not {claimed}: a plan rewrite never changes a"
+    " step's status (the executor runs steps; retry or resolve one that needs it)"
+)
+ERR_NEW_STATUS = "step {n} is new, so its status can only be pending, not {claimed}"
+ERR_BAD_STATUS = "step {n}: status must be one of {choices}"
 
 
 class PlanError(ValueError):
@@ -88,6 +94,18 @@ def _clean_step(raw: Any, n: int) -> dict[str, Any]:
     }
 
 
+def _claimed_status(raw: Any, n: int) -> str | None:
+    """The status a plan item says its step has, if it says one."""
+    if not isinstance(raw, dict) or raw.get("status") in (None, ""):
+        return None
+    claimed = raw["status"]
+    if claimed not in Step.Status.values:
+        raise PlanError(
+            ERR_BAD_STATUS.format(n=n, choices=", ".join(Step.Status.values))
+        )
+    return claimed
+
+
 @transaction.atomic
 def task_create(
     *,
@@ -106,6 +124,10 @@ def task_create(
         raise PlanError(ERR_NO_STEPS)
     if len(steps) > MAX_STEPS:
         raise PlanError(ERR_TOO_MANY_STEPS)
+    for n, raw in enumerate(steps, start=1):
+        claimed = _claimed_status(raw, n)
+        if claimed is not None and claimed != Step.Status.PENDING:
+            raise PlanError(ERR_NEW_STATUS.format(n=n, claimed=claimed))
     cleaned = [_clean_step(raw, n) for n, raw in enumerate(steps, start=1)]
     now = timezone.now()
     task = Task.objects.create(
@@ -150,6 +172,9 @@ def plan_rewrite(*, task: Task, steps: list[dict]) -> Task:
        are history.
     4. Never-attempted pending steps may be reordered, edited or dropped; dicts
        without ``"id"`` are new pending steps.
+    A dict may state the ``"status"`` it believes a step has (an agent's todo
+    list carries one); a status that differs from the stored one is refused,
+    never applied: only the executor moves a step.
     5. Renumber, recount progress, log ``plan_rewritten``; reopen a done task
        that gained steps.
     """
@@ -170,6 +195,7 @@ def plan_rewrite(*, task: Task, steps: list[dict]) -> Task:
     new_order: list[tuple[Step | None, dict[str, Any]]] = []
     seen: set[int] = set()
     for n, raw in enumerate(steps, start=1):
+        claimed = _claimed_status(raw, n)
         if isinstance(raw, dict) and raw.get("id") is not None:
             try:
                 step_id = int(raw["id"])
@@ -181,6 +207,14 @@ def plan_rewrite(*, task: Task, steps: list[dict]) -> Task:
                 raise PlanError(ERR_STEP_TWICE.format(id=step_id))
             seen.add(step_id)
             old = existing[step_id]
+            if claimed is not None and claimed != old.status:
+                raise PlanError(
+                    ERR_STATUS_CHANGED.format(
+                        position=old.position,
+                        status=old.get_status_display(),
+                        claimed=claimed,
+                    )
+                )
             merged = {
                 "title": raw.get("title", old.title),
                 "tool": raw.get("tool", old.tool),
@@ -199,6 +233,8 @@ def plan_rewrite(*, task: Task, steps: list[dict]) -> Task:
                 )
             new_order.append((old, _clean_step(merged, n)))
         else:
+            if claimed is not None and claimed != Step.Status.PENDING:
+                raise PlanError(ERR_NEW_STATUS.format(n=n, claimed=claimed))
             new_order.append((None, _clean_step(raw, n)))
 
     for old in existing.values():
