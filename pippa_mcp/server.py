@@ -18,6 +18,8 @@ import base64
 import binascii
 import functools
 import json
+import logging
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -37,6 +39,8 @@ from mcp.server.mcpserver.exceptions import (
 )
 from mcp.types import ImageContent, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+log = logging.getLogger("pippa.mcp")
 
 SERVER_NAME = "pippa"
 MAX_STORE_BYTES = 1024 * 1024
@@ -439,7 +443,6 @@ def build_server() -> PippaMCPServer:
     def rewrite_plan(
         task_id: int,
         steps: Annotated[list[PlanItem], Field(min_length=1, max_length=200)],
-        worker: Annotated[str, Field(max_length=60)] = "",
     ) -> dict[str, Any]:
         """Replace the task's whole plan, the way you rewrite a todo list.
 
@@ -449,14 +452,12 @@ def build_server() -> PippaMCPServer:
         steps must stay first, unchanged, in their order: their outputs stand.
         A rewrite that would change history (edit or drop a done or attempted
         step, or claim a status the step does not have) is refused with the
-        reason, and nothing changes. Your own lease (same worker name as
-        run_next_step) is given back first so the rewrite can go ahead.
+        reason, and nothing changes; so is a rewrite while a step is running.
         """
         from pippa_site import services
         from pippa_site.selectors import task_get_for_user
 
         task = task_get_for_user(user=current_user(), task_id=task_id)
-        services.api_lease_release(task=task, worker_id=_worker(worker))
         items = [s.model_dump(exclude_none=True) for s in steps]
         return _task_doc(services.api_plan_rewrite(task=task, steps=items))
 
@@ -500,10 +501,13 @@ def build_server() -> PippaMCPServer:
         lease you get an error saying until when.
         """
         from pippa_site.selectors import task_get_for_user
-        from pippa_site.services import api_step_run
+        from pippa_site.services import api_lease_release, api_step_run
 
         user = current_user()
-        worker_id = _worker(worker)
+        # One lease per call, given back when the call ends: an agent may never
+        # call again, and a second call under the same name must not mistake
+        # this one's step for an abandoned one.
+        worker_id = f"{_worker(worker)}#{secrets.token_hex(3)}"
 
         def prepare():
             task = task_get_for_user(user=user, task_id=task_id)
@@ -523,11 +527,18 @@ def build_server() -> PippaMCPServer:
         result: dict[str, Any] = {}
         finished = anyio.Event()
 
+        def step_and_release():
+            try:
+                return api_step_run(task=task, worker_id=worker_id)
+            finally:
+                try:
+                    api_lease_release(task=task, worker_id=worker_id)
+                except DatabaseError:
+                    log.warning("lease of task %s left to expire", task.pk)
+
         async def work():
             try:
-                result["run"] = await _in_thread(
-                    api_step_run, task=task, worker_id=worker_id
-                )
+                result["run"] = await _in_thread(step_and_release)
             except BaseException as exc:  # handed to the caller below
                 result["error"] = exc
             finally:

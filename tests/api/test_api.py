@@ -424,3 +424,17 @@ def test_uploading_bytes_that_exist_reuses_the_row_without_editing_its_lineage(
 
 def test_there_is_no_cdn_backed_docs_page(client):
     assert client.get("/api/v1/docs").status_code == 404
+
+
+def test_a_plan_rewrite_claiming_a_wrong_status_is_a_409_that_changes_nothing(
+    api_client,
+):
+    task = new_task(api_client)
+    first, second = (s["id"] for s in task["steps"])
+    response = api_client.put(
+        f"/api/v1/tasks/{task['id']}/plan",
+        {"steps": [{"id": first, "status": "done"}, {"id": second}]},
+    )
+    assert response.status_code == 409
+    assert response.json()["detail"].startswith("step 1 is pending, not done")
+    assert not Event.objects.filter(task_id=task["id"], kind="plan_rewritten").exists()

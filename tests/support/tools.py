@@ -49,11 +49,19 @@ def fetch(
 
 @tool("test.snapshot", artifact_class=3, media_type="text/plain")
 def snapshot(
-    ctx: ToolContext, *, size: int = 256, sleep: float = 0, fill: str = ""
+    ctx: ToolContext,
+    *,
+    size: int = 256,
+    sleep: float = 0,
+    fill: str = "",
+    sleep_first: float = 0,
 ) -> ToolResult:
-    """Non-deterministic: different bytes every call."""
+    """Non-deterministic: different bytes every call.
+
+    ``sleep_first`` hangs only the first attempt (a call cut off mid-way).
+    """
     _note(ctx, "test.snapshot", "start")
-    time.sleep(sleep)
+    time.sleep(sleep + (sleep_first if ctx.attempt == 1 else 0))
     _note(ctx, "test.snapshot", "end")
     _fill(fill)
     return ToolResult(data=_payload(ctx, size, stable=False))

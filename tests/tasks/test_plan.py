@@ -204,3 +204,73 @@ def test_rewrite_that_adds_steps_to_a_done_task_reopens_it(make_conversation):
     run_task(task.pk)
     task.refresh_from_db()
     assert task.status == "done"
+
+
+@pytest.mark.django_db
+def test_a_plan_item_that_claims_a_status_the_step_does_not_have_is_refused(
+    make_conversation,
+):
+    task = task_create(conversation=make_conversation(), title="t", steps=PLAN)
+    run_task(task.pk, limit=1)
+    expire_lease(task.pk)
+    first, second, third = Step.objects.filter(task=task).order_by("position")
+    before = plan_of(task)
+    for steps, message in (
+        (
+            [{"id": first.pk}, {"id": second.pk, "status": "done"}, {"id": third.pk}],
+            "step 2 is pending, not done: a plan rewrite never changes a step's status",
+        ),
+        (
+            [{"id": first.pk, "status": "pending"}, {"id": second.pk}],
+            "step 1 is done, not pending",
+        ),
+        (
+            [
+                {"id": first.pk},
+                {"title": "new", "tool": "test.fetch", "status": "done"},
+            ],
+            "step 2 is new, so its status can only be pending, not done",
+        ),
+        (
+            [{"id": first.pk, "status": "finished"}],
+            "step 1: status must be one of pending, running, done",
+        ),
+    ):
+        with pytest.raises(PlanError) as caught:
+            plan_rewrite(task=task, steps=steps)
+        assert str(caught.value).startswith(message)
+    assert plan_of(task) == before
+    assert not Event.objects.filter(task=task, kind="plan_rewritten").exists()
+
+
+@pytest.mark.django_db
+def test_a_plan_item_whose_status_matches_is_kept_like_a_todo_list(make_conversation):
+    task = task_create(conversation=make_conversation(), title="t", steps=PLAN)
+    run_task(task.pk, limit=1)
+    expire_lease(task.pk)
+    first, second, _ = Step.objects.filter(task=task).order_by("position")
+    plan_rewrite(
+        task=task,
+        steps=[
+            {"id": first.pk, "status": "done"},
+            {"id": second.pk, "status": "pending"},
+            {"title": "chart", "tool": "test.fetch", "status": "pending"},
+        ],
+    )
+    assert plan_of(task) == [
+        (1, "fetch", "done"),
+        (2, "snapshot", "pending"),
+        (3, "chart", "pending"),
+    ]
+
+
+@pytest.mark.django_db
+def test_task_create_refuses_a_new_step_that_claims_to_be_done(make_conversation):
+    conversation = make_conversation()
+    with pytest.raises(PlanError, match="step 1 is new, so its status can only be"):
+        task_create(
+            conversation=conversation,
+            title="t",
+            steps=[{"title": "x", "tool": "test.fetch", "status": "done"}],
+        )
+    assert not Task.objects.filter(conversation=conversation).exists()

@@ -1,0 +1,155 @@
+"""MCP fixtures: the SDK's own client over stdio (a subprocess) and over HTTP."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from contextlib import asynccontextmanager
+
+import pytest
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.types import Implementation
+
+from pippa_site.services import token_create
+from tasks.tools import tools_load
+from tests.conftest import REPO
+
+PLAN = [
+    {"title": "Fetch closes", "tool": "test.fetch", "args": {}},
+    {"title": "Search the news", "tool": "test.snapshot", "args": {}},
+    {"title": "Chart", "tool": "test.render", "args": {"source": 2}},
+]
+
+
+@pytest.fixture(autouse=True)
+def _test_tools(monkeypatch, tmp_path):
+    """The test tools, in this process and in every server process started."""
+    tools_load(["tests.support.tools"])
+    monkeypatch.setenv("PIPPA_TOOL_LOG", str(tmp_path / "tool-calls.jsonl"))
+
+
+@pytest.fixture
+def tool_log(tmp_path):
+    return tmp_path / "tool-calls.jsonl"
+
+
+@pytest.fixture
+def token_for():
+    def make(user) -> str:
+        return token_create(user=user, name="mcp test").raw
+
+    return make
+
+
+@asynccontextmanager
+async def http_session(url: str, token: str, *, name: str = "agent-a"):
+    """An initialized ClientSession to ``url`` with a bearer token."""
+    headers = {"Authorization": f"Bearer {token}"}
+    async with (
+        create_mcp_http_client(headers=headers) as http,
+        streamable_http_client(url, http_client=http) as streams,
+        ClientSession(
+            streams[0], streams[1], client_info=Implementation(name=name, version="1")
+        ) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+@pytest.fixture
+def mcp_url(live_server) -> str:
+    return f"{live_server.url}/mcp/"
+
+
+@pytest.fixture
+def server_env(subprocess_env, tool_log):
+    return {
+        **subprocess_env,
+        "PIPPA_TOOLS": "tests.support.tools",
+        "PIPPA_TOOL_LOG": str(tool_log),
+    }
+
+
+@pytest.fixture
+def stdio_session(server_env, python_exe):
+    """Start ``manage.py pippa_mcp`` with ``args`` and connect the SDK's client."""
+
+    @asynccontextmanager
+    async def start(*args: str, name: str = "agent-a", env: dict | None = None):
+        params = StdioServerParameters(
+            command=python_exe,
+            args=["manage.py", "pippa_mcp", *args],
+            env={**server_env, **(env or {})},
+            cwd=str(REPO),
+        )
+        async with (
+            stdio_client(params) as (read, write),
+            ClientSession(
+                read, write, client_info=Implementation(name=name, version="1")
+            ) as session,
+        ):
+            await session.initialize()
+            yield session
+
+    return start
+
+
+@pytest.fixture
+def http_server(server_env, python_exe, tmp_path):
+    """Start ``manage.py runserver`` in its own process; yield (url, process)."""
+    procs = []
+
+    def start():
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        proc = subprocess.Popen(
+            [python_exe, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
+            cwd=REPO,
+            env=server_env,
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp_path / f"runserver-{port}.log").open("wb"),
+        )
+        procs.append(proc)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return f"http://127.0.0.1:{port}/mcp/", proc
+            except OSError:
+                if proc.poll() is not None:
+                    break
+                time.sleep(0.2)
+        raise AssertionError("runserver did not start")
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def data(result):
+    """The structured result of a successful tool call."""
+    assert not result.is_error, result.content[0].text
+    content = result.structured_content
+    return content["result"] if set(content) == {"result"} else content
+
+
+def error(result) -> str:
+    """The plain sentence of a failed tool call."""
+    assert result.is_error, result.content
+    (block,) = result.content
+    return block.text
+
+
+def started_calls(log, step_id: int) -> list[dict]:
+    if not log.exists():
+        return []
+    lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
+    return [x for x in lines if x["step"] == step_id and x["phase"] == "start"]
