@@ -430,11 +430,12 @@ def test_a_plan_rewrite_claiming_a_wrong_status_is_a_409_that_changes_nothing(
     api_client,
 ):
     task = new_task(api_client)
-    first, second = (s["id"] for s in task["steps"])
-    response = api_client.put(
-        f"/api/v1/tasks/{task['id']}/plan",
-        {"steps": [{"id": first, "status": "done"}, {"id": second}]},
-    )
+    steps = [
+        {"id": s["id"], "title": s["title"], "tool": s["tool"], "args": s["args"]}
+        for s in task["steps"]
+    ]
+    steps[0]["status"] = "done"
+    response = api_client.put(f"/api/v1/tasks/{task['id']}/plan", {"steps": steps})
     assert response.status_code == 409
     assert response.json()["detail"].startswith("step 1 is pending, not done")
     assert not Event.objects.filter(task_id=task["id"], kind="plan_rewritten").exists()
