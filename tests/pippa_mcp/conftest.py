@@ -108,13 +108,17 @@ def http_server(server_env, python_exe, tmp_path):
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        proc = subprocess.Popen(
-            [python_exe, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
-            cwd=REPO,
-            env=server_env,
-            stdout=subprocess.DEVNULL,
-            stderr=(tmp_path / f"runserver-{port}.log").open("wb"),
-        )
+        with (tmp_path / f"runserver-{port}.log").open("wb") as log:
+            proc = subprocess.Popen(
+                [
+                    *(python_exe, "manage.py", "runserver", "--noreload"),
+                    f"127.0.0.1:{port}",
+                ],
+                cwd=REPO,
+                env=server_env,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
         procs.append(proc)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
