@@ -53,6 +53,9 @@ def main(argv: list[str]) -> int:
         f"{time.time() - started:.0f} s, data dir {data_dir}); ratio = value / baseline"
     )
     print(report.table())
+    for section in report.sections:
+        print()
+        print(section)
     shutil.rmtree(data_dir, ignore_errors=True)
     return 0
 

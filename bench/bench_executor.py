@@ -47,6 +47,12 @@ def _bench_tool(ctx, *, n: int = 0) -> ToolResult:
     return ToolResult(data=(head * (PAYLOAD_BYTES // len(head) + 1))[:PAYLOAD_BYTES])
 
 
+def tool_setup() -> None:
+    tool_register(
+        "bench.payload", _bench_tool, artifact_class=2, media_type="text/plain"
+    )
+
+
 def _make_tasks(conversation: Conversation, steps: int) -> list[int]:
     """Tasks of up to 200 steps each (the plan's limit), set up outside the timing."""
     ids = []
@@ -267,9 +273,7 @@ class RawExecutor:
 
 
 def run(report) -> None:
-    tool_register(
-        "bench.payload", _bench_tool, artifact_class=2, media_type="text/plain"
-    )
+    tool_setup()
     user, _ = get_user_model().objects.get_or_create(username="bench")
     conversation = Conversation.objects.create(owner=user, title="bench")
     # The two sides alternate in chunks of a few steps, so a swing in fsync

@@ -37,6 +37,8 @@ class Row:
 class Report:
     rows: list[Row] = field(default_factory=list)
     quick: bool = False
+    # Further tables a module prints after the main one (e.g. the peers' figures).
+    sections: list[str] = field(default_factory=list)
 
     def add(self, **kwargs) -> Row:
         row = Row(**kwargs)
