@@ -1,0 +1,323 @@
+"""A load run: dashboard viewers polling live tasks while two workers step them.
+
+Everything runs as it does after ``make run``, on loopback: gunicorn with
+``pippa_site/gunicorn_conf.py`` (collected static files, whitenoise), and two
+``pippa_worker`` processes stepping a pool of tasks of the 1 KiB payload tool.
+Three windows of equal length, in the order alone / viewers / alone, so a drift
+in the machine's load hits both sides: worker steps/s is the number of steps
+finished inside a window (their ``finished_at``) over its length.
+
+Viewers: 20 threads, each a logged-in browser tab: open a running task's page,
+then poll its timeline every 2 s the way htmx does (the page's own ``hx-get``
+URL, ``HX-Request``/``HX-Target`` headers, ``If-None-Match`` when the server
+sent an ETag) until the task is idle, then open the next running task. A probe
+thread fetches a collected static file meanwhile, the latency baseline.
+Bounded: fixed windows, a fixed number of threads, loopback only.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import random
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.utils import timezone
+
+from bench.bench_executor import tool_setup
+from bench.harness import Report
+from bench.peers import REPO
+from tasks.models import Conversation, Step, Task
+from tasks.plan import task_create
+
+VIEWERS = 20
+POLL_SECONDS = 2.0
+HX_GET = re.compile(rb'id="timeline"[^>]*?hx-get="([^"]+)"')
+STATIC = re.compile(rb'href="(/static/[^"]+\.css)"')
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Viewers:
+    """20 tabs on the dashboard, plus a probe on a static file."""
+
+    def __init__(self, port: int, cookie: str, running: list[int]):
+        self.port = port
+        self.cookie = cookie
+        self.running = running  # refreshed by the caller
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.pages: list[float] = []
+        self.polls: list[float] = []
+        self.static: list[float] = []
+        self.errors: list[str] = []
+        self.static_path = ""
+        self.threads: list[threading.Thread] = []
+
+    def _get(self, conn, path: str, headers: dict) -> tuple[int, bytes, dict, float]:
+        started = time.perf_counter()
+        conn.request("GET", path, headers={"Cookie": self.cookie, **headers})
+        response = conn.getresponse()
+        body = response.read()
+        elapsed = time.perf_counter() - started
+        return response.status, body, dict(response.getheaders()), elapsed
+
+    def _tab(self, n: int) -> None:
+        """One request per 2 s tick: open a running task, or poll the open one."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        url, etag = None, None
+        self.stop.wait(random.Random(n).uniform(0, POLL_SECONDS))
+        while not self.stop.is_set():
+            tick = time.monotonic()
+            try:
+                if url is None:
+                    ids = list(self.running)
+                    if ids:
+                        task_id = ids[n % len(ids)]
+                        status, body, _, elapsed = self._get(
+                            conn, f"/tasks/{task_id}/", {}
+                        )
+                        if status != 200:
+                            raise OSError(f"page {status}")
+                        with self.lock:
+                            self.pages.append(elapsed)
+                        url, etag = self._poll_url(body), None
+                else:
+                    headers = {"HX-Request": "true", "HX-Target": "timeline"}
+                    if etag:
+                        headers["If-None-Match"] = etag
+                    status, body, got, elapsed = self._get(conn, url, headers)
+                    with self.lock:
+                        self.polls.append(elapsed)
+                    if status == 200:
+                        url, etag = self._poll_url(body), got.get("ETag")
+                    elif status == 286:
+                        url = None
+                    elif status not in (204, 304):
+                        raise OSError(f"poll {status}")
+            except (OSError, http.client.HTTPException) as exc:
+                with self.lock:
+                    self.errors.append(str(exc))
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+                url = None
+            self.stop.wait(max(0.0, POLL_SECONDS - (time.monotonic() - tick)))
+        conn.close()
+
+    @staticmethod
+    def _poll_url(body: bytes) -> str | None:
+        """The timeline's own ``hx-get`` (absent once the task is idle)."""
+        found = HX_GET.search(body)
+        return found.group(1).decode().replace("&amp;", "&") if found else None
+
+    def _probe(self) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        while not self.stop.wait(0.25):
+            status, _, _, elapsed = self._get(conn, self.static_path, {})
+            if status == 200:
+                with self.lock:
+                    self.static.append(elapsed)
+        conn.close()
+
+    def start(self, static_path: str) -> None:
+        self.static_path = static_path
+        self.threads = [
+            threading.Thread(target=self._tab, args=(n,), daemon=True)
+            for n in range(VIEWERS)
+        ]
+        self.threads.append(threading.Thread(target=self._probe, daemon=True))
+        for thread in self.threads:
+            thread.start()
+
+    def join(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=35)
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+
+def _steps_between(start, end) -> int:
+    return Step.objects.filter(finished_at__gte=start, finished_at__lt=end).count()
+
+
+def run(report: Report) -> None:
+    window = 6.0 if report.quick else 20.0
+    tool_setup()
+    env = {k: v for k, v in os.environ.items() if k != "PIPPA_PLAIN_STATIC"}
+    env |= {
+        "PYTHONPATH": str(REPO),
+        "PIPPA_TOOLS": "bench.load_tools",
+        "HOST": "127.0.0.1",
+        "PORT": str(_free_port()),
+        "PIPPA_ACCESS_LOG": "",
+        "PIPPA_WEB_LOG_LEVEL": "error",
+    }
+    subprocess.run(
+        [sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"],
+        cwd=REPO,
+        env=env,
+        check=True,
+        timeout=300,
+    )
+
+    # A pool of tasks that outlasts the three windows.
+    user = get_user_model().objects.create_user(username=f"bench-load-{time.time_ns()}")
+    conversation = Conversation.objects.create(owner=user, title="Load run")
+    pool = [
+        task_create(
+            conversation=conversation,
+            title=f"load {n}",
+            steps=[
+                {"title": f"s{i}", "tool": "bench.payload", "args": {}}
+                for i in range(200)
+            ],
+        ).pk
+        for n in range(30 if report.quick else 80)
+    ]
+    Task.objects.filter(pk__in=pool).update(status=Task.Status.PAUSED)
+    client = Client()
+    client.force_login(user)
+    cookie = f"sessionid={client.cookies['sessionid'].value}"
+
+    gunicorn = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "gunicorn"),
+            "-c",
+            "python:pippa_site.gunicorn_conf",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    workers = []
+    try:
+        port = int(env["PORT"])
+        login = b""
+        for _ in range(300):
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/login/")
+                login = conn.getresponse().read()
+                conn.close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        static_path = STATIC.search(login).group(1).decode()
+
+        workers = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "manage.py",
+                    "pippa_worker",
+                    "-v",
+                    "0",
+                    "--poll",
+                    "0.1",
+                    "--worker-id",
+                    f"bench:load:{n}",
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for n in range(2)
+        ]
+        Task.objects.filter(pk__in=pool).update(status=Task.Status.QUEUED)
+        time.sleep(2.0)  # both workers up and stepping
+
+        running: list[int] = []
+
+        def refresh(until: float) -> None:
+            while time.monotonic() < until:
+                running[:] = list(
+                    Task.objects.filter(
+                        pk__in=pool, status=Task.Status.RUNNING
+                    ).values_list("pk", flat=True)
+                )
+                time.sleep(0.5)
+
+        rates: dict[str, list[float]] = {"alone": [], "viewers": []}
+        viewers = None
+        for phase in ("alone", "viewers", "alone"):
+            if phase == "viewers":
+                refresh(time.monotonic() + 0.01)
+                viewers = Viewers(port, cookie, running)
+                viewers.start(static_path)
+                refresh(time.monotonic() + POLL_SECONDS)  # all tabs open
+            start = timezone.now()
+            refresh(time.monotonic() + window)
+            end = timezone.now()
+            rates[phase].append(
+                _steps_between(start, end) / (end - start).total_seconds()
+            )
+            if phase == "viewers":
+                viewers.join()
+            print(f"  load: {phase}: {rates[phase][-1]:,.0f} steps/s", flush=True)
+        left = Step.objects.filter(task_id__in=pool, finished_at__isnull=True).count()
+        if left == 0:
+            print("  load: the task pool ran out; rates undercount", flush=True)
+    finally:
+        for proc in [*workers, gunicorn]:
+            proc.terminate()
+        for proc in [*workers, gunicorn]:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(settings.STATIC_ROOT, ignore_errors=True)
+        Task.objects.filter(pk__in=pool).update(status=Task.Status.PAUSED)
+
+    alone = statistics.mean(rates["alone"])
+    report.add(
+        group="load",
+        figure=f"worker steps/s, 2 workers, {VIEWERS} viewers polling every 2 s "
+        f"({len(viewers.pages) + len(viewers.polls)} requests, "
+        f"{len(viewers.errors)} errors)",
+        value=rates["viewers"][0],
+        baseline_name="same 2 workers alone (windows before and after)",
+        baseline=alone,
+        unit="steps/s",
+        higher_is_better=True,
+        target=">= 0.8 x baseline",
+    )
+    static_ms = statistics.median(viewers.static) * 1000 if viewers.static else 0.0
+    for label, values in (
+        ("task page", viewers.pages),
+        ("timeline poll", viewers.polls),
+    ):
+        for q in (0.5, 0.95):
+            report.add(
+                group="load",
+                figure=f"{label} latency p{int(q * 100)} under load "
+                f"({len(values)} requests)",
+                value=_pct(values, q),
+                baseline_name="static file (whitenoise), same server, median",
+                baseline=static_ms,
+                unit="ms",
+                higher_is_better=False,
+                target="reported",
+            )
