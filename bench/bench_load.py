@@ -18,17 +18,14 @@ Bounded: fixed windows, a fixed number of threads, loopback only.
 from __future__ import annotations
 
 import http.client
-import os
 import random
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -38,6 +35,7 @@ from django.utils import timezone
 from bench.bench_executor import tool_setup
 from bench.harness import Report
 from bench.peers import REPO
+from bench.server import collectstatic, gunicorn, server_env
 from tasks.models import Conversation, Step, Task
 from tasks.plan import task_create
 
@@ -45,12 +43,6 @@ VIEWERS = 20
 POLL_SECONDS = 2.0
 HX_GET = re.compile(rb'id="timeline"[^>]*?hx-get="([^"]+)"')
 STATIC = re.compile(rb'href="(/static/[^"]+\.css)"')
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Viewers:
@@ -164,22 +156,8 @@ def _steps_between(start, end) -> int:
 def run(report: Report) -> None:
     window = 6.0 if report.quick else 20.0
     tool_setup()
-    env = {k: v for k, v in os.environ.items() if k != "PIPPA_PLAIN_STATIC"}
-    env |= {
-        "PYTHONPATH": str(REPO),
-        "PIPPA_TOOLS": "bench.load_tools",
-        "HOST": "127.0.0.1",
-        "PORT": str(_free_port()),
-        "PIPPA_ACCESS_LOG": "",
-        "PIPPA_WEB_LOG_LEVEL": "error",
-    }
-    subprocess.run(
-        [sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"],
-        cwd=REPO,
-        env=env,
-        check=True,
-        timeout=300,
-    )
+    env = server_env(PIPPA_TOOLS="bench.load_tools")
+    collectstatic(env)
 
     # A pool of tasks that outlasts the three windows.
     user = get_user_model().objects.create_user(username=f"bench-load-{time.time_ns()}")
@@ -200,96 +178,79 @@ def run(report: Report) -> None:
     client.force_login(user)
     cookie = f"sessionid={client.cookies['sessionid'].value}"
 
-    gunicorn = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "gunicorn"),
-            "-c",
-            "python:pippa_site.gunicorn_conf",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    workers = []
-    try:
-        port = int(env["PORT"])
-        login = b""
-        for _ in range(300):
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                conn.request("GET", "/login/")
-                login = conn.getresponse().read()
-                conn.close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        static_path = STATIC.search(login).group(1).decode()
-
-        workers = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "manage.py",
-                    "pippa_worker",
-                    "-v",
-                    "0",
-                    "--poll",
-                    "0.1",
-                    "--worker-id",
-                    f"bench:load:{n}",
-                ],
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            for n in range(2)
-        ]
-        Task.objects.filter(pk__in=pool).update(status=Task.Status.QUEUED)
-        time.sleep(2.0)  # both workers up and stepping
-
-        running: list[int] = []
-
-        def refresh(until: float) -> None:
-            while time.monotonic() < until:
-                running[:] = list(
-                    Task.objects.filter(
-                        pk__in=pool, status=Task.Status.RUNNING
-                    ).values_list("pk", flat=True)
+    workers: list[subprocess.Popen] = []
+    rates: dict[str, list[float]] = {"alone": [], "viewers": []}
+    viewers = None
+    with gunicorn(env) as port:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("GET", "/login/")
+        static_path = STATIC.search(conn.getresponse().read()).group(1).decode()
+        conn.close()
+        try:
+            workers = [
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "manage.py",
+                        "pippa_worker",
+                        "-v",
+                        "0",
+                        "--poll",
+                        "0.1",
+                        "--worker-id",
+                        f"bench:load:{n}",
+                    ],
+                    cwd=REPO,
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
                 )
-                time.sleep(0.5)
+                for n in range(2)
+            ]
+            Task.objects.filter(pk__in=pool).update(status=Task.Status.QUEUED)
+            time.sleep(2.0)  # both workers up and stepping
+            running: list[int] = []
 
-        rates: dict[str, list[float]] = {"alone": [], "viewers": []}
-        viewers = None
-        for phase in ("alone", "viewers", "alone"):
-            if phase == "viewers":
-                refresh(time.monotonic() + 0.01)
-                viewers = Viewers(port, cookie, running)
-                viewers.start(static_path)
-                refresh(time.monotonic() + POLL_SECONDS)  # all tabs open
-            start = timezone.now()
-            refresh(time.monotonic() + window)
-            end = timezone.now()
-            rates[phase].append(
-                _steps_between(start, end) / (end - start).total_seconds()
-            )
-            if phase == "viewers":
+            def refresh(until: float) -> None:
+                while time.monotonic() < until:
+                    running[:] = list(
+                        Task.objects.filter(
+                            pk__in=pool, status=Task.Status.RUNNING
+                        ).values_list("pk", flat=True)
+                    )
+                    time.sleep(0.5)
+
+            for phase in ("alone", "viewers", "alone"):
+                if phase == "viewers":
+                    refresh(time.monotonic() + 0.01)
+                    viewers = Viewers(port, cookie, running)
+                    viewers.start(static_path)
+                    refresh(time.monotonic() + POLL_SECONDS)  # all tabs open
+                start = timezone.now()
+                refresh(time.monotonic() + window)
+                end = timezone.now()
+                rates[phase].append(
+                    _steps_between(start, end) / (end - start).total_seconds()
+                )
+                if phase == "viewers":
+                    viewers.join()
+                print(f"  load: {phase}: {rates[phase][-1]:,.0f} steps/s", flush=True)
+            if not Step.objects.filter(
+                task_id__in=pool, finished_at__isnull=True
+            ).exists():
+                print("  load: the task pool ran out; rates undercount", flush=True)
+        finally:
+            if viewers is not None:
                 viewers.join()
-            print(f"  load: {phase}: {rates[phase][-1]:,.0f} steps/s", flush=True)
-        left = Step.objects.filter(task_id__in=pool, finished_at__isnull=True).count()
-        if left == 0:
-            print("  load: the task pool ran out; rates undercount", flush=True)
-    finally:
-        for proc in [*workers, gunicorn]:
-            proc.terminate()
-        for proc in [*workers, gunicorn]:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        shutil.rmtree(settings.STATIC_ROOT, ignore_errors=True)
-        Task.objects.filter(pk__in=pool).update(status=Task.Status.PAUSED)
+            for proc in workers:
+                proc.terminate()
+            for proc in workers:
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            Task.objects.filter(pk__in=pool).update(status=Task.Status.PAUSED)
+    shutil.rmtree(settings.STATIC_ROOT, ignore_errors=True)
 
     alone = statistics.mean(rates["alone"])
     report.add(

@@ -182,6 +182,10 @@ def _database() -> dict:
             # "database is locked" (a worker then backs off and tries again).
             "timeout": env_float("PIPPA_SQLITE_TIMEOUT", 30.0),
         },
+        # One connection per server thread, kept between requests: opening a
+        # SQLite connection (Django registers its SQL functions and runs the
+        # pragmas each time) costs more than a small page's own queries.
+        "CONN_MAX_AGE": env_int("PIPPA_CONN_MAX_AGE", 600),
         "TEST": {
             # A file, not :memory:, so worker subprocesses in tests share it;
             # one per test run, so two runs on one checkout do not collide.
@@ -203,6 +207,11 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+
+# Django's database sessions and ModelBackend, reading per request in plain SQL
+# (pippa_site/auth.py).
+SESSION_ENGINE = "pippa_site.auth"
+AUTHENTICATION_BACKENDS = ["pippa_site.auth.UserBackend"]
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
