@@ -101,11 +101,17 @@ class Tmpfs:
         return stats.f_bavail * stats.f_frsize
 
 
-def pg_terminate_others(connection) -> int:
-    """End every other session on this PostgreSQL database; return how many."""
+def pg_terminate_others(connection, *, application_name: str = "") -> int:
+    """End every other session on this PostgreSQL database (only those with
+    this ``application_name``, if given); return how many."""
+    sql = (
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    params: list[str] = []
+    if application_name:
+        sql += " AND application_name = %s"
+        params.append(application_name)
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
+        cursor.execute(sql, params)
         return cursor.fetchone()[0]

@@ -1,6 +1,6 @@
 """Child process for the randomized crash soak.
 
-Usage: python -m tests.support.soak SUMMARY_JSON KILLS SEED CONVERSATION_ID
+Usage: python -m tests.support.soak SUMMARY_JSON KILLS SEED CONVERSATION_ID [faults]
 
 Work is topped up in small batches (tasks of mixed classes in CONVERSATION_ID)
 whenever nothing is runnable, so the number of kills, not the size of a
@@ -15,6 +15,15 @@ the lease expire (as time would), and checks the invariants of the task the
 dead life held, so every resume is checked by the next round. Forking keeps
 Python start-up out of the loop, so a few hundred kills take seconds.
 
+With ``faults`` (and ``PIPPA_SOAK_FILL`` naming a file on a small tmpfs that
+holds the blob folder), about one life in three meets a fault that is not a
+crash instead: the blob disk fills up at a random moment (the zygote writes
+the filler, and frees it after the life), or the database goes away (on
+PostgreSQL the zygote terminates the life's sessions; on SQLite it holds the
+write lock past the life's short busy timeout). A life that meets a fault
+does what a worker does, stops stepping (exit code 3), and may still be
+SIGKILLed; the next lives resume what it left by class.
+
 Writes a JSON summary; exits non-zero on the first broken invariant.
 """
 
@@ -27,6 +36,7 @@ import signal
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import django
 
@@ -34,7 +44,7 @@ import django
 def main() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pippa_site.settings")
     django.setup()
-    from django.db import connections
+    from django.db import connection, connections
 
     from tasks import executor
     from tasks.models import Task
@@ -43,9 +53,13 @@ def main() -> int:
 
     summary_path, kills_wanted, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     conversation_id = int(sys.argv[4])
+    faults = len(sys.argv) > 5 and sys.argv[5] == "faults"
     tools_load(["tests.support.tools"])
     rng = random.Random(seed)
     summary = {"lives": 0, "kills": 0, "boundary_kills": 0, "timer_kills": 0}
+    if faults:
+        summary.update({"disk_faults": 0, "db_faults": 0, "faults_met": 0})
+    filler = Path(os.environ.get("PIPPA_SOAK_FILL", "/nonexistent/filler"))
     started = time.monotonic()
     try:
         while summary["kills"] < kills_wanted:
@@ -53,28 +67,19 @@ def main() -> int:
                 _top_up(conversation_id, summary)
             life = summary["lives"]
             worker_id = f"soak:{life}"
-            by_timer = rng.random() < 0.5
+            fault = rng.choice(["disk", "db"]) if faults and rng.random() < 0.35 else ""
+            by_timer = fault != "" or rng.random() < 0.5
             delay = rng.uniform(0.0, 0.04)
             connections.close_all()
+            blocker = None
+            if fault == "db" and connection.vendor == "sqlite":
+                blocker = _sqlite_lock()
             pid = os.fork()
             if pid == 0:  # the worker life
-                code = 0
-                try:
-                    if not by_timer:
-                        executor.crashpoint_configure(
-                            f"random:0.06:{seed * 100003 + life}"
-                        )
-                    for task in Task.objects.runnable().order_by("?")[:5]:
-                        while True:
-                            outcome = executor.step(
-                                task_id=task.pk, worker_id=worker_id
-                            )
-                            if outcome is None or outcome.task_status != "running":
-                                break
-                except BaseException:
-                    traceback.print_exc()
-                    code = 1
-                os._exit(code)
+                os._exit(_life(executor, Task, worker_id, by_timer, fault, seed, life))
+            if fault:
+                summary[f"{fault}_faults"] += 1
+                delay = _inject(fault, blocker, filler, rng)
             if by_timer:
                 deadline = time.monotonic() + delay
                 while time.monotonic() < deadline:
@@ -87,10 +92,16 @@ def main() -> int:
                     done, status = os.waitpid(pid, 0)
             else:
                 _, status = os.waitpid(pid, 0)
+            if blocker is not None:
+                blocker.execute("ROLLBACK")
+                blocker.close()
+            filler.unlink(missing_ok=True)
             summary["lives"] += 1
             if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
                 summary["kills"] += 1
                 summary["timer_kills" if by_timer else "boundary_kills"] += 1
+            elif os.WEXITSTATUS(status) == FAULT_MET and faults:
+                summary["faults_met"] += 1
             elif os.WEXITSTATUS(status) != 0:
                 raise AssertionError(f"life {life} failed (exit {status})")
             held = list(
@@ -100,6 +111,7 @@ def main() -> int:
             Task.objects.filter(lease_owner=worker_id).update(lease_expires_at=_past())
             check_invariants(held)
         # Finish everything with a clean worker, then check the whole database.
+        filler.unlink(missing_ok=True)
         connections.close_all()
         from tasks.models import Step
 
@@ -145,6 +157,77 @@ def soak_plan(repeats: int) -> list[dict]:
             }
         )
     return steps
+
+
+FAULT_MET = 3
+LIFE_APP = "pippa-soak-life"
+
+
+def _life(executor, Task, worker_id, by_timer, fault, seed, life) -> int:
+    """One worker life in the forked child: step a few runnable tasks.
+
+    Like ``pippa_worker``, a life that meets a store or database fault stops
+    stepping (a worker would back off); it exits with ``FAULT_MET``.
+    """
+    from django.db import DatabaseError, connection
+
+    try:
+        if fault == "db" and connection.vendor == "sqlite":
+            # A short busy timeout: the zygote's write lock outlasts it.
+            connection.settings_dict["OPTIONS"]["timeout"] = 0.05
+        elif fault == "db":
+            # Named, so the zygote cuts this life's sessions and no one else's.
+            connection.settings_dict.setdefault("OPTIONS", {})["application_name"] = (
+                LIFE_APP
+            )
+        if not by_timer:
+            executor.crashpoint_configure(f"random:0.06:{seed * 100003 + life}")
+        for task in Task.objects.runnable().order_by("?")[:5]:
+            while True:
+                outcome = executor.step(task_id=task.pk, worker_id=worker_id)
+                if outcome is not None and outcome.fault:
+                    return FAULT_MET
+                if outcome is None or outcome.task_status != "running":
+                    break
+    except DatabaseError:
+        return FAULT_MET
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def _sqlite_lock():
+    """Take SQLite's write lock from a second connection (released after the life)."""
+    import sqlite3
+
+    from django.db import connection
+
+    blocker = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    return blocker
+
+
+def _inject(fault: str, blocker, filler: Path, rng: random.Random) -> float:
+    """Make the fault happen to the running life; return how long to let it run."""
+    time.sleep(rng.uniform(0.0, 0.03))
+    if fault == "disk":
+        from tests.support.faults import fill
+
+        fill(filler)
+    elif blocker is not None:
+        time.sleep(rng.uniform(0.0, 0.05))
+        blocker.execute("ROLLBACK")
+        blocker.execute("BEGIN")  # closed by the zygote after the life
+    else:
+        from django.db import connection
+
+        from tests.support.faults import pg_terminate_others
+
+        time.sleep(rng.uniform(0.0, 0.05))
+        pg_terminate_others(connection, application_name=LIFE_APP)
+        connection.close()
+    return 0.3
 
 
 def _top_up(conversation_id: int, summary: dict, tasks: int = 8) -> None:

@@ -21,7 +21,7 @@ from django.db import connection
 from artifacts.models import Artifact
 from artifacts.store import BlobStore
 from tasks.doctor import doctor_run
-from tasks.models import Step, Task
+from tasks.models import Event, Step, Task
 from tasks.plan import task_create
 from tasks.tools import tools_load
 from tests.conftest import REPO
@@ -307,3 +307,49 @@ def test_a_worker_whose_postgresql_sessions_are_cut_reconnects_and_finishes(
         if notify.status == "needs_review":
             assert notify.error.startswith("needs you:")
     assert_settled(w, settings.BLOB_DIR)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_doctor_repairing_beside_live_workers_on_short_leases_takes_no_decision(
+    make_conversation, worker, settings
+):
+    conversation = make_conversation()
+    plan = [
+        {"title": "fetch", "tool": "test.fetch", "args": {"sleep": 0.02}},
+        {"title": "file", "tool": "test.file", "args": {"sleep": 0.02}},
+        {"title": "snapshot", "tool": "test.snapshot", "args": {"sleep": 0.02}},
+        {"title": "render", "tool": "test.render", "args": {"source": 1}},
+        {"title": "notify", "tool": "test.effect", "args": {"sleep": 0.02}},
+    ]
+    tasks = [
+        task_create(conversation=conversation, title=f"live {i}", steps=plan)
+        for i in range(8)
+    ]
+    workers = [worker(f"worker:{n}", PIPPA_LEASE_SECONDS="3") for n in "ab"]
+    reports = []
+    deadline = time.monotonic() + WAIT
+    while Task.objects.filter(status__in=["queued", "running"]).exists():
+        assert time.monotonic() < deadline, "the workers did not finish"
+        reports.append(
+            doctor_run(repair=True, verify=False, store=BlobStore(settings.BLOB_DIR))
+        )
+    reports.append(doctor_run(repair=True, store=BlobStore(settings.BLOB_DIR)))
+
+    assert len(reports) > 1
+    for report in reports:
+        for f in report.findings:
+            assert f.repaired <= f.found, f.as_dict()
+    assert reports[-1].clean
+    # The doctor never set a step aside: every decision was a worker's.
+    assert not Event.objects.filter(kind="step_needs_review", data__actor="doctor")
+    calls = invocations(worker.log)
+    for task in tasks:
+        for s in Step.objects.filter(task=task):
+            if s.tool == "test.effect":
+                assert calls[s.pk] == 1
+                assert s.status in ("done", "needs_review")
+            else:
+                assert s.status == "done", (s, s.error)
+    for w in workers:
+        assert_settled(w, settings.BLOB_DIR)

@@ -102,6 +102,10 @@ INTERRUPTED = [
 def run_until_stopped(task: Task) -> None:
     for _ in range(50):
         outcome = step(task_id=task.pk, worker_id=LOADER)
+        if outcome is not None and outcome.next_attempt_at is not None:
+            # The demo compresses time: the back-off before a retry is over.
+            Step.objects.filter(pk=outcome.step_id).update(next_attempt_at=None)
+            continue
         if outcome is None or outcome.task_status != Task.Status.RUNNING:
             return
 
