@@ -430,6 +430,26 @@ def task_resume(request: HttpRequest, task_id: int):
     return task_payload(task)
 
 
+@tasks.post("/{task_id}/pause", response={200: TaskOut, **BAD})
+def task_pause(request: HttpRequest, task_id: int):
+    """Pause a queued or running task at its next step boundary (a call in flight is saved)."""
+    from tasks.executor import task_pause as pause
+
+    task = task_get_for_user(user=request.user, task_id=task_id)
+    pause(task=task, actor=f"api:{request.user.get_username()}")
+    return task_payload(task)
+
+
+@tasks.post("/{task_id}/cancel", response={200: TaskOut, **BAD})
+def task_cancel(request: HttpRequest, task_id: int):
+    """Cancel an unfinished task for good at its next step boundary; branch to go on."""
+    from tasks.executor import task_cancel as cancel
+
+    task = task_get_for_user(user=request.user, task_id=task_id)
+    cancel(task=task, actor=f"api:{request.user.get_username()}")
+    return task_payload(task)
+
+
 def _worker_id(request: HttpRequest, worker: str) -> str:
     return api_services.door_worker_id(door="api", user=request.user, worker=worker)
 

@@ -19,13 +19,15 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from tasks.models import Conversation, Event, Step, Task, TaskArtifact
+from tasks.models import Conversation, Event, Step, Task, TaskArtifact, needs_you_q
 from tasks.services import event_append
 
 # User-facing messages (tests assert them).
 MSG_LEASE_RELEASED = "Released the stale lease of {n} task(s)."
 MSG_LEASE_NOT_STALE = "Left {n} task(s) alone: they hold no lease."
 MSG_RESUMED = "Queued {n} task(s) for the worker."
+MSG_PAUSED = "Paused {n} task(s): each stops after the step it is on."
+MSG_CANCELLED = "Cancelled {n} task(s): each stops after the step it is on."
 MSG_RETRIED = "Step {step} will run again."
 MSG_RESOLVED = "Step {step}: {words}"
 MSG_BRANCHED = "Made task {new} from task {old}, keeping steps 1–{k}."
@@ -130,10 +132,14 @@ class NeedsReviewFilter(admin.SimpleListFilter):
         return [
             ("yes", "Yes"),
             ("stuck", "Stuck running (task lease stale or gone)"),
+            ("you", "Needs you (waiting for a person's decision)"),
             ("no", "No"),
         ]
 
     def queryset(self, request, queryset):
+        if self.value() == "you":
+            # The dashboard's "needs you" rule, word for word.
+            return queryset.filter(needs_you_q())
         if self.value() == "yes":
             return queryset.filter(status=Step.Status.NEEDS_REVIEW)
         if self.value() == "stuck":
@@ -311,7 +317,11 @@ def _branch_choices(steps: list[Step]) -> list[tuple[int, str, list[Step]]]:
     last step of the unbroken run of finished steps (task_branch's rule)."""
     choices = [(0, "Keep no step: start the plan over", [])]
     for n, step in enumerate(steps, start=1):
-        if step.status not in (Step.Status.DONE, Step.Status.SKIPPED):
+        # After the last step a branch would be a copy that changes nothing.
+        if n == len(steps) or step.status not in (
+            Step.Status.DONE,
+            Step.Status.SKIPPED,
+        ):
             break
         choices.append((n, f"Keep steps 1–{n}, continue from step {n + 1}", steps[:n]))
     return choices
@@ -380,7 +390,13 @@ class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
         f for _name, opts in fieldsets for f in opts["fields"] if f != "title"
     ]
     change_form_template = "admin/tasks/task/change_form.html"
-    actions = ["release_stale_lease", "resume_tasks", "branch_task"]
+    actions = [
+        "release_stale_lease",
+        "resume_tasks",
+        "pause_tasks",
+        "cancel_tasks",
+        "branch_task",
+    ]
     change_list_template = "admin/tasks/task/change_list.html"
 
     def has_add_permission(self, request):
@@ -483,6 +499,57 @@ class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
             self.log_change(request, task, "Resumed.")
         if resumed:
             self.message_user(request, MSG_RESUMED.format(n=resumed), messages.SUCCESS)
+
+    def _each(self, request, queryset, service, note: str) -> int:
+        """Call ``service`` on each task; report refusals; return how many worked."""
+        from tasks.executor import ExecutorError
+
+        n = 0
+        for task in queryset.order_by("pk"):
+            try:
+                service(task=task, actor=actor_for(request))
+            except ExecutorError as exc:
+                self.message_user(
+                    request,
+                    MSG_REFUSED.format(what=f"Task {task.pk}", error=_error_text(exc)),
+                    messages.ERROR,
+                )
+                continue
+            n += 1
+            self.log_change(request, task, note)
+        return n
+
+    @admin.action(permissions=["repair"], description="Pause selected tasks")
+    def pause_tasks(self, request, queryset):
+        from tasks.executor import task_pause
+
+        paused = self._each(request, queryset, task_pause, "Paused.")
+        if paused:
+            self.message_user(request, MSG_PAUSED.format(n=paused), messages.SUCCESS)
+
+    @admin.action(permissions=["repair"], description="Cancel selected tasks…")
+    def cancel_tasks(self, request, queryset):
+        """Cancel after a confirmation page that says what will happen."""
+        from tasks.executor import task_cancel
+
+        if request.POST.get("confirm") != "yes":
+            return TemplateResponse(
+                request,
+                "admin/tasks/task/cancel_confirmation.html",
+                {
+                    **self.admin_site.each_context(request),
+                    "opts": self.opts,
+                    "title": "Cancel these tasks?",
+                    "tasks": list(queryset.order_by("pk")),
+                    "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+                },
+            )
+        cancelled = self._each(request, queryset, task_cancel, "Cancelled.")
+        if cancelled:
+            self.message_user(
+                request, MSG_CANCELLED.format(n=cancelled), messages.SUCCESS
+            )
+        return None
 
     @admin.action(permissions=["repair"], description="Branch the selected task…")
     def branch_task(self, request, queryset):

@@ -407,7 +407,7 @@ def _envelope_close(event_id: int, task_id: int, step_id: int) -> bool:
             status=Step.Status.NEEDS_REVIEW, error=data["reason"]
         )
         Task.objects.filter(pk=task_id).exclude(
-            status__in=[Task.Status.DONE, Task.Status.FAILED]
+            status__in=[Task.Status.DONE, Task.Status.FAILED, Task.Status.CANCELLED]
         ).update(status=Task.Status.NEEDS_REVIEW, updated_at=timezone.now())
         event_append(
             task_id=task_id,

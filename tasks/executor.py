@@ -58,7 +58,7 @@ from tasks.faults import (  # noqa: F401 - crash points are re-exported for test
     fault_reason,
     retry_delay,
 )
-from tasks.models import Event, LinkRole, Step, Task, TaskArtifact
+from tasks.models import TASK_OPEN, Event, LinkRole, Step, Task, TaskArtifact
 from tasks.resume import (
     ADOPT,
     CALL_AGAIN,
@@ -97,6 +97,14 @@ ERR_TASK_NOT_RUNNABLE = (
 )
 ERR_UNSAVED = "the tool ran; its output could not be saved: {reason}"
 ERR_WAITING = "waiting before attempt {attempt}: next attempt {when}"
+ERR_TASK_CANCELLED = (
+    "the task was cancelled; branch it to continue from an earlier step"
+)
+ERR_NOT_CANCELLABLE = "the task is {status}; only an unfinished task can be cancelled"
+ERR_BRANCH_NOTHING = (
+    "a branch after the last step would be a copy that changes nothing:"
+    " branch from an earlier step"
+)
 
 ACTIONS = ("adopt", "rerun", "fail", "skip")
 FINISHED = (Step.Status.DONE, Step.Status.SKIPPED)
@@ -425,6 +433,7 @@ def step(*, task_id: int, worker_id: str) -> StepOutcome | None:
     with transaction.atomic(), connection.cursor() as cursor:
         lease = _lease_take(cursor, task_id, worker_id)
         if lease is None:
+            _release_if_stopped(cursor, task_id, worker_id)
             return None
         row = _next_step(cursor, task_id)
         if row is None:
@@ -491,6 +500,32 @@ def _from_now(when) -> str:
     return f"in {seconds} s"
 
 
+def _release_if_stopped(cursor, task_id: int, worker_id: str) -> None:
+    """The step boundary of a pause or cancel: give the lease back.
+
+    A person paused or cancelled the task while this worker held it; the call
+    in flight has finished and is saved, and no further step starts.
+    """
+    cursor.execute(
+        f"UPDATE {T_TASK} SET lease_owner = '', lease_expires_at = NULL "
+        f"WHERE id = %s AND lease_owner = %s AND status IN ('paused', 'cancelled') "
+        f"RETURNING status",
+        [task_id, worker_id],
+    )
+    row = cursor.fetchone()
+    if row is not None:
+        events_append(
+            task_id=task_id,
+            entries=[
+                (
+                    Event.Kind.LEASE_RELEASED,
+                    None,
+                    {"worker": worker_id, "reason": row[0]},
+                )
+            ],
+        )
+
+
 def _start(cursor, row: _StepRow, worker_id: str, pre: list) -> None:
     """Count the attempt and log ``tool_call_started`` (caller commits it)."""
     cursor.execute(
@@ -538,12 +573,21 @@ def _close_task(
     )
     now = timezone.now()
     finished = _dt(now) if status in (Task.Status.DONE, Task.Status.FAILED) else None
+    # A person's cancel (or pause, against a mere re-queue) made while the
+    # lease was held stands: the worker's bookkeeping does not undo it.
+    kept = (
+        "('cancelled', 'paused')" if status == Task.Status.QUEUED else "('cancelled')"
+    )
     _append_held(
         cursor,
         task_id,
         worker_id,
         entries,
-        extra_set=", status = %s, finished_at = %s",
+        extra_set=(
+            f", status = CASE WHEN status IN {kept} THEN status ELSE %s END"
+            ", finished_at = CASE WHEN status = 'cancelled' THEN finished_at"
+            " ELSE %s END"
+        ),
         extra_params=(status, finished),
     )
     cursor.execute(
@@ -1129,8 +1173,14 @@ def _refuse_live_lease(task: Task, actor: str = "") -> None:
         )
 
 
-def _settle(task: Task, entries: list, *, actor: str = "") -> Task:
-    """Recompute a task's status and progress from its steps after a manual action."""
+def _settle(
+    task: Task, entries: list, *, actor: str = "", resume: bool = False
+) -> Task:
+    """Recompute a task's status and progress from its steps after a manual action.
+
+    ``resume``: the action was a person's decision, which is also the go-ahead,
+    so a paused task goes back to the worker queue instead of staying paused.
+    """
     statuses = list(Step.objects.filter(task=task).values_list("status", flat=True))
     done = sum(1 for s in statuses if s in FINISHED)
     if Step.Status.NEEDS_REVIEW in statuses:
@@ -1139,7 +1189,7 @@ def _settle(task: Task, entries: list, *, actor: str = "") -> Task:
         status = Task.Status.FAILED
     elif done == len(statuses):
         status = Task.Status.DONE
-    elif task.status == Task.Status.PAUSED:
+    elif task.status == Task.Status.PAUSED and not resume:
         status = Task.Status.PAUSED
     else:
         status = Task.Status.QUEUED
@@ -1153,7 +1203,10 @@ def _settle(task: Task, entries: list, *, actor: str = "") -> Task:
         if status == Task.Status.DONE:
             entries.append((Event.Kind.TASK_FINISHED, None, {"actor": actor}))
         elif status == Task.Status.QUEUED:
-            entries.append((Event.Kind.TASK_QUEUED, None, {"actor": actor}))
+            reason = "decision" if resume else "settled"
+            entries.append(
+                (Event.Kind.TASK_QUEUED, None, {"actor": actor, "reason": reason})
+            )
     Task.objects.filter(pk=task.pk).update(**changes)
     if entries:
         events_append(task_id=task.pk, entries=entries)
@@ -1224,11 +1277,50 @@ def task_pause(*, task: Task, actor: str = "") -> Task:
 
 
 @transaction.atomic
+def task_cancel(*, task: Task, actor: str = "") -> Task:
+    """Stop an unfinished task for good, effective at the next step boundary.
+
+    A call in flight finishes and its result is saved (its worker still holds
+    the lease); the executor then starts no further step and gives the lease
+    back. Nothing is deleted: the steps and outputs stay, and a branch can
+    continue from any finished step.
+    """
+    locked = _locked(task)
+    if locked.status not in TASK_OPEN:
+        raise ExecutorError(
+            ERR_NOT_CANCELLABLE.format(status=locked.get_status_display())
+        )
+    in_flight = bool(locked.lease_owner) and not locked.lease_expired
+    entries: list = [
+        (
+            Event.Kind.TASK_CANCELLED,
+            None,
+            {"actor": actor, "previous_status": locked.status, "in_flight": in_flight},
+        )
+    ]
+    if locked.lease_owner and not in_flight:
+        _clear_stale_lease(locked, entries, actor)
+    now = timezone.now()
+    Task.objects.filter(pk=locked.pk).update(
+        status=Task.Status.CANCELLED, updated_at=now, finished_at=now
+    )
+    events_append(task_id=locked.pk, entries=entries)
+    task.refresh_from_db()
+    return task
+
+
+def _refuse_cancelled(task: Task) -> None:
+    if task.status == Task.Status.CANCELLED:
+        raise ExecutorError(ERR_TASK_CANCELLED)
+
+
+@transaction.atomic
 def task_resume(*, task: Task, actor: str = "") -> Task:
     """Queue a paused or interrupted task for a worker; log who asked."""
     locked = _locked(task)
     if locked.status == Task.Status.DONE:
         raise ExecutorError(ERR_TASK_DONE)
+    _refuse_cancelled(locked)
     blocked = (
         Step.objects.filter(
             task=locked, status__in=[Step.Status.FAILED, Step.Status.NEEDS_REVIEW]
@@ -1264,6 +1356,7 @@ def step_retry(*, step: Step, actor: str = "") -> Step:
     (a class-3 snapshot, say) stay linked to the task as history.
     """
     task = _locked(step.task)
+    _refuse_cancelled(task)
     current = Step.objects.get(pk=step.pk)
     if current.status not in (Step.Status.FAILED, Step.Status.NEEDS_REVIEW):
         raise ExecutorError(
@@ -1297,9 +1390,7 @@ def step_retry(*, step: Step, actor: str = "") -> Step:
             },
         )
     )
-    if task.status == Task.Status.PAUSED:
-        task.status = Task.Status.QUEUED
-    _settle(task, entries, actor=actor)
+    _settle(task, entries, actor=actor, resume=True)
     step.refresh_from_db()
     return step
 
@@ -1311,6 +1402,8 @@ def task_branch(*, task: Task, after_position: int, actor: str = "") -> Task:
     steps = list(Step.objects.filter(task=source).order_by("position"))
     if not 0 <= after_position <= len(steps):
         raise ExecutorError(ERR_BRANCH_POSITION.format(total=len(steps)))
+    if after_position == len(steps):
+        raise ExecutorError(ERR_BRANCH_NOTHING)
     for s in steps[:after_position]:
         if s.status not in FINISHED:
             raise ExecutorError(
@@ -1441,10 +1534,15 @@ def _review_options(step: Step, env: Envelope) -> list[str]:
 
 @transaction.atomic
 def step_resolve(*, step: Step, action: str, actor: str = "") -> Step:
-    """Resolve a failed or uncertain step by hand: adopt, rerun, fail or skip."""
+    """Resolve a failed or uncertain step by hand: adopt, rerun, fail or skip.
+
+    The decision is also the go-ahead: a paused task is queued for the worker
+    (unless the decision leaves it failed or finished).
+    """
     if action not in ACTIONS:
         raise ExecutorError(ERR_ACTION_UNKNOWN.format(action=action))
     task = _locked(step.task)
+    _refuse_cancelled(task)
     _refuse_live_lease(task, actor)
     allowed = step_resolve_options(step)
     current = Step.objects.get(pk=step.pk)
@@ -1510,7 +1608,7 @@ def step_resolve(*, step: Step, action: str, actor: str = "") -> Step:
             (Event.Kind.STEP_RESOLVED, current.pk, note),
             (Event.Kind.STEP_SKIPPED, current.pk, {"actor": actor}),
         ]
-    _settle(task, entries, actor=actor)
+    _settle(task, entries, actor=actor, resume=True)
     step.refresh_from_db()
     return step
 

@@ -121,6 +121,12 @@ class TaskStatus(models.TextChoices):
     DONE = "done", "done"
     FAILED = "failed", "failed"
     NEEDS_REVIEW = "needs_review", "needs review"
+    # Stopped for good by a person; a branch can still continue from it.
+    CANCELLED = "cancelled", "cancelled"
+
+
+# Tasks a worker may still move or a person may still decide on.
+TASK_OPEN = ("queued", "running", "paused", "failed", "needs_review")
 
 
 class Task(models.Model):
@@ -188,6 +194,11 @@ class Task(models.Model):
         return self.status not in (self.Status.QUEUED, self.Status.RUNNING)
 
     @property
+    def is_open(self) -> bool:
+        """Not done and not cancelled: pause, cancel and decisions still apply."""
+        return self.status in TASK_OPEN
+
+    @property
     def lease_expired(self) -> bool:
         return bool(self.lease_owner) and (
             self.lease_expires_at is None or self.lease_expires_at < timezone.now()
@@ -203,6 +214,28 @@ class Task(models.Model):
 class StepQuerySet(models.QuerySet):
     def not_done(self) -> StepQuerySet:
         return self.exclude(status__in=[Step.Status.DONE, Step.Status.SKIPPED])
+
+    def needs_you(self) -> StepQuerySet:
+        """Steps waiting for a person's decision: the one "needs you" rule.
+
+        A failed or needs-review step, or a step left running (an open
+        tool-call envelope) in a task no worker will pick up by itself
+        (paused, or stopped). A cancelled task asks nothing of anyone.
+        """
+        return self.filter(needs_you_q())
+
+
+def needs_you_q(prefix: str = "") -> Q:
+    """The "needs you" condition on steps, optionally seen through a relation."""
+    return (
+        Q(**{f"{prefix}status__in": ["failed", "needs_review"]})
+        | Q(
+            **{
+                f"{prefix}status": "running",
+                f"{prefix}task__status__in": ["paused", "failed", "needs_review"],
+            }
+        )
+    ) & ~Q(**{f"{prefix}task__status": "cancelled"})
 
 
 class StepStatus(models.TextChoices):
@@ -281,6 +314,13 @@ class Step(models.Model):
                 name="tasks_step_waiting",
                 condition=Q(next_attempt_at__isnull=False),
             ),
+            # "Needs you" counts on the list pages: only the few steps that
+            # are failed, under review or left running.
+            models.Index(
+                fields=["task", "status"],
+                name="tasks_step_attention",
+                condition=Q(status__in=["running", "failed", "needs_review"]),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -354,6 +394,7 @@ class Event(models.Model):
         # A person resolved a failed or uncertain step (adopt/rerun/fail/skip).
         STEP_RESOLVED = "step_resolved"
         TASK_PAUSED = "task_paused"
+        TASK_CANCELLED = "task_cancelled"
         BRAIN_CHANGED = "brain_changed"
 
     task = models.ForeignKey(Task, on_delete=models.DB_CASCADE, related_name="events")
