@@ -41,8 +41,9 @@ logger = logging.getLogger("pippa.gc")
 # before) and PostgreSQL's 65,535 parameters, and small enough for the planner.
 BATCH = 500
 
-REASON_SHARED_TASK = "shared with task {task} in another conversation"
-REASON_SHARED_STEP = "output of a step of task {task} in another conversation"
+# Named by title (Dad knows his tasks by name, not by number).
+REASON_SHARED_TASK = "shared with task “{task}” in “{conversation}”"
+REASON_SHARED_STEP = "output of a step of task “{task}” in “{conversation}”"
 REASON_SHARED_TURN = "used by council turn {turn} in another conversation"
 REASON_DANGLING = (
     "still linked from task {task}, which no longer exists "
@@ -154,11 +155,12 @@ def _outside_keepers(
         ).values_list("artifact_id", "turn_id"):
             turn_of.setdefault(artifact_id, turn_id)
 
-    live_tasks: set[int] = set()
+    live_tasks: dict[int, tuple[str, str]] = {}
     for chunk in batched(sorted({t for _, t in task_of.values()})):
-        live_tasks.update(
-            Task.objects.filter(pk__in=chunk).values_list("pk", flat=True)
-        )
+        for pk, title, conversation in Task.objects.filter(pk__in=chunk).values_list(
+            "pk", "title", "conversation__title"
+        ):
+            live_tasks[pk] = (title, conversation)
 
     reasons: dict[int, str] = {}
     for artifact_id, turn_id in turn_of.items():
@@ -167,9 +169,15 @@ def _outside_keepers(
         if task_id not in live_tasks:
             reasons[artifact_id] = REASON_DANGLING.format(task=task_id)
         elif kind == "link":
-            reasons[artifact_id] = REASON_SHARED_TASK.format(task=task_id)
+            title, conversation = live_tasks[task_id]
+            reasons[artifact_id] = REASON_SHARED_TASK.format(
+                task=title, conversation=conversation
+            )
         else:
-            reasons[artifact_id] = REASON_SHARED_STEP.format(task=task_id)
+            title, conversation = live_tasks[task_id]
+            reasons[artifact_id] = REASON_SHARED_STEP.format(
+                task=title, conversation=conversation
+            )
     return reasons
 
 

@@ -18,15 +18,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.paginator import Page, Paginator
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import (
+    Count,
+    Exists,
+    Max,
+    Min,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+)
+from django.db.models.functions import Coalesce, Greatest
 from django.shortcuts import get_object_or_404
 
 from artifacts.models import Artifact
 from artifacts.preview import preview_status
 from artifacts.store import BlobError, default_store
 from council.models import CouncilRound
-from tasks.models import Conversation, Event, Step, Task
+from tasks.models import Conversation, Event, Step, Task, needs_you_q
 
 CONVERSATIONS_PER_PAGE = 50
 STEPS_PER_PAGE = 100
@@ -56,11 +66,33 @@ RENDER_TYPES = ("image/svg+xml", "text/html")
 # -- conversations -----------------------------------------------------------
 
 
-def conversation_list(*, user, query: str = "") -> QuerySet[Conversation]:
+def _needs_you_count(outer: str) -> Subquery:
+    """Count the steps waiting for a person under ``outer`` (a subquery, no join).
+
+    Reads only the partial index tasks_step_attention's few rows.
+    """
+    field = "task__conversation" if outer == "conversation" else "task"
+    return Coalesce(
+        Subquery(
+            Step.objects.filter(needs_you_q(), **{field: OuterRef("pk")})
+            .order_by()
+            .values(field)
+            .annotate(n=Count("pk"))
+            .values("n")[:1]
+        ),
+        0,
+    )
+
+
+def conversation_list(
+    *, user, query: str = "", needs_you: bool = False
+) -> QuerySet[Conversation]:
     """Return the conversations ``user`` may see, newest activity first.
 
     Each row carries its tasks' totals as annotations (one grouped query), so
-    the list never loads task rows one conversation at a time.
+    the list never loads task rows one conversation at a time. "Activity" is
+    the latest change of the conversation or any of its tasks. ``needs_you``
+    keeps only conversations with a step waiting for a person.
     """
     conversations = Conversation.objects.for_user(user)
     query = query.strip()
@@ -93,16 +125,37 @@ def conversation_list(*, user, query: str = "") -> QuerySet[Conversation]:
                 ),
                 0,
             ),
+            needs_you_count=_needs_you_count("conversation"),
+            activity_at=Greatest(
+                "updated_at", Coalesce(Max("tasks__updated_at"), "updated_at")
+            ),
         )
-        .order_by("-updated_at", "-pk")
+        .filter(**({"needs_you_count__gt": 0} if needs_you else {}))
+        .order_by("-activity_at", "-pk")
     )
 
 
-def conversation_page(*, user, query: str = "", page: str | int | None = 1) -> Page:
+def conversation_page(
+    *, user, query: str = "", page: str | int | None = 1, needs_you: bool = False
+) -> Page:
     paginator = Paginator(
-        conversation_list(user=user, query=query), CONVERSATIONS_PER_PAGE
+        conversation_list(user=user, query=query, needs_you=needs_you),
+        CONVERSATIONS_PER_PAGE,
     )
     return paginator.get_page(page)
+
+
+def conversations_needing_you(*, user) -> int:
+    """How many of ``user``'s conversations have a step waiting for a person."""
+    return (
+        Conversation.objects.for_user(user)
+        .filter(
+            Exists(
+                Step.objects.filter(needs_you_q(), task__conversation=OuterRef("pk"))
+            )
+        )
+        .count()
+    )
 
 
 def conversation_get_for_user(*, user, conversation_id: int) -> Conversation:
@@ -114,10 +167,15 @@ def conversation_get_for_user(*, user, conversation_id: int) -> Conversation:
 
 
 def conversation_tasks(*, conversation: Conversation) -> list[Task]:
-    """Return the conversation's tasks in order: task rows only, no steps."""
+    """Return the conversation's tasks in order, each with its "needs you" count.
+
+    Task rows only; the count is a subquery over the few steps the partial
+    index tasks_step_attention holds.
+    """
     return list(
         Task.objects.filter(conversation=conversation)
         .select_related("branched_from")
+        .annotate(needs_you_count=_needs_you_count("task"))
         .order_by("created_at", "pk")
     )
 
@@ -157,6 +215,63 @@ def step_get_for_user(*, user, task_id: int, step_id: int) -> Step:
 
 
 @dataclass
+class Attempt:
+    """One call of a step's tool, folded from the step's own events."""
+
+    number: int
+    generation: int
+    started_at: Any
+    worker: str = ""
+    ended_at: Any = None
+    # running, done, failed, interrupted (its worker stopped mid-call), reused
+    outcome: str = "running"
+    error: str = ""
+    note: str = ""  # how an interrupted call was sorted out, in words
+    bar_x: int = 0  # position on the task's time axis, out of AXIS
+    bar_w: int = 0
+
+    @property
+    def duration(self):
+        if self.started_at and self.ended_at:
+            return self.ended_at - self.started_at
+        return None
+
+
+@dataclass
+class StepNote:
+    """Something a person (or the next worker) did to a step, in words."""
+
+    at: Any
+    words: str
+    actor: str = ""
+
+
+@dataclass
+class SavedOutput:
+    """The output a step's interrupted call saved but never recorded."""
+
+    sha: str
+    size: int
+    media_type: str
+    title: str
+    preview: str = ""  # "image", "excerpt", "" (shown only as a download)
+    excerpt: str = ""
+    excerpt_truncated: bool = False
+
+
+@dataclass
+class Choice:
+    """One way forward for a step that needs a person."""
+
+    action: str  # adopt, rerun, retry, skip, fail
+    label: str
+    words: str
+    recommended: bool = False
+    confirm: bool = False  # reaches outside again: a confirmation page first
+    warning: str = ""
+
+
+@dataclass
 class StepRow:
     """One timeline row: the step and what the page shows of its output."""
 
@@ -167,14 +282,27 @@ class StepRow:
     excerpt_truncated: bool = False
     advice: Any = None  # tasks.resume.ResumeAdvice
     resolve_options: list[str] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
+    notes: list[StepNote] = field(default_factory=list)
+    saved: SavedOutput | None = None
+    choices: list[Choice] = field(default_factory=list)
+    plain_words: str = ""  # what resume will do, in Dad's words
 
     @property
     def needs_attention(self) -> bool:
         return self.step.status in ATTENTION_STEPS
 
+    @property
+    def failed_attempts(self) -> list[Attempt]:
+        return [a for a in self.attempts if a.outcome in ("failed", "interrupted")]
+
 
 def _preview_kind(artifact: Artifact) -> str:
-    media = artifact.media_type.split(";")[0].strip().lower()
+    return _media_kind(artifact.media_type)
+
+
+def _media_kind(media_type: str) -> str:
+    media = media_type.split(";")[0].strip().lower()
     if media in RASTER_TYPES:
         return "image"
     if media in RENDER_TYPES:
@@ -186,8 +314,13 @@ def _preview_kind(artifact: Artifact) -> str:
 
 def _excerpt(artifact: Artifact) -> tuple[str, bool, bool]:
     """Return (text, truncated, missing) for the head of a text artifact."""
+    return _blob_excerpt(artifact.sha256)
+
+
+def _blob_excerpt(sha: str) -> tuple[str, bool, bool]:
+    """Return (text, truncated, missing) for the head of a text blob."""
     try:
-        with default_store().open(artifact.sha256) as fh:
+        with default_store().open(sha) as fh:
             head = fh.read(EXCERPT_BYTES + 1)
     except (BlobError, OSError):
         return "", False, True
@@ -219,20 +352,79 @@ def _advise(rows: list[StepRow], task: Task) -> None:
     """Attach resume advice (and the allowed resolutions) to steps that need a person.
 
     A running step under a live lease is just running; a step whose advice is
-    to wait or run needs no decision, so it gets no card.
+    to wait or run needs no decision, so it gets no card. A cancelled task
+    asks for no decision either.
     """
+    if task.status == Task.Status.CANCELLED:
+        return
     attention = [r for r in rows if r.needs_attention][:MAX_ADVICE_PER_PAGE]
     if not attention:
         return
     from tasks.executor import step_resolve_options
-    from tasks.resume import resume_advice
+    from tasks.resume import envelope_read, resume_advice
+    from tasks.words import RULE_WORDS
 
     for row in attention:
         advice = resume_advice(row.step, task=task)
         if advice.action in NO_DECISION:
             continue
         row.advice = advice
+        row.plain_words = RULE_WORDS.get(advice.rule, "")
         row.resolve_options = list(step_resolve_options(row.step))
+        if "adopt" in row.resolve_options:
+            row.saved = saved_output(envelope_read(row.step.pk).payload)
+        row.choices = _choices(row)
+
+
+def saved_output(payload: dict | None) -> SavedOutput | None:
+    """Describe an envelope's saved payload for the "use it" choice (no artifact row yet)."""
+    if not payload or not payload.get("sha"):
+        return None
+    media = str(payload.get("media_type") or "application/octet-stream")
+    saved = SavedOutput(
+        sha=payload["sha"],
+        size=int(payload.get("size") or 0),
+        media_type=media,
+        title=str(payload.get("title") or ""),
+    )
+    kind = _media_kind(media)
+    if kind == "image":
+        saved.preview = "image"
+    elif kind == "excerpt":
+        text, saved.excerpt_truncated, missing = _blob_excerpt(saved.sha)
+        if not missing:
+            saved.preview, saved.excerpt = "excerpt", text
+    return saved
+
+
+def _choices(row: StepRow) -> list[Choice]:
+    """The ways forward for a step that needs a person, the one Pippa would take first."""
+    from tasks.resume import ADOPT, CALL_AGAIN
+    from tasks.words import CHOICES, OUTSIDE_RERUN, OUTSIDE_RETRY
+
+    step = row.step
+    wanted = {ADOPT: "adopt", CALL_AGAIN: "rerun"}.get(row.advice.action)
+    actions = list(row.resolve_options)
+    if step.status in (Step.Status.FAILED, Step.Status.NEEDS_REVIEW):
+        # Starting over is a retry (a new request); for a plain failure it
+        # replaces "run the same call again", which would say the same.
+        if "rerun" in actions and not step.side_effects:
+            actions.remove("rerun")
+        actions.insert(
+            actions.index("fail") if "fail" in actions else len(actions), "retry"
+        )
+    choices = []
+    for action in actions:
+        label, words = CHOICES[action]
+        choice = Choice(action=action, label=label, words=words)
+        if action == wanted:
+            choice.recommended = True
+        if step.side_effects and action in ("rerun", "retry"):
+            choice.confirm = True
+            choice.warning = OUTSIDE_RERUN if action == "rerun" else OUTSIDE_RETRY
+        choices.append(choice)
+    choices.sort(key=lambda c: not c.recommended)
+    return choices
 
 
 def current_step_page(*, task: Task) -> int:
@@ -255,7 +447,155 @@ def task_timeline(
         step.task = task  # the page already holds it; resume advice reads it
     rows = [_step_row(step) for step in step_page.object_list]
     _advise(rows, task)
+    _attempts(rows)
     return step_page, rows
+
+
+# Step events that tell the story of its attempts (index tasks_event_step_seq).
+ATTEMPT_KINDS = (
+    Event.Kind.TOOL_CALL_STARTED,
+    Event.Kind.TOOL_CALL_FAILED,
+    Event.Kind.TOOL_RESULT_PERSISTED,
+    Event.Kind.UNCERTAIN_RESOLVED,
+    Event.Kind.STEP_RETRIED,
+    Event.Kind.STEP_RESOLVED,
+    Event.Kind.STEP_NEEDS_REVIEW,
+    Event.Kind.STEP_SKIPPED,
+)
+
+
+def _attempts(rows: list[StepRow]) -> None:
+    """Fold each step's events into its attempts and notes: one query for the page."""
+    from tasks.words import CHOICES, RULE_WORDS, actor_words
+
+    by_id = {row.step.pk: row for row in rows}
+    if not by_id:
+        return
+    events = (
+        Event.objects.filter(step_id__in=list(by_id), kind__in=ATTEMPT_KINDS)
+        .order_by("seq")
+        .values_list("step_id", "kind", "data", "created_at")
+    )
+    for step_id, kind, data, at in events:
+        row = by_id[step_id]
+        data = data if isinstance(data, dict) else {}
+        current = row.attempts[-1] if row.attempts else None
+        open_call = current is not None and current.outcome == "running"
+        if kind == Event.Kind.TOOL_CALL_STARTED:
+            if open_call:
+                current.outcome = "interrupted"
+            row.attempts.append(
+                Attempt(
+                    number=int(data.get("attempt") or len(row.attempts) + 1),
+                    generation=int(data.get("generation") or 0),
+                    started_at=at,
+                    worker=str(data.get("worker") or ""),
+                )
+            )
+        elif kind == Event.Kind.TOOL_CALL_FAILED and open_call:
+            current.outcome, current.ended_at = "failed", at
+            current.error = str(data.get("error") or "")
+        elif kind == Event.Kind.TOOL_RESULT_PERSISTED and current is not None:
+            if current.outcome in ("running", "interrupted"):
+                current.outcome = "done" if current.outcome == "running" else "reused"
+                current.ended_at = current.ended_at or at
+        elif kind == Event.Kind.UNCERTAIN_RESOLVED and current is not None:
+            if open_call:
+                current.outcome = "interrupted"
+            rule = str(data.get("rule") or "")
+            current.note = (
+                f"{actor_words(str(data.get('worker') or ''))} found this call"
+                f" unfinished. {RULE_WORDS.get(rule, str(data.get('words') or ''))}"
+            ).strip()
+        elif kind == Event.Kind.STEP_RETRIED:
+            if open_call:
+                current.outcome = "interrupted"
+            row.notes.append(
+                StepNote(at, "started the step over as a new request", _actor(data))
+            )
+        elif kind == Event.Kind.STEP_RESOLVED:
+            if open_call:
+                current.outcome = "interrupted"
+            label = CHOICES.get(str(data.get("action")), (str(data.get("action")), ""))
+            row.notes.append(StepNote(at, f"chose “{label[0]}”", _actor(data)))
+        elif kind == Event.Kind.STEP_NEEDS_REVIEW:
+            reason = str(data.get("reason") or "")
+            row.notes.append(StepNote(at, f"set aside for a person: {reason}", ""))
+        elif kind == Event.Kind.STEP_SKIPPED:
+            row.notes.append(StepNote(at, "skipped", _actor(data)))
+
+
+def _actor(data: dict) -> str:
+    from tasks.words import actor_words
+
+    return actor_words(str(data.get("actor") or ""))
+
+
+AXIS = 1000  # width of the timeline's time axis in SVG user units
+
+
+@dataclass
+class TaskClock:
+    """Where the task's time went: its span, and the steps' bars on one axis."""
+
+    started_at: Any = None
+    ended_at: Any = None
+
+    @property
+    def elapsed(self):
+        if self.started_at and self.ended_at:
+            return self.ended_at - self.started_at
+        return None
+
+
+def task_clock(*, task: Task, rows: list[StepRow]) -> TaskClock:
+    """Return the task's elapsed time and place every attempt's bar on one axis.
+
+    The axis runs from the first call of the task to its end (or now, while it
+    runs): one aggregate query over the task's steps.
+    """
+    from django.utils import timezone
+
+    span = Step.objects.filter(task=task).aggregate(
+        first=Min("started_at"), last=Max("finished_at")
+    )
+    clock = TaskClock(started_at=span["first"])
+    if clock.started_at is None:
+        return clock
+    if task.is_idle:
+        clock.ended_at = task.finished_at or span["last"] or timezone.now()
+    else:
+        clock.ended_at = timezone.now()
+    clock.ended_at = max(clock.ended_at, clock.started_at)
+    total = (clock.ended_at - clock.started_at).total_seconds() or 1.0
+    for row in rows:
+        attempts = row.attempts
+        for i, attempt in enumerate(attempts):
+            end = attempt.ended_at
+            if end is None:
+                # An open call runs until now; an interrupted one until the next start.
+                later = attempts[i + 1].started_at if i + 1 < len(attempts) else None
+                end = later or (
+                    clock.ended_at
+                    if attempt.outcome == "running"
+                    else attempt.started_at
+                )
+            start = (attempt.started_at - clock.started_at).total_seconds()
+            length = max((end - attempt.started_at).total_seconds(), 0)
+            attempt.bar_x = max(0, min(AXIS - 2, round(AXIS * start / total)))
+            attempt.bar_w = max(
+                2, min(AXIS - attempt.bar_x, round(AXIS * length / total))
+            )
+    return clock
+
+
+@dataclass
+class EventGroup:
+    """Consecutive events of one step and attempt (or of the task itself)."""
+
+    step: Step | None
+    attempt: int | None
+    events: list[Event] = field(default_factory=list)
 
 
 @dataclass
@@ -270,6 +610,23 @@ class EventPage:
     @property
     def is_first(self) -> bool:
         return self.before is None
+
+    @property
+    def groups(self) -> list[EventGroup]:
+        """The page's events grouped by step and attempt, keeping their order."""
+        groups: list[EventGroup] = []
+        for event in self.events:
+            data = event.data if isinstance(event.data, dict) else {}
+            attempt = data.get("attempt") if event.step_id else None
+            last = groups[-1] if groups else None
+            same_step = last is not None and last.step == event.step
+            if same_step and attempt is None:
+                attempt = last.attempt
+            if not same_step or last.attempt != attempt:
+                last = EventGroup(step=event.step, attempt=attempt)
+                groups.append(last)
+            last.events.append(event)
+        return groups
 
 
 def task_events(*, task: Task, kind: str = "", before: int | None = None) -> EventPage:
@@ -291,8 +648,14 @@ def task_events(*, task: Task, kind: str = "", before: int | None = None) -> Eve
     )
 
 
-def event_kinds() -> list[str]:
-    return list(Event.Kind.values)
+def event_kinds(*, task: Task) -> list[str]:
+    """Return the kinds of event the task has, for its filter (index tasks_event_task_kind)."""
+    return sorted(
+        Event.objects.filter(task=task)
+        .order_by()
+        .values_list("kind", flat=True)
+        .distinct()
+    )
 
 
 def task_resume_context_json(*, task: Task) -> str:

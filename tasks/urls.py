@@ -19,7 +19,19 @@ urlpatterns = [
         views.task_resume_context,
         name="task_resume_context",
     ),
+    path(
+        "conversations/<int:pk>/demo/run/",
+        views.demo_live_run,
+        name="demo_live_run",
+    ),
     path("tasks/<int:pk>/resume/", views.task_resume, name="task_resume"),
+    path("tasks/<int:pk>/pause/", views.task_pause, name="task_pause"),
+    path("tasks/<int:pk>/cancel/", views.task_cancel, name="task_cancel"),
+    path(
+        "tasks/<int:pk>/steps/<int:step_id>/saved-output/",
+        views.step_saved_output,
+        name="step_saved_output",
+    ),
     path("tasks/<int:pk>/branch/", views.task_branch, name="task_branch"),
     path(
         "tasks/<int:pk>/steps/<int:step_id>/retry/",

@@ -13,8 +13,9 @@ from urllib.parse import urlencode
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render, resolve_url
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
@@ -28,6 +29,9 @@ MSG_RESOLVED = "Step {position}: {action}."
 MSG_BRANCHED = "Branched a new task that keeps steps 1–{position}."
 MSG_DELETED = "Deleted “{title}” with {summary}."
 MSG_BAD_POSITION = "Choose a step to branch from."
+MSG_PAUSED = "Paused “{title}”: it stops after the step it is on."
+MSG_CANCELLED = "Cancelled “{title}”: it stops after the step it is on."
+MSG_DEMO_STARTED = "Started a fresh demo task: watch it advance."
 # DeletionReport.removed_counts() keys, in words Dad knows: (one, many).
 COUNT_LABELS = {
     "conversations": ("conversation", "conversations"),
@@ -40,10 +44,10 @@ COUNT_LABELS = {
     "artifacts": ("artifact", "artifacts"),
 }
 RESOLVE_LABELS = {
-    "adopt": "adopted the saved output",
-    "rerun": "will run again",
+    "adopt": "the saved output is used; the task goes on by itself",
+    "rerun": "the same call runs again; the task goes on by itself",
     "fail": "marked failed",
-    "skip": "skipped",
+    "skip": "skipped; the task goes on by itself",
 }
 
 
@@ -90,13 +94,23 @@ def _int_or_none(value: str | None) -> int | None:
 @dashboard_login_required
 def conversation_list(request: HttpRequest) -> HttpResponse:
     query = request.GET.get("q", "")[:200]
+    needs_you = request.GET.get("needs") == "you"
     page = selectors.conversation_page(
-        user=request.user, query=query, page=request.GET.get("page")
+        user=request.user,
+        query=query,
+        page=request.GET.get("page"),
+        needs_you=needs_you,
     )
     template = "tasks/conversation_list.html"
     if request.htmx and request.htmx.target == "conversation-results":
         template += "#results"
-    return render(request, template, {"page": page, "query": query})
+    context = {
+        "page": page,
+        "query": query,
+        "needs_you": needs_you,
+        "needing_you": selectors.conversations_needing_you(user=request.user),
+    }
+    return render(request, template, context)
 
 
 @require_GET
@@ -105,12 +119,43 @@ def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     conversation = selectors.conversation_get_for_user(
         user=request.user, conversation_id=pk
     )
+    tasks = selectors.conversation_tasks(conversation=conversation)
     context = {
         "conversation": conversation,
-        "tasks": selectors.conversation_tasks(conversation=conversation),
+        "tasks": tasks,
         "rounds": selectors.conversation_rounds(conversation=conversation),
+        # "Updated" follows the tasks' activity, not only the title's.
+        "activity_at": max([conversation.updated_at, *(t.updated_at for t in tasks)]),
+        "needs_you": sum(t.needs_you_count for t in tasks),
+        "demo_live": _demo_live_offer(conversation, tasks),
     }
     return render(request, "tasks/conversation_detail.html", context)
+
+
+def _demo_live_offer(conversation, tasks: list[Task]) -> bool:
+    """Offer "Run the demo task" in the demo's live conversation once nothing moves."""
+    from tasks.demo import LIVE_CONVERSATION
+
+    if conversation.title != LIVE_CONVERSATION:
+        return False
+    return not any(t.status in (Task.Status.QUEUED, Task.Status.RUNNING) for t in tasks)
+
+
+@require_POST
+@dashboard_login_required
+def demo_live_run(request: HttpRequest, pk: int) -> HttpResponse:
+    """Start a fresh live demo task in the demo's live conversation."""
+    from tasks.demo import live_task_start
+
+    conversation = selectors.conversation_get_for_user(
+        user=request.user, conversation_id=pk
+    )
+    tasks = selectors.conversation_tasks(conversation=conversation)
+    if not _demo_live_offer(conversation, tasks):
+        raise Http404("no demo task to start here")
+    task = live_task_start(conversation=conversation)
+    messages.success(request, MSG_DEMO_STARTED)
+    return redirect(task)
 
 
 @require_http_methods(["GET", "POST"])
@@ -143,18 +188,27 @@ def conversation_delete(request: HttpRequest, pk: int) -> HttpResponse:
 def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpResponse:
     context: dict = {"task": task, "follow": "page" not in request.GET}
     if fragment != "events":
-        context["step_page"], context["rows"] = selectors.task_timeline(
+        step_page, rows = selectors.task_timeline(
             task=task, page=request.GET.get("page")
         )
+        context["step_page"], context["rows"] = step_page, rows
+        context["clock"] = selectors.task_clock(task=task, rows=rows)
+        context["decisions"] = [row for row in rows if row.advice]
     if fragment != "timeline":
         context["events"] = selectors.task_events(
             task=task,
             kind=request.GET.get("kind", "")[:40],
             before=_int_or_none(request.GET.get("before")),
         )
-        context["event_kinds"] = selectors.event_kinds()
+        context["event_kinds"] = selectors.event_kinds(task=task)
     template = "tasks/task_detail.html" + (f"#{fragment}" if fragment else "")
     return render(request, template, context)
+
+
+def _unchanged_since(request: HttpRequest, task: Task) -> bool:
+    """A live poll carries the last event seq it showed: nothing new, nothing to send."""
+    since = _int_or_none(request.GET.get("since"))
+    return since is not None and since == task.last_seq
 
 
 @require_GET
@@ -162,6 +216,10 @@ def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpRe
 def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
     task = selectors.task_get_for_user(user=request.user, task_id=pk)
     target = request.htmx.target if request.htmx else None
+    if request.htmx and _unchanged_since(request, task):
+        # htmx swaps nothing on 204: scroll positions, open folds and
+        # messages on the page stay as they are, and the poll costs one row.
+        return HttpResponse(status=204)
     return _task_page(request, task, target if target in FRAGMENTS else None)
 
 
@@ -177,12 +235,68 @@ def task_resume_context(request: HttpRequest, pk: int) -> HttpResponse:
     return HttpResponse(document, content_type="application/json")
 
 
+@require_GET
+@dashboard_login_required
+def step_saved_output(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
+    """Serve the output an interrupted call saved, so Dad sees what "use it" adopts.
+
+    Only the step's own envelope names the blob (no artifact row exists yet).
+    Never rendered inline unless it is a raster image; always sandboxed.
+    """
+    from artifacts.store import BlobError, default_store
+    from tasks.resume import envelope_read
+
+    step = selectors.step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
+    saved = selectors.saved_output(envelope_read(step.pk).payload)
+    if saved is None:
+        raise Http404("this step has no saved output waiting")
+    try:
+        handle = default_store().open(saved.sha)
+    except (BlobError, OSError) as exc:
+        raise Http404("the saved output is gone") from exc
+    inline = saved.preview == "image"
+    if saved.preview == "excerpt":
+        content_type = "text/plain; charset=utf-8"
+    elif inline:
+        content_type = saved.media_type
+    else:
+        content_type = "application/octet-stream"
+    response = FileResponse(
+        handle,
+        content_type=content_type,
+        as_attachment=not inline and saved.preview != "excerpt",
+        filename=f"step-{step.position}-saved-output",
+    )
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Content-Security-Policy"] = "default-src 'none'; sandbox"
+    return response
+
+
 def _after_action(request: HttpRequest, task: Task) -> HttpResponse:
-    """Re-render the live timeline for htmx, else redirect to the task page."""
+    """Re-render the live timeline for htmx, else redirect to the task page.
+
+    The action's message goes out of band to the page's message region
+    (``flash_messages``), which the live poll never replaces.
+    """
+    if not request.htmx:
+        return redirect(task)
+    task.refresh_from_db()
+    return _task_page(request, task, "timeline")
+
+
+def _confirm(request: HttpRequest, task: Task, context: dict) -> HttpResponse:
+    """A page that says what an action will do before it is done."""
+    return render(request, "tasks/confirm.html", {"task": task, **context})
+
+
+def _confirmed(request: HttpRequest) -> bool:
+    return request.POST.get("confirm") == "yes"
+
+
+def _to_confirmation(request: HttpRequest, url: str) -> HttpResponse:
     if request.htmx:
-        task.refresh_from_db()
-        return _task_page(request, task, "timeline")
-    return redirect(task)
+        return HttpResponseClientRedirect(url)
+    return redirect(url)
 
 
 @require_POST
@@ -201,10 +315,93 @@ def task_resume(request: HttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 @dashboard_login_required
+def task_pause(request: HttpRequest, pk: int) -> HttpResponse:
+    from tasks.executor import ExecutorError, task_pause
+
+    task = selectors.task_get_for_user(user=request.user, task_id=pk)
+    try:
+        task_pause(task=task, actor=_actor(request))
+        messages.success(request, MSG_PAUSED.format(title=task.title))
+    except ExecutorError as exc:
+        messages.error(request, str(exc))
+    return _after_action(request, task)
+
+
+@require_http_methods(["GET", "POST"])
+@dashboard_login_required
+def task_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    from tasks.executor import ExecutorError, task_cancel
+
+    task = selectors.task_get_for_user(user=request.user, task_id=pk)
+    if request.method == "POST" and _confirmed(request):
+        try:
+            task_cancel(task=task, actor=_actor(request))
+            messages.success(request, MSG_CANCELLED.format(title=task.title))
+        except ExecutorError as exc:
+            messages.error(request, str(exc))
+        return redirect(task)
+    if request.method == "POST":
+        return _to_confirmation(request, reverse("tasks:task_cancel", args=[task.pk]))
+    running = not task.is_idle and task.lease_owner and not task.lease_expired
+    return _confirm(
+        request,
+        task,
+        {
+            "heading": f"Cancel “{task.title}”?",
+            "happens": [
+                "The step running now finishes and its output is saved; no further step starts."
+                if running
+                else "No further step starts.",
+                f"The {task.steps_total - task.steps_done} step(s) not yet done are left as they are.",
+                "Nothing is deleted: finished steps and their outputs stay.",
+                "A cancelled task cannot be resumed. To go on later, branch it from a finished step.",
+            ],
+            "action": reverse("tasks:task_cancel", args=[task.pk]),
+            "button": "Yes, cancel the task",
+            "danger": True,
+            "refused": ""
+            if task.is_open
+            else f"This task is {task.get_status_display()}: there is nothing to cancel.",
+        },
+    )
+
+
+def _step_confirm_context(step, action: str) -> dict:
+    from tasks.words import CHOICES, OUTSIDE_RERUN, OUTSIDE_RETRY
+
+    label, words = CHOICES[action]
+    happens = [words]
+    warning = ""
+    if step.side_effects and action in ("rerun", "retry"):
+        happens.insert(
+            0,
+            f"“{step.title}” acts outside Pippa ({step.tool}): doing it again may "
+            "reach the outside world a second time.",
+        )
+        warning = OUTSIDE_RERUN if action == "rerun" else OUTSIDE_RETRY
+    happens.append("After that the task goes back to the worker by itself.")
+    return {
+        "heading": f"{label}: step {step.position}, “{step.title}”?",
+        "happens": happens,
+        "warning": warning,
+        "button": f"Yes, {label[0].lower()}{label[1:]}",
+        "danger": bool(warning),
+    }
+
+
+@require_http_methods(["GET", "POST"])
+@dashboard_login_required
 def step_retry(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
     from tasks.executor import ExecutorError, step_retry
 
     step = selectors.step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
+    url = reverse("tasks:step_retry", args=[pk, step.pk])
+    if request.method == "GET":
+        return _confirm(
+            request, step.task, {**_step_confirm_context(step, "retry"), "action": url}
+        )
+    if step.side_effects and not _confirmed(request):
+        return _to_confirmation(request, url)
     try:
         step_retry(step=step, actor=_actor(request))
         messages.success(request, MSG_RETRIED.format(position=step.position))
@@ -213,13 +410,29 @@ def step_retry(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
     return _after_action(request, step.task)
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @dashboard_login_required
 def step_resolve(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
-    from tasks.executor import ExecutorError, step_resolve
+    from tasks.executor import ACTIONS, ExecutorError, step_resolve
 
     step = selectors.step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
+    url = reverse("tasks:step_resolve", args=[pk, step.pk])
+    if request.method == "GET":
+        action = request.GET.get("action", "")
+        if action not in ACTIONS:
+            raise Http404("no such choice")
+        return _confirm(
+            request,
+            step.task,
+            {
+                **_step_confirm_context(step, action),
+                "action": url,
+                "fields": {"action": action},
+            },
+        )
     action = request.POST.get("action", "")
+    if action == "rerun" and step.side_effects and not _confirmed(request):
+        return _to_confirmation(request, f"{url}?{urlencode({'action': action})}")
     try:
         step_resolve(step=step, action=action, actor=_actor(request))
         label = RESOLVE_LABELS.get(action, action)
@@ -231,16 +444,24 @@ def step_resolve(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
     return _after_action(request, step.task)
 
 
-@require_POST
+@require_http_methods(["GET", "POST"])
 @dashboard_login_required
 def task_branch(request: HttpRequest, pk: int) -> HttpResponse:
     from tasks.executor import ExecutorError, task_branch
 
     task = selectors.task_get_for_user(user=request.user, task_id=pk)
-    position = _int_or_none(request.POST.get("after_position"))
+    source = request.POST if request.method == "POST" else request.GET
+    position = _int_or_none(source.get("after_position"))
     if position is None:
         messages.error(request, MSG_BAD_POSITION)
         return redirect(task)
+    url = reverse("tasks:task_branch", args=[task.pk])
+    if request.method == "GET":
+        return _confirm(request, task, _branch_confirm_context(task, position, url))
+    if not _confirmed(request):
+        return _to_confirmation(
+            request, f"{url}?{urlencode({'after_position': position})}"
+        )
     try:
         branch = task_branch(task=task, after_position=position, actor=_actor(request))
     except ExecutorError as exc:
@@ -248,3 +469,41 @@ def task_branch(request: HttpRequest, pk: int) -> HttpResponse:
         return redirect(task)
     messages.success(request, MSG_BRANCHED.format(position=position))
     return redirect(branch)
+
+
+def _branch_confirm_context(task: Task, position: int, url: str) -> dict:
+    from tasks.models import Step
+
+    steps = list(
+        Step.objects.filter(task=task)
+        .order_by("position")
+        .values("position", "title", "side_effects")[: selectors.STEPS_PER_PAGE * 2]
+    )
+    again = [s for s in steps if s["position"] > position]
+    outside = [s for s in again if s["side_effects"]]
+    happens = [
+        f"A new task starts in this conversation. It keeps steps 1–{position} "
+        "with their outputs (nothing is called again for them)."
+        if position
+        else "A new task starts in this conversation and runs the whole plan again.",
+        f"It runs {len(again)} step(s) again: "
+        + ", ".join(f"{s['position']}. {s['title']}" for s in again[:8])
+        + ("…" if len(again) > 8 else ""),
+        "This task is not changed.",
+    ]
+    warning = ""
+    if outside:
+        warning = (
+            "These steps act outside Pippa and will do so again in the new task: "
+            + ", ".join(f"{s['position']}. {s['title']}" for s in outside)
+            + "."
+        )
+    return {
+        "heading": f"Branch “{task.title}” after step {position}?",
+        "happens": happens,
+        "warning": warning,
+        "action": url,
+        "fields": {"after_position": position},
+        "button": f"Yes, branch after step {position}",
+        "danger": bool(warning),
+    }

@@ -1,0 +1,74 @@
+"""The demo's shared pieces: the live task Dad watches advance.
+
+``pippa_demo`` loads the demo; the dashboard's "Run the demo task" button
+(and a second ``pippa_demo`` run) start a fresh live task here once the last
+one has finished, so there is always something moving when Dad looks.
+"""
+
+from __future__ import annotations
+
+LIVE_CONVERSATION = "PIPA: watch a task advance"
+LIVE_TASK_TITLE = "Chart PIPA slowly (a worker advances this live)"
+LIVE_PAUSE = 12  # seconds per step of the live demo task
+LIVE_QUERIES = ("second mill", "PIPA dividend", "PIPA guidance", "mill outage")
+
+
+def four_steps(pause: float = 0) -> list[dict]:
+    extra = {"pause": pause} if pause else {}
+    return [
+        {
+            "title": "Draw a title card",
+            "tool": "demo.image",
+            "args": {"text": "PIPA, first half of 2024", **extra},
+        },
+        {
+            "title": "Fetch unadjusted daily closes",
+            "tool": "demo.closes",
+            "args": {
+                "symbol": "PIPA",
+                "start": "2024-01-02",
+                "end": "2024-06-28",
+                **extra,
+            },
+        },
+        {
+            "title": "Search the news",
+            "tool": "demo.search",
+            "args": {"query": "PIPA dividend mill", **extra},
+        },
+        {
+            "title": "Chart the closes",
+            "tool": "demo.chart",
+            "args": {"source": 2, "title": "PIPA daily closes, H1 2024", **extra},
+        },
+    ]
+
+
+def live_steps() -> list[dict]:
+    # Slow enough (about two minutes) that someone who just ran `make run`
+    # and logged in still finds it moving.
+    return four_steps(pause=LIVE_PAUSE) + [
+        {
+            "title": f"Search again: {query}",
+            "tool": "demo.search",
+            "args": {"query": query, "pause": LIVE_PAUSE},
+        }
+        for query in LIVE_QUERIES
+    ]
+
+
+def live_task_start(*, conversation):
+    """Queue a fresh live demo task in ``conversation`` for the worker."""
+    from tasks.plan import task_create
+
+    return task_create(
+        conversation=conversation, title=LIVE_TASK_TITLE, steps=live_steps()
+    )
+
+
+def live_task_running(conversation) -> bool:
+    from tasks.models import Task
+
+    return conversation.tasks.filter(
+        status__in=[Task.Status.QUEUED, Task.Status.RUNNING]
+    ).exists()

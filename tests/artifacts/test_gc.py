@@ -51,7 +51,7 @@ def test_gc_plan_keeps_a_whole_cycle_when_one_member_is_linked(
     assert plan.remove == []
     assert {r.id: r.reason for r in plan.keep} == {
         a.pk: f"named as a source by artifact {c.pk}",
-        b.pk: f"shared with task {task.pk} in another conversation",
+        b.pk: f"shared with task “{task.title}” in “{task.conversation.title}”",
         c.pk: f"named as a source by artifact {b.pk}",
     }
 

@@ -122,7 +122,10 @@ def test_an_artifact_shared_with_another_conversation_is_kept_with_the_reason(
         report = conversation_delete(conversation_id=conversation.pk)
 
     assert [(r.title, r.reason) for r in report.kept_artifacts] == [
-        ("daily closes", f"shared with task {elsewhere.pk} in another conversation")
+        (
+            "daily closes",
+            f"shared with task “{elsewhere.title}” in “{elsewhere.conversation.title}”",
+        )
     ]
     assert Artifact.objects.filter(pk=artifacts["closes"].pk).exists()
     assert blob_store.verify(artifacts["closes"].sha256)
@@ -155,7 +158,7 @@ def test_a_step_output_or_turn_in_another_conversation_keeps_the_artifact(
 
     reasons = {r.title: r.reason for r in report.kept_artifacts}
     assert reasons == {
-        "chart": f"output of a step of task {task.pk} in another conversation",
+        "chart": f"output of a step of task “adopts the chart” in “{other.title}”",
         "widget preview": f"used by council turn {turn.pk} in another conversation",
         # The survivors keep their sources, down the lineage.
         "daily closes": REASON_SOURCE.format(artifact=artifacts["chart"].pk),

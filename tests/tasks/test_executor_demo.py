@@ -9,7 +9,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
-from tasks.management.commands.pippa_demo import LIVE_PAUSE
+from tasks.demo import LIVE_PAUSE
 from tasks.models import Conversation, Event, Step, Task
 from tasks.resume import resume_advice
 

@@ -92,33 +92,50 @@ def test_a_failed_step_says_what_happened_and_offers_retry_and_resolutions(
     task = _failed_search_task(conversation)
     assert task.status == Task.Status.FAILED
     body = dad_client.get(task.get_absolute_url()).content.decode()
-    assert "Step 2 needs a decision: Search the news" in body
-    assert "the step failed after 1 of 1 attempts" in body
+    assert "Step 2 needs you: Search the news" in body
+    assert "the step failed after 1 of 1 attempt." in body
     assert "simulated outage" in body
-    assert "failed after 1 attempt(s): retry it to run again" in body
-    assert "Retry step 2" in body
+    assert "It failed every attempt it was allowed." in body
+    assert ">Start this step over</button>" in body
     assert 'name="action" value="skip"' in body
+    # One way forward: the decision card, and no second Resume button.
+    assert 'id="resume-button"' not in body
 
 
 @pytest.mark.parametrize(
-    ("tool", "boundary", "words"),
+    ("tool", "boundary", "plain", "engineer"),
     [
-        ("demo.search", "after_payload", "will reuse the saved search snapshot"),
-        ("demo.closes", "after_started", "will fetch again"),
-        ("demo.notify", "after_started", "needs you: the tool has outside effects"),
+        (
+            "demo.search",
+            "after_payload",
+            "The answer it got was saved: Pippa will use that saved answer",
+            "will reuse the saved search snapshot",
+        ),
+        (
+            "demo.closes",
+            "after_started",
+            "Fetching the same data again is safe: Pippa will fetch it again.",
+            "will fetch again",
+        ),
+        (
+            "demo.notify",
+            "after_started",
+            "This step acts outside Pippa (it sends or writes something).",
+            "needs you: the tool has outside effects",
+        ),
     ],
 )
 def test_an_uncertain_step_says_in_plain_words_what_resume_will_do(
-    dad_client, conversation, tool, boundary, words
+    dad_client, conversation, tool, boundary, plain, engineer
 ):
     task = _crashed(conversation, tool, boundary)
     body = dad_client.get(task.get_absolute_url()).content.decode()
-    assert (
-        "its tool call was logged as started, but its result was never recorded" in body
-    )
+    assert "the call was made, but its result was never recorded" in body
     assert '<span class="badge status-needs_review">interrupted</span>' in body
-    assert f"<strong>What resume will do:</strong> {words}" in body
-    assert "expired" in body
+    assert f"<strong>What Pippa would do by itself:</strong> {plain}" in body
+    fold = body[body.index("Details for an engineer") :]
+    assert f": {engineer}." in fold
+    assert "The worker stopped answering" in body
 
 
 def test_a_step_running_under_a_live_lease_asks_for_no_decision(
@@ -129,8 +146,8 @@ def test_a_step_running_under_a_live_lease_asks_for_no_decision(
         lease_expires_at=timezone.now() + timezone.timedelta(minutes=1)
     )
     body = dad_client.get(task.get_absolute_url()).content.decode()
-    assert "needs a decision" not in body
-    assert "held by <code>worker:test-1</code>" in body
+    assert "needs you" not in body
+    assert "Lease held by <code>worker:test-1</code>" in body
 
 
 def test_the_resume_context_opens_as_a_fragment_and_as_json(dad_client, conversation):
@@ -175,9 +192,13 @@ def test_retry_from_htmx_returns_the_live_timeline_fragment(dad_client, conversa
     )
     body = response.content.decode()
     assert response.status_code == 200
-    assert body.lstrip().startswith('<section id="timeline"')
-    assert "Step 2 will run again." in body
-    assert 'hx-trigger="every 2s"' in body  # queued again, so it polls
+    # The message goes out of band to the flash region, which polls never replace.
+    assert body.lstrip().startswith('<div id="task-flash"')
+    flash, timeline = body.split('<section id="timeline"', 1)
+    assert 'hx-swap-oob="true"' in flash
+    assert "Step 2 will run again." in flash
+    assert "<html" not in body
+    assert 'hx-trigger="every 2s"' in timeline  # queued again, so it polls
 
 
 def test_retrying_a_done_step_is_refused_with_the_executors_reason(
@@ -228,7 +249,7 @@ def test_resolving_a_failed_step_by_skipping_it_lets_the_task_finish(
     response = dad_client.post(
         _actions(task, failed)["resolve"], {"action": "skip"}, follow=True
     )
-    assert "Step 2: skipped." in response.content.decode()
+    assert "Step 2: skipped; the task goes on by itself." in response.content.decode()
     failed.refresh_from_db()
     assert failed.status == Step.Status.SKIPPED
 
@@ -247,11 +268,17 @@ def test_an_action_the_class_rules_forbid_is_refused_with_a_message(
     assert failed.status == Step.Status.FAILED
 
 
-def test_branch_from_a_done_step_opens_the_new_task(dad_client, conversation):
+def test_branch_asks_for_confirmation_then_opens_the_new_task(dad_client, conversation):
     task = _failed_search_task(conversation)
-    response = dad_client.post(
-        _actions(task, task.steps.get(position=1))["branch"], {"after_position": 1}
-    )
+    url = _actions(task, task.steps.get(position=1))["branch"]
+    confirm = dad_client.get(url, {"after_position": 1}).content.decode()
+    assert "Branch “Search then chart” after step 1?" in confirm
+    assert "It runs 1 step(s) again: 2. Search the news" in confirm
+    unconfirmed = dad_client.post(url, {"after_position": 1})
+    assert unconfirmed.status_code == 302
+    assert unconfirmed["Location"] == f"{url}?after_position=1"
+    assert Task.objects.count() == 1
+    response = dad_client.post(url, {"after_position": 1, "confirm": "yes"})
     branch = Task.objects.exclude(pk=task.pk).get()
     assert response.status_code == 302
     assert response["Location"] == branch.get_absolute_url()
@@ -311,11 +338,25 @@ def test_every_action_refuses_a_forged_post_without_a_csrf_token(user, conversat
     assert Task.objects.count() == 1
 
 
-def test_the_actions_refuse_get(dad_client, conversation):
+def test_resume_refuses_get_and_the_other_actions_only_show_what_they_would_do(
+    dad_client, conversation
+):
     task = _failed_search_task(conversation)
     urls = _actions(task, task.steps.get(position=2))
-    for name in ("resume", "branch", "retry", "resolve"):
-        assert dad_client.get(urls[name]).status_code == 405, name
+    assert dad_client.get(urls["resume"]).status_code == 405
+    for name, query in (
+        ("branch", {"after_position": 1}),
+        ("retry", {}),
+        ("resolve", {"action": "skip"}),
+    ):
+        page = dad_client.get(urls[name], query)
+        assert page.status_code == 200, name
+        assert "What will happen" in page.content.decode()
+    assert dad_client.get(urls["resolve"], {"action": "nonsense"}).status_code == 404
+    task.refresh_from_db()
+    assert task.status == Task.Status.FAILED
+    assert Task.objects.count() == 1
+    assert task.steps.get(position=2).generation == 0
 
 
 def test_staff_may_retry_anyones_step_and_are_named_in_the_event(
@@ -333,7 +374,22 @@ def test_an_uncertain_step_with_outside_effects_warns_before_running_it_again(
     dad_client, conversation
 ):
     task = _crashed(conversation, "demo.notify", "after_started")
+    notify = task.steps.get()
     body = dad_client.get(task.get_absolute_url()).content.decode()
-    assert "This tool acts outside Pippa" in body
-    assert 'value="rerun"' in body
-    assert "Run the same call again" in body
+    resolve = _actions(task, notify)["resolve"]
+    # Sending again is a link to a confirmation page, never a one-click button.
+    assert f'href="{resolve}?action=rerun">Run the same call again…</a>' in body
+    assert 'value="rerun"' not in body
+    assert "not every service does" in body
+    confirm = dad_client.get(resolve, {"action": "rerun"}).content.decode()
+    assert "acts outside Pippa (demo.notify)" in confirm
+    assert "Careful:" in confirm
+    unconfirmed = dad_client.post(resolve, {"action": "rerun"})
+    assert unconfirmed["Location"] == f"{resolve}?action=rerun"
+    notify.refresh_from_db()
+    assert notify.status == Step.Status.RUNNING
+    dad_client.post(resolve, {"action": "rerun", "confirm": "yes"})
+    notify.refresh_from_db()
+    assert notify.status == Step.Status.PENDING
+    task.refresh_from_db()
+    assert task.status == Task.Status.QUEUED

@@ -17,6 +17,12 @@ from django.contrib.auth import get_user_model
 from django.core.management import BaseCommand
 from django.utils import timezone
 
+from tasks.demo import (
+    LIVE_CONVERSATION,
+    four_steps,
+    live_task_running,
+    live_task_start,
+)
 from tasks.executor import (
     SimulatedCrash,
     crashpoint_configure,
@@ -32,37 +38,6 @@ from tasks.tools import tools_load
 DEMO_USER = "dad"
 DEFAULT_PASSWORD = "dad-demo-password"
 LOADER = "worker:demo-loader"
-
-
-def four_steps(pause: float = 0) -> list[dict]:
-    extra = {"pause": pause} if pause else {}
-    return [
-        {
-            "title": "Draw a title card",
-            "tool": "demo.image",
-            "args": {"text": "PIPA, first half of 2024", **extra},
-        },
-        {
-            "title": "Fetch unadjusted daily closes",
-            "tool": "demo.closes",
-            "args": {
-                "symbol": "PIPA",
-                "start": "2024-01-02",
-                "end": "2024-06-28",
-                **extra,
-            },
-        },
-        {
-            "title": "Search the news",
-            "tool": "demo.search",
-            "args": {"query": "PIPA dividend mill", **extra},
-        },
-        {
-            "title": "Chart the closes",
-            "tool": "demo.chart",
-            "args": {"source": 2, "title": "PIPA daily closes, H1 2024", **extra},
-        },
-    ]
 
 
 # (task title, crash point "<boundary>:<n-th step>", plan)
@@ -126,9 +101,6 @@ def interrupt(task: Task, point: str) -> None:
     task_pause(task=task, actor="demo")
 
 
-LIVE_PAUSE = 12  # seconds per step of the live demo task
-
-
 class Command(BaseCommand):
     help = "Create the demo user 'dad' and demo conversations (idempotent)."
 
@@ -154,9 +126,14 @@ class Command(BaseCommand):
             ("PIPA: interrupted at each boundary", self.interrupted),
             ("PIPA: a retried search", self.retried),
             ("PIPA: a branched task", self.branched),
-            ("PIPA: watch a task advance", self.live),
+            (LIVE_CONVERSATION, self.live),
         ]:
-            if Conversation.objects.filter(owner=dad, title=title).exists():
+            existing = Conversation.objects.filter(owner=dad, title=title).first()
+            if existing is not None:
+                if title == LIVE_CONVERSATION and not live_task_running(existing):
+                    # The last live task finished: start a fresh one to watch.
+                    live_task_start(conversation=existing)
+                    made.append(f"{title} (a fresh live task)")
                 continue
             conversation = Conversation.objects.create(owner=dad, title=title)
             build(conversation)
@@ -214,24 +191,4 @@ class Command(BaseCommand):
         run_until_stopped(branch)
 
     def live(self, conversation: Conversation) -> None:
-        # Slow enough (about two minutes) that someone who just ran `make run`
-        # and logged in still finds it moving.
-        steps = four_steps(pause=LIVE_PAUSE)
-        steps += [
-            {
-                "title": f"Search again: {query}",
-                "tool": "demo.search",
-                "args": {"query": query, "pause": LIVE_PAUSE},
-            }
-            for query in (
-                "second mill",
-                "PIPA dividend",
-                "PIPA guidance",
-                "mill outage",
-            )
-        ]
-        task_create(
-            conversation=conversation,
-            title="Chart PIPA slowly (a worker advances this live)",
-            steps=steps,
-        )
+        live_task_start(conversation=conversation)

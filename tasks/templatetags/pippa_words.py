@@ -1,0 +1,74 @@
+"""Dad's words in templates: class legend, event kinds, actors, folded JSON."""
+
+from __future__ import annotations
+
+import json
+
+from django import template
+
+from tasks import words
+
+register = template.Library()
+
+MAX_SUMMARY_CHARS = 90
+
+
+@register.filter
+def class_word(value: int) -> str:
+    """Return "file", "fetch", "snapshot" or "render" for an artifact class."""
+    try:
+        return words.CLASS_LEGEND[int(value)][0]
+    except (KeyError, TypeError, ValueError):
+        return str(value)
+
+
+@register.filter
+def class_meaning(value: int) -> str:
+    """Return the legend line of an artifact class, for a badge's title."""
+    try:
+        return words.CLASS_LEGEND[int(value)][1]
+    except (KeyError, TypeError, ValueError):
+        return ""
+
+
+@register.simple_tag
+def class_legend() -> list[tuple[int, str, str]]:
+    return [
+        (int(k), word, meaning) for k, (word, meaning) in words.CLASS_LEGEND.items()
+    ]
+
+
+@register.filter
+def event_words(kind: str) -> str:
+    return words.EVENT_WORDS.get(str(kind), str(kind).replace("_", " "))
+
+
+@register.filter
+def actor_words(actor: str) -> str:
+    return words.actor_words(str(actor or ""))
+
+
+@register.filter
+def json_summary(value: object) -> str:
+    """Return event data as one short line (the fold's summary)."""
+    text = json.dumps(value, default=str, separators=(", ", ": "))
+    if len(text) > MAX_SUMMARY_CHARS:
+        return text[: MAX_SUMMARY_CHARS - 1] + "…"
+    return text
+
+
+@register.filter
+def json_long(value: object) -> bool:
+    return (
+        len(json.dumps(value, default=str, separators=(", ", ": "))) > MAX_SUMMARY_CHARS
+    )
+
+
+@register.filter
+def pretty_json(value: object) -> str:
+    return json.dumps(value, default=str, indent=2, ensure_ascii=False)
+
+
+@register.filter
+def attempt_words(outcome: str) -> str:
+    return words.ATTEMPT_WORDS.get(str(outcome), str(outcome))

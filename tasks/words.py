@@ -1,0 +1,151 @@
+"""Dad's words for the engineer's: the one place the dashboard (and the admin) take them from.
+
+The engineer's terms (rule names, event kinds, "lease", "sha") stay in the
+data and in the pages' "details" folds; what a person reads first comes from
+here, so a wording is changed once.
+"""
+
+from __future__ import annotations
+
+from artifacts.models import ArtifactClass
+
+# The class badges, in one line each (the task page's legend and badge titles).
+CLASS_LEGEND = {
+    ArtifactClass.FILE: ("file", "a file Pippa made: reused if it is still there"),
+    ArtifactClass.FETCH: ("fetch", "data that can be fetched again safely"),
+    ArtifactClass.SNAPSHOT: (
+        "snapshot",
+        "a one-time answer (a search, a live price): never fetched again",
+    ),
+    ArtifactClass.RENDER: (
+        "render",
+        "a picture drawn from other results: drawn again from them if needed",
+    ),
+}
+
+# What resume will do with an unfinished step, by the rule tasks.resume applies.
+RULE_WORDS = {
+    "side_effects_review": (
+        "This step acts outside Pippa (it sends or writes something). Pippa cannot"
+        " tell whether it went out, so it will not do it again without you."
+    ),
+    "class1_reuse_file": "The file it made is still there and unchanged: Pippa will use it.",
+    "class1_regenerate_missing": (
+        "The file it made is gone or was changed: Pippa will make it again."
+    ),
+    "class1_regenerate_unsaved": (
+        "The file was never recorded: Pippa will make it again."
+    ),
+    "class2_fetch_again": (
+        "Fetching the same data again is safe: Pippa will fetch it again."
+    ),
+    "class3_adopt_snapshot": (
+        "The answer it got was saved: Pippa will use that saved answer"
+        " (a one-time answer is never fetched again)."
+    ),
+    "class3_snapshot_lost": (
+        "The saved answer is missing or damaged, and a one-time answer is never"
+        " fetched twice: you decide."
+    ),
+    "class3_issue_again_unshown": (
+        "Its answer was never saved or shown to anyone, so Pippa will ask again."
+    ),
+    "class4_reuse_render": "The picture it drew was saved intact: Pippa will use it.",
+    "class4_rerender": (
+        "Pippa will draw it again from the same results (they are all still there)."
+    ),
+    "class4_sources_gone": (
+        "Something it was drawn from is gone or damaged: you decide."
+    ),
+    "failed_retry": "It failed every attempt it was allowed.",
+    "operator_adopt": "a person chose to use the saved output",
+    "operator_rerun": "a person chose to run the same call again",
+}
+
+# The choices on a step that needs a person: (button, what happens).
+CHOICES = {
+    "adopt": (
+        "Use the saved output",
+        "Pippa keeps what the call already saved; the tool is not called again.",
+    ),
+    "rerun": (
+        "Run the same call again",
+        "The tool is called once more with the same request.",
+    ),
+    "retry": (
+        "Start this step over",
+        "The step runs again as a new request, from its first attempt.",
+    ),
+    "skip": (
+        "Skip this step",
+        "The step gets no output and the task goes on with the next step.",
+    ),
+    "fail": (
+        "Stop here",
+        "The step is marked failed and the task stops at it;"
+        " you can still decide again or branch later.",
+    ),
+}
+# Said beside a choice that would reach outside Pippa again.
+OUTSIDE_RERUN = (
+    "A careful service recognises the repeated request and does nothing twice,"
+    " but not every service does: check first that the first call did not arrive."
+)
+OUTSIDE_RETRY = (
+    "The outside service sees a brand-new request, so it will act again"
+    " (a second message, a second order…)."
+)
+
+# How one call of a step's tool ended.
+ATTEMPT_WORDS = {
+    "running": "running now",
+    "done": "finished",
+    "failed": "failed",
+    "interrupted": "interrupted: its worker stopped before the result was recorded",
+    "reused": "finished: the output it had saved was used",
+}
+
+# Event kinds as a person says them; the kind itself stays in a title.
+EVENT_WORDS = {
+    "task_created": "task created",
+    "plan_rewritten": "plan changed",
+    "task_queued": "queued for a worker",
+    "task_finished": "task finished",
+    "task_branched": "branched",
+    "task_paused": "paused",
+    "task_cancelled": "cancelled",
+    "lease_taken": "a worker took the task",
+    "lease_renewed": "the worker is still on it",
+    "lease_released": "the worker let go",
+    "lease_taken_over": "another worker took over",
+    "tool_call_started": "call started",
+    "payload_persisted": "answer saved",
+    "tool_result_persisted": "step finished",
+    "tool_call_failed": "call failed",
+    "uncertain_resolved": "unfinished call sorted out",
+    "step_needs_review": "set aside for you",
+    "step_retried": "step started over",
+    "step_skipped": "step skipped",
+    "step_failed": "step failed",
+    "step_resolved": "decided by a person",
+    "admin_action": "admin action",
+    "brain_changed": "brain changed",
+}
+
+
+def actor_words(actor: str) -> str:
+    """Return "dad", "boss (admin)", "dad's runner", "a worker" for an event's actor."""
+    if not actor:
+        return "someone"
+    role, _, name = str(actor).partition(":")
+    if not name:
+        return "the demo" if role == "demo" else role
+    if role == "user":
+        return name
+    if role == "staff":
+        return f"{name} (admin)"
+    if role == "api":
+        return f"{name.split(':')[0]}'s runner"
+    if role == "worker":
+        return "a worker"
+    return actor
