@@ -1,0 +1,561 @@
+"""Dad's flow on the dashboard: what needs him, one way forward, pause and cancel,
+a readable timeline, events he can filter and share, and cheap idle polls."""
+
+from __future__ import annotations
+
+import pytest
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from tasks.demo import LIVE_CONVERSATION
+from tasks.executor import SimulatedCrash, crashpoint_configure, step, task_pause
+from tasks.models import Event, Step, Task
+from tasks.plan import task_create
+from tests.tasks.dashboard_data import add_events, add_steps
+
+pytestmark = pytest.mark.django_db
+
+WORKER = "worker:test-flow"
+HTMX = {"HX-Request": "true"}
+
+
+@pytest.fixture
+def dad_client(client, user):
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def stranger_client(client, make_user):
+    from django.test import Client
+
+    other = Client()
+    other.force_login(make_user(username="stranger"))
+    return other
+
+
+@pytest.fixture
+def conversation(user, make_conversation):
+    return make_conversation(owner=user, title="Prices")
+
+
+def _run(task: Task, times: int = 10) -> Task:
+    for _ in range(times):
+        if step(task_id=task.pk, worker_id=WORKER) is None:
+            break
+    task.refresh_from_db()
+    return task
+
+
+def _interrupted(conversation, tool: str, boundary: str, title: str) -> Task:
+    """A two-step task whose worker died at ``boundary`` in step 1, then paused."""
+    task = task_create(
+        conversation=conversation,
+        title=title,
+        steps=[
+            {"title": f"Run {tool}", "tool": tool, "args": {}},
+            {"title": "Fetch closes", "tool": "demo.closes", "args": {}},
+        ],
+    )
+    crashpoint_configure(boundary, action="raise")
+    try:
+        with pytest.raises(SimulatedCrash):
+            step(task_id=task.pk, worker_id=WORKER)
+    finally:
+        crashpoint_configure(None)
+    Task.objects.filter(pk=task.pk).update(
+        lease_expires_at=timezone.now() - timezone.timedelta(minutes=1)
+    )
+    task.refresh_from_db()
+    task_pause(task=task, actor="demo")
+    return task
+
+
+# -- needs you ---------------------------------------------------------------
+
+
+def test_the_list_counts_steps_that_need_dad_even_in_paused_tasks(
+    dad_client, conversation, make_conversation, user
+):
+    _interrupted(conversation, "demo.search", "after_payload", "Interrupted search")
+    _interrupted(conversation, "demo.closes", "after_started", "Interrupted fetch")
+    calm = make_conversation(owner=user, title="Nothing to do")
+    task_create(
+        conversation=calm,
+        title="Paused on purpose",
+        steps=[{"title": "Fetch", "tool": "demo.closes", "args": {}}],
+        queue=False,
+    )
+    body = dad_client.get(reverse("tasks:conversations")).content.decode()
+    rows = {
+        "Prices" if ">Prices</a>" in row else "calm": row
+        for row in body.split('<li class="row">')[1:]
+    }
+    assert "Needs you: 2 steps" in rows["Prices"]
+    assert "2 paused" in rows["Prices"]
+    assert "Needs you" not in rows["calm"]
+    assert "1 paused" in rows["calm"]
+    assert "Needs you (1 conversation)" in body
+
+
+def test_the_needs_you_filter_keeps_only_conversations_waiting_for_dad(
+    dad_client, conversation, make_conversation, user
+):
+    _interrupted(conversation, "demo.search", "after_payload", "Interrupted search")
+    make_conversation(owner=user, title="Calm")
+    response = dad_client.get(reverse("tasks:conversations"), {"needs": "you"})
+    body = response.content.decode()
+    assert ">Prices</a>" in body
+    assert ">Calm</a>" not in body
+    assert "Showing only what needs you" in body
+    assert 'name="needs" value="you"' in body  # search keeps the filter
+
+
+def test_another_users_steps_never_count_toward_my_needs_you(
+    dad_client, make_conversation, make_user
+):
+    theirs = make_conversation(owner=make_user(username="mum"), title="Mum's")
+    _interrupted(theirs, "demo.search", "after_payload", "Hers")
+    body = dad_client.get(reverse("tasks:conversations"), {"needs": "you"}).content
+    assert b"Mum" not in body
+    assert b"Nothing needs you right now." in body
+
+
+def test_the_needs_you_count_does_not_add_a_query_per_conversation(
+    dad_client, user, make_conversation
+):
+    def count_queries() -> int:
+        from django.db import connection
+
+        with CaptureQueriesContext(connection) as ctx:
+            assert dad_client.get(reverse("tasks:conversations")).status_code == 200
+        return len(ctx.captured_queries)
+
+    _interrupted(make_conversation(owner=user), "demo.closes", "after_started", "a")
+    few = count_queries()
+    for n in range(4):
+        _interrupted(
+            make_conversation(owner=user), "demo.closes", "after_started", f"t{n}"
+        )
+    assert count_queries() == few
+
+
+def test_the_conversation_page_marks_the_task_that_needs_dad(dad_client, conversation):
+    task = _interrupted(conversation, "demo.search", "after_payload", "Interrupted")
+    body = dad_client.get(conversation.get_absolute_url()).content.decode()
+    assert "Needs you: 1 step" in body
+    row = body[body.index(f'href="{task.get_absolute_url()}"') :]
+    assert '<span class="badge needs-you">Needs you</span>' in row
+
+
+def test_updated_on_the_list_follows_task_activity(dad_client, conversation):
+    long_ago = timezone.now() - timezone.timedelta(days=3)
+    type(conversation).objects.filter(pk=conversation.pk).update(updated_at=long_ago)
+    task_create(
+        conversation=conversation,
+        title="Fresh",
+        steps=[{"title": "Fetch", "tool": "demo.closes", "args": {}}],
+    )
+    body = dad_client.get(reverse("tasks:conversations")).content.decode()
+    assert "updated <time" in body
+    assert "3\xa0days ago" not in body
+    assert "0\xa0minutes ago" in body
+
+
+# -- one way forward ----------------------------------------------------------
+
+
+def test_an_interrupted_task_offers_one_choice_with_the_saved_output_beside_use_it(
+    dad_client, conversation
+):
+    task = _interrupted(conversation, "demo.search", "after_payload", "Search")
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    assert 'id="resume-button"' not in body
+    card = body[body.index('class="card attention"') :]
+    use_it = card.index(">Use the saved output</button>")
+    saved = card.index("The saved output:")
+    assert saved < use_it
+    assert '<pre class="excerpt" id="saved-excerpt-' in card
+    assert "PIPA" in card[saved:use_it]  # the search's saved JSON
+    first = task.steps.get(position=1)
+    link = reverse("tasks:step_saved_output", args=[task.pk, first.pk])
+    assert f'href="{link}"' in card
+    assert "What Pippa would do.</strong>" in card
+
+
+def test_choosing_once_queues_the_task_and_the_worker_finishes_it(
+    dad_client, conversation
+):
+    task = _interrupted(conversation, "demo.search", "after_payload", "Search")
+    first = task.steps.get(position=1)
+    response = dad_client.post(
+        reverse("tasks:step_resolve", args=[task.pk, first.pk]),
+        {"action": "adopt"},
+        follow=True,
+    )
+    assert "the saved output is used; the task goes on by itself" in (
+        response.content.decode()
+    )
+    task.refresh_from_db()
+    assert task.status == Task.Status.QUEUED
+    assert _run(task).status == Task.Status.DONE
+
+
+def test_the_saved_output_is_served_sandboxed_and_only_to_its_owner(
+    dad_client, stranger_client, conversation
+):
+    task = _interrupted(conversation, "demo.search", "after_payload", "Search")
+    first = task.steps.get(position=1)
+    url = reverse("tasks:step_saved_output", args=[task.pk, first.pk])
+    response = dad_client.get(url)
+    assert response.status_code == 200
+    assert b"PIPA" in b"".join(response.streaming_content)
+    assert response["Content-Type"].startswith("text/plain")
+    assert response["X-Content-Type-Options"] == "nosniff"
+    assert "sandbox" in response["Content-Security-Policy"]
+    assert stranger_client.get(url).status_code == 404
+
+
+def test_a_step_with_nothing_saved_has_no_saved_output_to_serve(
+    dad_client, conversation
+):
+    task = _interrupted(conversation, "demo.closes", "after_started", "Fetch")
+    first = task.steps.get(position=1)
+    url = reverse("tasks:step_saved_output", args=[task.pk, first.pk])
+    assert dad_client.get(url).status_code == 404
+
+
+def test_branch_is_not_offered_from_the_last_step_of_a_finished_task(
+    dad_client, conversation
+):
+    task = _run(
+        task_create(
+            conversation=conversation,
+            title="Two",
+            steps=[
+                {"title": "Fetch", "tool": "demo.closes", "args": {}},
+                {"title": "Search", "tool": "demo.search", "args": {}},
+            ],
+        )
+    )
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    assert "Branch from step 1…" in body
+    assert "Branch from step 2" not in body
+    url = reverse("tasks:task_branch", args=[task.pk])
+    response = dad_client.post(
+        url, {"after_position": 2, "confirm": "yes"}, follow=True
+    )
+    assert "a copy that changes nothing" in response.content.decode()
+    assert Task.objects.count() == 1
+
+
+# -- pause and cancel ----------------------------------------------------------
+
+
+def _queued(conversation) -> Task:
+    return task_create(
+        conversation=conversation,
+        title="Long job",
+        steps=[
+            {"title": "Fetch", "tool": "demo.closes", "args": {}},
+            {"title": "Search", "tool": "demo.search", "args": {}},
+        ],
+    )
+
+
+def test_dad_pauses_a_running_task_in_one_click_and_resumes_it(
+    dad_client, conversation
+):
+    task = _queued(conversation)
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    assert "Pause after this step" in body
+    response = dad_client.post(reverse("tasks:task_pause", args=[task.pk]), follow=True)
+    assert "Paused “Long job”: it stops after the step it is on." in (
+        response.content.decode()
+    )
+    task.refresh_from_db()
+    assert task.status == Task.Status.PAUSED
+    assert Event.objects.get(task=task, kind="task_paused").data["actor"] == "user:dad"
+    assert 'id="resume-button"' in response.content.decode()
+
+
+def test_cancel_says_what_will_happen_and_needs_a_confirmation(
+    dad_client, conversation
+):
+    task = _queued(conversation)
+    url = reverse("tasks:task_cancel", args=[task.pk])
+    page = dad_client.get(url).content.decode()
+    assert "Cancel “Long job”?" in page
+    assert "A cancelled task cannot be resumed" in page
+    assert dad_client.post(url)["Location"] == url
+    task.refresh_from_db()
+    assert task.status == Task.Status.QUEUED
+    response = dad_client.post(url, {"confirm": "yes"}, follow=True)
+    assert "Cancelled “Long job”" in response.content.decode()
+    task.refresh_from_db()
+    assert task.status == Task.Status.CANCELLED
+    assert step(task_id=task.pk, worker_id=WORKER) is None
+
+
+@pytest.mark.parametrize("action", ["task_pause", "task_cancel"])
+def test_another_user_cannot_pause_or_cancel_my_task(
+    stranger_client, conversation, action
+):
+    task = _queued(conversation)
+    url = reverse(f"tasks:{action}", args=[task.pk])
+    assert stranger_client.post(url, {"confirm": "yes"}).status_code == 404
+    assert stranger_client.get(url).status_code in (404, 405)
+    task.refresh_from_db()
+    assert task.status == Task.Status.QUEUED
+    assert not Event.objects.filter(
+        task=task, kind__in=["task_paused", "task_cancelled"]
+    ).exists()
+
+
+# -- a timeline he can read -----------------------------------------------------
+
+
+def test_a_retried_step_shows_its_failed_attempts_with_their_reasons(
+    dad_client, conversation
+):
+    task = task_create(
+        conversation=conversation,
+        title="Outage",
+        steps=[
+            {
+                "title": "Search the news",
+                "tool": "demo.search",
+                "args": {"fail_until_generation": 1},
+                "max_attempts": 2,
+            }
+        ],
+    )
+    _run(task)
+    from tasks.executor import step_retry
+
+    step_retry(step=task.steps.get(), actor="user:dad")
+    _run(task)
+    assert task.status == Task.Status.DONE
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    assert "3 attempts, 2 that did not finish" in body
+    assert body.count("<strong>failed</strong>") == 2
+    assert "simulated outage" in body
+    assert "<strong>dad</strong> started the step over as a new request" in body
+    assert 'class="bar bar-failed"' in body
+    assert 'class="bar bar-done"' in body
+    assert "in all, from the first call to the last" in body
+
+
+def test_the_bars_are_svg_attributes_never_inline_styles(dad_client, conversation):
+    task = _run(
+        task_create(
+            conversation=conversation,
+            title="One",
+            steps=[{"title": "Fetch", "tool": "demo.closes", "args": {}}],
+        )
+    )
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    assert '<svg class="bars"' in body
+    assert " style=" not in body
+    assert 'width="1000"' in body  # the track spans the whole axis
+
+
+def test_a_waiting_step_shows_when_its_next_attempt_is(dad_client, conversation):
+    if not any(f.name == "next_attempt_at" for f in Step._meta.get_fields()):
+        pytest.skip("Step has no next_attempt_at (the back-off) in this tree")
+    task = _queued(conversation)
+    Step.objects.filter(task=task, position=1).update(
+        next_attempt_at=timezone.now() + timezone.timedelta(seconds=90), attempts=1
+    )
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    assert "next attempt in 1 min" in body
+
+
+def test_the_class_badges_have_a_legend_in_plain_words(dad_client, conversation):
+    task = _queued(conversation)
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    legend = body[body.index('<details class="legend">') :]
+    assert "never fetched again" in legend
+    assert "reused if it is still there" in legend
+    assert 'title="data that can be fetched again safely">fetch</span>' in body
+
+
+# -- events ------------------------------------------------------------------------
+
+
+def test_the_event_filter_lists_only_kinds_present_and_pushes_the_url(
+    dad_client, conversation
+):
+    task = _run(
+        task_create(
+            conversation=conversation,
+            title="One",
+            steps=[{"title": "Fetch", "tool": "demo.closes", "args": {}}],
+        )
+    )
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    select = body[body.index('<select id="event-kind"') : body.index("</select>")]
+    assert 'value="tool_call_started"' in select
+    assert 'value="task_branched"' not in select
+    assert 'value="step_retried"' not in select
+    assert 'hx-push-url="true"' in body
+
+
+def test_events_are_grouped_by_step_and_attempt_with_folded_json(
+    dad_client, conversation
+):
+    task = _run(
+        task_create(
+            conversation=conversation,
+            title="One",
+            steps=[{"title": "Fetch closes", "tool": "demo.closes", "args": {}}],
+        )
+    )
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    events = body[body.index('<section id="events"') :]
+    assert "Step 1: Fetch closes · attempt 1</th>" in events
+    assert "The task</th>" in events
+    assert '<pre class="json-data"' in events  # long data folds open
+    assert "<details><summary><code>" in events
+    assert 'title="tool_call_started">call started</span>' in events
+
+
+def test_a_shared_filter_url_opens_filtered(dad_client, conversation):
+    task = _run(
+        task_create(
+            conversation=conversation,
+            title="One",
+            steps=[{"title": "Fetch", "tool": "demo.closes", "args": {}}],
+        )
+    )
+    body = dad_client.get(
+        task.get_absolute_url(), {"kind": "tool_result_persisted"}
+    ).content.decode()
+    events = body[body.index('<section id="events"') :]
+    assert '<option value="tool_result_persisted" selected>' in events
+    assert "call started</span>" not in events
+
+
+# -- cheap polls -------------------------------------------------------------------
+
+
+def test_an_idle_poll_gets_204_and_a_changed_task_gets_the_fragment(
+    dad_client, conversation
+):
+    task = _queued(conversation)
+    url = task.get_absolute_url()
+    headers = {**HTMX, "HX-Target": "timeline"}
+    unchanged = dad_client.get(url, {"since": task.last_seq}, headers=headers)
+    assert unchanged.status_code == 204
+    assert unchanged.content == b""
+    add_events(task, 1)
+    changed = dad_client.get(url, {"since": task.last_seq - 1}, headers=headers)
+    assert changed.status_code == 200
+    assert changed.content.decode().lstrip().startswith('<section id="timeline"')
+    assert f"since={task.last_seq}" in changed.content.decode()
+
+
+def test_the_events_poll_is_204_when_nothing_happened(dad_client, conversation):
+    task = _queued(conversation)
+    headers = {**HTMX, "HX-Target": "events"}
+    response = dad_client.get(
+        task.get_absolute_url(), {"since": task.last_seq}, headers=headers
+    )
+    assert response.status_code == 204
+
+
+def test_the_idle_poll_reads_only_the_task_row(dad_client, conversation):
+    from django.db import connection
+
+    task = _queued(conversation)
+    add_steps(task, 50)
+    with CaptureQueriesContext(connection) as ctx:
+        dad_client.get(
+            task.get_absolute_url(),
+            {"since": task.last_seq},
+            headers={**HTMX, "HX-Target": "timeline"},
+        )
+    sql = " ".join(q["sql"] for q in ctx.captured_queries)
+    assert "tasks_step" not in sql
+    assert "tasks_event" not in sql
+
+
+def test_a_poll_does_not_consume_the_flash_message(dad_client, conversation):
+    task = _queued(conversation)
+    dad_client.post(reverse("tasks:task_pause", args=[task.pk]))
+    task_resume_url = reverse("tasks:task_resume", args=[task.pk])
+    dad_client.post(task_resume_url)
+    poll = dad_client.get(
+        task.get_absolute_url(), headers={**HTMX, "HX-Target": "timeline"}
+    )
+    assert "Queued “Long job”" not in poll.content.decode()
+    page = dad_client.get(task.get_absolute_url()).content.decode()
+    assert "Queued “Long job” for the worker." in page
+
+
+def test_excerpts_are_preserved_across_polls(dad_client, conversation):
+    task = _queued(conversation)
+    _run(task, times=2)
+    Task.objects.filter(pk=task.pk).update(status=Task.Status.QUEUED)
+    body = dad_client.get(
+        task.get_absolute_url(), headers={**HTMX, "HX-Target": "timeline"}
+    ).content.decode()
+    assert '<pre class="excerpt" id="excerpt-' in body
+    assert "hx-preserve" in body
+
+
+# -- the demo keeps a task live ------------------------------------------------------
+
+
+def test_run_the_demo_task_starts_a_fresh_live_task_once_the_last_finished(
+    dad_client, user, make_conversation
+):
+    demo = make_conversation(owner=user, title=LIVE_CONVERSATION)
+    old = task_create(
+        conversation=demo,
+        title="old",
+        steps=[{"title": "Fetch", "tool": "demo.closes", "args": {}}],
+    )
+    body = dad_client.get(demo.get_absolute_url()).content.decode()
+    assert "Run the demo task" not in body  # one is still queued
+    _run(old)
+    body = dad_client.get(demo.get_absolute_url()).content.decode()
+    assert "Run the demo task" in body
+    response = dad_client.post(reverse("tasks:demo_live_run", args=[demo.pk]))
+    fresh = Task.objects.exclude(pk=old.pk).get()
+    assert response["Location"] == fresh.get_absolute_url()
+    assert fresh.status == Task.Status.QUEUED
+    assert fresh.steps_total == 8
+
+
+def test_run_the_demo_task_is_refused_elsewhere_and_to_others(
+    dad_client, stranger_client, user, make_conversation
+):
+    demo = make_conversation(owner=user, title=LIVE_CONVERSATION)
+    other = make_conversation(owner=user, title="Not the demo")
+    assert (
+        stranger_client.post(reverse("tasks:demo_live_run", args=[demo.pk])).status_code
+        == 404
+    )
+    assert (
+        dad_client.post(reverse("tasks:demo_live_run", args=[other.pk])).status_code
+        == 404
+    )
+    assert Task.objects.count() == 0
+
+
+def test_pippa_demo_run_again_starts_a_fresh_live_task_when_the_last_finished(user):
+    from django.core.management import call_command
+
+    from tasks.models import Conversation
+
+    call_command("pippa_demo", verbosity=0)
+    demo = Conversation.objects.get(title=LIVE_CONVERSATION)
+    live = demo.tasks.get()
+    call_command("pippa_demo", verbosity=0)
+    assert demo.tasks.count() == 1  # still queued: nothing new
+    Task.objects.filter(pk=live.pk).update(status=Task.Status.DONE)
+    call_command("pippa_demo", verbosity=0)
+    assert demo.tasks.filter(status=Task.Status.QUEUED).count() == 1
+    assert demo.tasks.count() == 2
