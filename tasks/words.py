@@ -58,6 +58,7 @@ RULE_WORDS = {
         "Something it was drawn from is gone or damaged: you decide."
     ),
     "failed_retry": "It failed every attempt it was allowed.",
+    "needs_review": "It was set aside for a person: Pippa will not go on without you.",
     "operator_adopt": "a person chose to use the saved output",
     "operator_rerun": "a person chose to run the same call again",
 }

@@ -80,7 +80,7 @@ def test_dad_opens_a_conversation_and_a_task_at_desktop_and_phone_widths(
         expect(page.get_by_text("4 of 6 steps")).to_be_visible()
         screenshot(page, f"dashboard-conversation-{name}")
         page.get_by_role("link", name="Email the summary to the family").click()
-        expect(page.get_by_text("What resume will do")).to_be_visible()
+        expect(page.get_by_text("What Pippa would do by itself")).to_be_visible()
         screenshot(page, f"dashboard-task-review-{name}")
         page.go_back()
         page.get_by_role("link", name="Chart weekly tomato prices").click()
@@ -153,7 +153,7 @@ def test_a_running_tasks_timeline_updates_live_and_stops_polling_when_done(
 
     # The event log filters by kind in place.
     page.select_option("#event-kind", "tool_result_persisted")
-    expect(page.locator("#events tbody tr")).to_have_count(3)
+    expect(page.locator("#events tbody tr:not(.group-head)")).to_have_count(3)
     expect(page.locator("#events tbody")).not_to_contain_text("task created")
     assert _not_reloaded(page)
 
@@ -184,10 +184,10 @@ def test_dad_retries_a_failed_step_and_watches_it_finish(
     for name, size in (("phone", PHONE), ("desktop", DESKTOP)):
         page.set_viewport_size(size)
         page.goto(f"{page.base_url}{task.get_absolute_url()}")
-        expect(page.get_by_text("Step 2 needs a decision")).to_be_visible()
+        expect(page.get_by_text("Step 2 needs you")).to_be_visible()
         screenshot(page, f"dashboard-failed-{name}")
     _mark_page(page)
-    page.get_by_role("button", name="Retry step 2").click()
+    page.get_by_role("button", name="Start this step over").click()
     expect(page.get_by_text("Step 2 will run again.")).to_be_visible()
     expect(page.locator(".live.on")).to_be_visible()
     worker(task.pk)

@@ -1,0 +1,228 @@
+"""Dad in a real browser: he finds what needs him, decides once, confirms what acts
+outside, pauses and cancels a running task, and reads a retried step's attempts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from playwright.sync_api import expect
+
+from tasks.management.commands.pippa_demo import INTERRUPTED, interrupt
+from tasks.models import Step, Task
+from tasks.plan import task_create
+from tests.conftest import REPO
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+LIVE_TIMEOUT = 45_000  # ms: the worker is a separate process with real pauses
+
+
+@pytest.fixture
+def worker(subprocess_env):
+    """Start ``pippa_worker --until-idle`` for some tasks in a child process."""
+    children = []
+
+    def start(*task_ids: int) -> subprocess.Popen:
+        args = [sys.executable, "manage.py", "pippa_worker", "--until-idle"]
+        args += ["--worker-id", "worker:browser-flow", "--poll", "0.2"]
+        for task_id in task_ids:
+            args += ["--task", str(task_id)]
+        child = subprocess.Popen(
+            args,
+            cwd=REPO,
+            env=subprocess_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        children.append(child)
+        return child
+
+    yield start
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+        child.wait(timeout=30)
+
+
+def _four_steps(pause: float = 0) -> list[dict]:
+    from tasks.demo import four_steps
+
+    return four_steps(pause=pause)
+
+
+def test_dad_finds_the_interrupted_task_from_the_list_decides_once_and_watches_it_finish(
+    logged_in_page, make_conversation, worker, screenshot
+):
+    page = logged_in_page
+    conversation = make_conversation(owner=page.user, title="PIPA, interrupted")
+    make_conversation(owner=page.user, title="Nothing to see")
+    task = task_create(
+        conversation=conversation,
+        title="Stopped after the search snapshot was saved",
+        steps=_four_steps(),
+    )
+    interrupt(task, "after_payload:3")
+
+    page.goto(f"{page.base_url}/")
+    page.get_by_role("link", name="Needs you (1 conversation)").click()
+    expect(page.get_by_role("link", name="Nothing to see")).to_have_count(0)
+    expect(page.locator("#conversation-results .badge.needs-you")).to_contain_text(
+        "Needs you: 1 step"
+    )
+    page.get_by_role("link", name="PIPA, interrupted").click()
+    page.get_by_role("link", name=task.title).click()
+
+    card = page.locator(".card.attention")
+    expect(card).to_contain_text("Step 3 needs you: Search the news")
+    expect(card).to_contain_text("What Pippa would do by itself")
+    expect(card.locator(".saved-output pre.excerpt")).to_contain_text("PIPA")
+    expect(page.locator("#resume-button")).to_have_count(0)  # one way forward
+    screenshot(page, "flow-decision")
+
+    card.get_by_role("button", name="Use the saved output").click()
+    expect(page.get_by_text("the task goes on by itself")).to_be_visible()
+    expect(page.locator(".live.on")).to_be_visible()
+    worker(task.pk)
+    expect(page.locator("#timeline")).to_contain_text(
+        "4 of 4 steps done", timeout=LIVE_TIMEOUT
+    )
+    expect(page.get_by_text("the task goes on by itself")).to_be_visible()
+    task.refresh_from_db()
+    assert task.status == Task.Status.DONE
+    screenshot(page, "flow-decided-done")
+
+
+def test_dad_cannot_resend_an_outside_call_or_branch_without_confirming(
+    logged_in_page, make_conversation
+):
+    page = logged_in_page
+    conversation = make_conversation(owner=page.user, title="A note to Dad")
+    title, point, plan = INTERRUPTED[-1]
+    task = task_create(conversation=conversation, title=title, steps=plan)
+    interrupt(task, point)
+    notify = task.steps.get()
+
+    page.goto(f"{page.base_url}{task.get_absolute_url()}")
+    expect(page.locator(".card.attention")).to_contain_text("acts outside Pippa")
+    expect(page.get_by_role("button", name="Run the same call again")).to_have_count(0)
+    page.get_by_role("link", name="Run the same call again…").click()
+    expect(page.get_by_role("heading", name="What will happen")).to_be_visible()
+    expect(page.locator(".confirm-warning")).to_contain_text("Careful")
+    page.get_by_role("link", name="No, go back").click()
+    expect(page.locator(".card.attention")).to_be_visible()
+    notify.refresh_from_db()
+    assert notify.status == Step.Status.RUNNING  # nothing was sent again
+
+    page.get_by_role("link", name="Run the same call again…").click()
+    page.get_by_role("button", name="Yes, run the same call again").click()
+    expect(page.get_by_text("the same call runs again")).to_be_visible()
+    notify.refresh_from_db()
+    assert notify.status == Step.Status.PENDING
+
+    done = task_create(
+        conversation=conversation,
+        title="Two steps",
+        steps=_four_steps()[:2],
+    )
+    from tasks.executor import step
+
+    for _ in range(3):
+        step(task_id=done.pk, worker_id="worker:earlier")
+    page.goto(f"{page.base_url}{done.get_absolute_url()}")
+    expect(page.get_by_role("link", name="Branch from step 2…")).to_have_count(0)
+    page.get_by_role("link", name="Branch from step 1…").click()
+    expect(page.get_by_role("heading", name="What will happen")).to_be_visible()
+    expect(page.locator(".happens")).to_contain_text("It runs 1 step(s) again")
+    assert Task.objects.filter(branched_from=done).count() == 0
+    page.get_by_role("button", name="Yes, branch after step 1").click()
+    expect(
+        page.get_by_text("Branched a new task that keeps steps 1–1.")
+    ).to_be_visible()
+    assert Task.objects.filter(branched_from=done).count() == 1
+
+
+def test_dad_pauses_and_cancels_a_running_task(
+    logged_in_page, make_conversation, worker, screenshot
+):
+    page = logged_in_page
+    conversation = make_conversation(owner=page.user, title="Slow work")
+    task = task_create(
+        conversation=conversation, title="Slow chart", steps=_four_steps(pause=2)
+    )
+    page.goto(f"{page.base_url}{task.get_absolute_url()}")
+    first = worker(task.pk)
+    expect(page.locator("#timeline")).to_contain_text(
+        "A worker is on it now.", timeout=LIVE_TIMEOUT
+    )
+    page.get_by_role("button", name="Pause after this step").click()
+    expect(page.get_by_text("it stops after the step it is on")).to_be_visible()
+    assert first.wait(timeout=60) == 0  # the worker let go at the boundary
+    page.reload()
+    expect(page.locator("#timeline")).to_contain_text("Paused: no worker will touch it")
+    task.refresh_from_db()
+    assert task.status == Task.Status.PAUSED
+    assert task.lease_owner == ""
+    assert task.steps_done < 4
+    assert not task.steps.filter(status=Step.Status.RUNNING).exists()
+    screenshot(page, "flow-paused")
+
+    page.get_by_role("button", name="Resume: the worker carries on").click()
+    second = worker(task.pk)
+    expect(page.locator("#timeline")).to_contain_text(
+        "A worker is on it now.", timeout=LIVE_TIMEOUT
+    )
+    page.get_by_role("link", name="Cancel the task…").click()
+    expect(page.get_by_role("heading", name="What will happen")).to_be_visible()
+    expect(page.locator(".happens")).to_contain_text("cannot be resumed")
+    page.get_by_role("button", name="Yes, cancel the task").click()
+    expect(page.get_by_text("Cancelled “Slow chart”")).to_be_visible()
+    assert second.wait(timeout=60) == 0
+    task.refresh_from_db()
+    assert task.status == Task.Status.CANCELLED
+    assert task.steps_done < 4
+    assert not task.steps.filter(status=Step.Status.RUNNING).exists()
+    page.reload()
+    expect(page.locator(".status-line")).to_contain_text("cancelled")
+    expect(page.get_by_role("button", name="Pause after this step")).to_have_count(0)
+    screenshot(page, "flow-cancelled")
+
+
+def test_dad_sees_a_retried_steps_failed_attempts(
+    logged_in_page, make_conversation, screenshot
+):
+    from tasks.executor import step, step_retry
+
+    page = logged_in_page
+    conversation = make_conversation(owner=page.user, title="Outage")
+    steps = _four_steps()
+    steps[2] = {
+        **steps[2],
+        "args": {**steps[2]["args"], "fail_until_generation": 1},
+        "max_attempts": 2,
+    }
+    task = task_create(
+        conversation=conversation, title="Despite an outage", steps=steps
+    )
+    for _ in range(10):
+        if step(task_id=task.pk, worker_id="worker:earlier") is None:
+            break
+    step_retry(step=task.steps.get(position=3), actor=f"user:{page.user.username}")
+    for _ in range(10):
+        if step(task_id=task.pk, worker_id="worker:earlier") is None:
+            break
+
+    page.goto(f"{page.base_url}{task.get_absolute_url()}")
+    third = page.locator("#step-3")
+    expect(third.locator("summary")).to_contain_text(
+        "3 attempts, 2 that did not finish"
+    )
+    expect(third.locator(".attempt-failed")).to_have_count(2)
+    expect(third.locator(".attempt-failed").first).to_contain_text("simulated outage")
+    expect(third.locator(".step-notes")).to_contain_text(
+        "started the step over as a new request"
+    )
+    expect(third.locator("svg.bars rect.bar")).to_have_count(3)
+    expect(page.locator(".clock")).to_contain_text("in all")
+    screenshot(page, "flow-attempts")
