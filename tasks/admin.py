@@ -482,21 +482,9 @@ class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
 
     @admin.action(permissions=["repair"], description="Resume selected tasks")
     def resume_tasks(self, request, queryset):
-        from tasks.executor import ExecutorError, task_resume
+        from tasks.executor import task_resume
 
-        resumed = 0
-        for task in queryset.order_by("pk"):
-            try:
-                task_resume(task=task, actor=actor_for(request))
-            except ExecutorError as exc:
-                self.message_user(
-                    request,
-                    MSG_REFUSED.format(what=f"Task {task.pk}", error=_error_text(exc)),
-                    messages.ERROR,
-                )
-                continue
-            resumed += 1
-            self.log_change(request, task, "Resumed.")
+        resumed = self._each(request, queryset, task_resume, "Resumed.")
         if resumed:
             self.message_user(request, MSG_RESUMED.format(n=resumed), messages.SUCCESS)
 

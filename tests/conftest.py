@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -187,6 +188,35 @@ def browser_type_launch_args(browser_type_launch_args):
             "--no-first-run",
         ],
     }
+
+
+@pytest.fixture
+def worker(subprocess_env):
+    """Start ``pippa_worker --until-idle`` for some tasks in a child process."""
+    children = []
+
+    def start(
+        *task_ids: int, worker_id: str = "worker:browser-test"
+    ) -> subprocess.Popen:
+        args = [sys.executable, "manage.py", "pippa_worker", "--until-idle"]
+        args += ["--worker-id", worker_id, "--poll", "0.2"]
+        for task_id in task_ids:
+            args += ["--task", str(task_id)]
+        child = subprocess.Popen(
+            args,
+            cwd=REPO,
+            env=subprocess_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        children.append(child)
+        return child
+
+    yield start
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+        child.wait(timeout=30)
 
 
 @pytest.fixture

@@ -3,47 +3,16 @@ outside, pauses and cancels a running task, and reads a retried step's attempts.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from playwright.sync_api import expect
 
 from tasks.management.commands.pippa_demo import INTERRUPTED, interrupt
 from tasks.models import Step, Task
 from tasks.plan import task_create
-from tests.conftest import REPO
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 LIVE_TIMEOUT = 45_000  # ms: the worker is a separate process with real pauses
-
-
-@pytest.fixture
-def worker(subprocess_env):
-    """Start ``pippa_worker --until-idle`` for some tasks in a child process."""
-    children = []
-
-    def start(*task_ids: int) -> subprocess.Popen:
-        args = [sys.executable, "manage.py", "pippa_worker", "--until-idle"]
-        args += ["--worker-id", "worker:browser-flow", "--poll", "0.2"]
-        for task_id in task_ids:
-            args += ["--task", str(task_id)]
-        child = subprocess.Popen(
-            args,
-            cwd=REPO,
-            env=subprocess_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        children.append(child)
-        return child
-
-    yield start
-    for child in children:
-        if child.poll() is None:
-            child.terminate()
-        child.wait(timeout=30)
 
 
 def _four_steps(pause: float = 0) -> list[dict]:

@@ -29,6 +29,7 @@ from tasks.executor import (
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
 from tasks.tools import ToolContext, ToolResult, tool, tools_load
+from tests.support.executing import crash_at, expire_lease
 
 pytestmark = pytest.mark.django_db
 
@@ -242,15 +243,8 @@ def _interrupted(conversation, tool_name: str, boundary: str) -> Task:
             {"title": "after", "tool": "test.fetch"},
         ],
     )
-    crashpoint_configure(boundary, action="raise")
-    try:
-        with pytest.raises(SimulatedCrash):
-            step(task_id=task.pk, worker_id=WORKER)
-    finally:
-        crashpoint_configure(None)
-    Task.objects.filter(pk=task.pk).update(
-        lease_expires_at=timezone.now() - timezone.timedelta(minutes=5)
-    )
+    crash_at(task.pk, boundary, WORKER)
+    expire_lease(task.pk)
     task.refresh_from_db()
     task_pause(task=task, actor="demo")
     return task

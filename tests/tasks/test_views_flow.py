@@ -9,9 +9,10 @@ from django.urls import reverse
 from django.utils import timezone
 
 from tasks.demo import LIVE_CONVERSATION
-from tasks.executor import SimulatedCrash, crashpoint_configure, step, task_pause
+from tasks.executor import step, task_pause
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
+from tests.support.executing import crash_at, expire_lease
 from tests.tasks.dashboard_data import add_events, add_steps
 
 pytestmark = pytest.mark.django_db
@@ -58,15 +59,8 @@ def _interrupted(conversation, tool: str, boundary: str, title: str) -> Task:
             {"title": "Fetch closes", "tool": "demo.closes", "args": {}},
         ],
     )
-    crashpoint_configure(boundary, action="raise")
-    try:
-        with pytest.raises(SimulatedCrash):
-            step(task_id=task.pk, worker_id=WORKER)
-    finally:
-        crashpoint_configure(None)
-    Task.objects.filter(pk=task.pk).update(
-        lease_expires_at=timezone.now() - timezone.timedelta(minutes=1)
-    )
+    crash_at(task.pk, boundary, WORKER)
+    expire_lease(task.pk)
     task.refresh_from_db()
     task_pause(task=task, actor="demo")
     return task
