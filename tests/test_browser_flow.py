@@ -159,9 +159,12 @@ def test_dad_pauses_and_cancels_a_running_task(
 
 
 def test_dad_sees_a_retried_steps_failed_attempts(
-    logged_in_page, make_conversation, screenshot
+    logged_in_page, make_conversation, screenshot, settings
 ):
     from tasks.executor import step, step_retry
+
+    settings.PIPPA_RETRY_BASE_SECONDS = 0  # the history is built at once
+    settings.PIPPA_RETRY_MAX_SECONDS = 0
 
     page = logged_in_page
     conversation = make_conversation(owner=page.user, title="Outage")

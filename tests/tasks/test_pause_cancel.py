@@ -50,8 +50,11 @@ tool("test.stop_midway", artifact_class=2, media_type="text/plain")(_stop_midway
 
 
 @pytest.fixture(autouse=True)
-def _tools():
+def _tools(settings):
     tools_load(["tests.support.tools"])
+    # Failed attempts retry at once here: these tests are about pause and cancel.
+    settings.PIPPA_RETRY_BASE_SECONDS = 0
+    settings.PIPPA_RETRY_MAX_SECONDS = 0
 
 
 def _task(conversation, steps: list[dict], **kwargs) -> Task:

@@ -21,6 +21,13 @@ WORKER = "worker:test-flow"
 HTMX = {"HX-Request": "true"}
 
 
+@pytest.fixture(autouse=True)
+def _no_back_off(settings):
+    """Failed attempts retry at once here: these tests are about what Dad sees."""
+    settings.PIPPA_RETRY_BASE_SECONDS = 0
+    settings.PIPPA_RETRY_MAX_SECONDS = 0
+
+
 @pytest.fixture
 def dad_client(client, user):
     client.force_login(user)
