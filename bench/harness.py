@@ -72,7 +72,7 @@ class Report:
                     fmt(r.baseline),
                     r.unit,
                     f"{r.ratio:.2f}",
-                    r.target,
+                    r.target or "(diagnostic)",
                 ]
             )
         widths = [max(len(str(line[i])) for line in lines) for i in range(len(headers))]
