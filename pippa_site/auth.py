@@ -12,15 +12,24 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend
 from django.contrib.sessions.backends import db
+from django.contrib.sessions.backends.base import VALID_KEY_CHARS
 from django.core.exceptions import ValidationError
 from django.db import connections, router
 from django.utils import timezone
+
+_KEY_CHARS = frozenset(VALID_KEY_CHARS)
 
 
 class SessionStore(db.SessionStore):
     """``django.contrib.sessions.backends.db``, with the per-request read in SQL."""
 
     def _get_session_from_db(self):
+        key = self.session_key
+        # Keys are made of VALID_KEY_CHARS; anything else (a forged cookie, a
+        # NUL that PostgreSQL would refuse with an error) names no session.
+        if not key or not set(key) <= _KEY_CHARS:
+            self._session_key = None
+            return None
         model = self.model
         using = router.db_for_read(model)
         connection = connections[using]
@@ -30,7 +39,7 @@ class SessionStore(db.SessionStore):
                 f"SELECT session_data FROM {table} "
                 "WHERE session_key = %s AND expire_date > %s",
                 [
-                    self.session_key,
+                    key,
                     connection.ops.adapt_datetimefield_value(timezone.now()),
                 ],
             )
@@ -38,7 +47,7 @@ class SessionStore(db.SessionStore):
         if row is None:
             self._session_key = None
             return None
-        return model(session_key=self.session_key, session_data=row[0])
+        return model(session_key=key, session_data=row[0])
 
 
 class UserBackend(ModelBackend):
