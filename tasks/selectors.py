@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.paginator import Page, Paginator
+from django.db import connection
 from django.db.models import (
     Count,
     Exists,
@@ -30,6 +31,7 @@ from django.db.models import (
     Sum,
 )
 from django.db.models.functions import Coalesce, Greatest
+from django.http import Http404
 from django.shortcuts import get_object_or_404
 
 from artifacts.models import Artifact
@@ -201,6 +203,27 @@ def task_get_for_user(*, user, task_id: int) -> Task:
         ).select_related("conversation", "conversation__owner", "branched_from"),
         pk=task_id,
     )
+
+
+def task_last_seq_for_user(*, user, task_id: int) -> int:
+    """Return the task's last event seq, or raise Http404 like ``task_get_for_user``.
+
+    The live timeline's idle poll asks only this, every 2 s from every open
+    tab: one indexed row in plain SQL instead of the task with its joins.
+    """
+    q = connection.ops.quote_name
+    sql = (
+        f"SELECT t.last_seq FROM {q(Task._meta.db_table)} t"
+        f" JOIN {q(Conversation._meta.db_table)} c ON c.id = t.conversation_id"
+        " WHERE t.id = %s" + ("" if user.is_staff else " AND c.owner_id = %s")
+    )
+    params = [int(task_id)] if user.is_staff else [int(task_id), user.pk]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        raise Http404("No Task matches the given query.")
+    return row[0]
 
 
 def step_get_for_user(*, user, task_id: int, step_id: int) -> Step:

@@ -205,21 +205,19 @@ def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpRe
     return render(request, template, context)
 
 
-def _unchanged_since(request: HttpRequest, task: Task) -> bool:
-    """A live poll carries the last event seq it showed: nothing new, nothing to send."""
-    since = _int_or_none(request.GET.get("since"))
-    return since is not None and since == task.last_seq
-
-
 @require_GET
 @dashboard_login_required
 def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    # A live poll carries the last event seq it showed: nothing new, nothing
+    # to send. htmx swaps nothing on 204: scroll positions, open folds and
+    # messages on the page stay as they are, and the poll costs one row.
+    since = _int_or_none(request.GET.get("since")) if request.htmx else None
+    if since is not None and since == selectors.task_last_seq_for_user(
+        user=request.user, task_id=pk
+    ):
+        return HttpResponse(status=204)
     task = selectors.task_get_for_user(user=request.user, task_id=pk)
     target = request.htmx.target if request.htmx else None
-    if request.htmx and _unchanged_since(request, task):
-        # htmx swaps nothing on 204: scroll positions, open folds and
-        # messages on the page stay as they are, and the poll costs one row.
-        return HttpResponse(status=204)
     return _task_page(request, task, target if target in FRAGMENTS else None)
 
 

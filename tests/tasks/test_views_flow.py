@@ -481,6 +481,47 @@ def test_the_idle_poll_reads_only_the_task_row(dad_client, conversation):
     assert "tasks_event" not in sql
 
 
+def test_an_idle_poll_costs_the_session_the_user_and_one_row(
+    dad_client, conversation, django_assert_num_queries
+):
+    task = _queued(conversation)
+    add_steps(task, 50)
+    with django_assert_num_queries(3):
+        response = dad_client.get(
+            task.get_absolute_url(),
+            {"since": task.last_seq},
+            headers={**HTMX, "HX-Target": "timeline"},
+        )
+    assert response.status_code == 204
+
+
+@pytest.mark.parametrize("since", ["{seq}", "{seq}9", "-1", "x' OR 1=1 --"])
+def test_another_users_idle_poll_is_404_whatever_it_claims_to_have_seen(
+    client, make_user, conversation, since
+):
+    task = _queued(conversation)
+    client.force_login(make_user())
+    response = client.get(
+        task.get_absolute_url(),
+        {"since": since.format(seq=task.last_seq)},
+        headers={**HTMX, "HX-Target": "timeline"},
+    )
+    assert response.status_code == 404
+
+
+def test_staff_polling_any_task_gets_204_when_nothing_changed(
+    client, make_user, conversation
+):
+    task = _queued(conversation)
+    client.force_login(make_user(is_staff=True))
+    response = client.get(
+        task.get_absolute_url(),
+        {"since": task.last_seq},
+        headers={**HTMX, "HX-Target": "timeline"},
+    )
+    assert response.status_code == 204
+
+
 def test_a_poll_does_not_consume_the_flash_message(dad_client, conversation):
     task = _queued(conversation)
     dad_client.post(reverse("tasks:task_pause", args=[task.pk]))
