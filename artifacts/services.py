@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from artifacts.models import Artifact, ArtifactClass, ArtifactSource
 from artifacts.store import BlobStore, PutResult, check_sha, default_store
+from pippa_site.errors import Invalid
 
 ERR_BAD_CLASS = "artifact class must be 1, 2, 3 or 4"
 ERR_UNKNOWN_SOURCE = "a source artifact does not exist"
@@ -20,8 +21,8 @@ ERR_META_TOO_LARGE = "artifact metadata must stay small (under 8 KiB of JSON)"
 MAX_META_CHARS = 8192
 
 
-class ArtifactError(ValueError):
-    pass
+class ArtifactError(Invalid):
+    """Bytes or a row that cannot be stored as asked (400 at the API)."""
 
 
 class BlobVanished(ArtifactError):

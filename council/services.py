@@ -27,6 +27,7 @@ from artifacts.preview import (
 from artifacts.selectors import artifact_user_may_see
 from artifacts.services import artifact_store
 from council.models import CouncilRound, Participant, Turn, TurnArtifact
+from pippa_site.errors import Invalid
 from tasks.models import Brain, Conversation
 
 CONTEXT_SCHEMA = "pippa.council.context/1"
@@ -47,8 +48,8 @@ ERR_UNKNOWN_CITE = "a cited artifact does not exist or is not visible in this ro
 ERR_EMPTY_TURN = "a turn needs text or a widget"
 
 
-class CouncilError(ValueError):
-    pass
+class CouncilError(Invalid):
+    """A council request that cannot be (400 at a door)."""
 
 
 def brain_label(brain: str) -> str:

@@ -40,6 +40,8 @@ from mcp.server.mcpserver.exceptions import (
 from mcp.types import ImageContent, TextContent, ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pippa_site.errors import PippaError
+
 log = logging.getLogger("pippa.mcp")
 
 SERVER_NAME = "pippa"
@@ -127,18 +129,11 @@ def _check_text(value: Any) -> None:
 
 def _plain_error(exc: Exception) -> str | None:
     """The plain sentence for a failure a caller can act on, else None."""
-    from artifacts.services import ArtifactError
     from artifacts.store import BlobError
-    from council.services import CouncilError
-    from pippa_site.services import UploadError
-    from tasks.executor import ExecutorError
-    from tasks.plan import PlanError
 
     if isinstance(exc, Http404):
         return str(exc) or "not found"
-    if isinstance(
-        exc, PlanError | ExecutorError | ArtifactError | UploadError | CouncilError
-    ):
+    if isinstance(exc, PippaError):
         return str(exc)
     if isinstance(exc, BlobError):
         return "an artifact's payload is missing or damaged in the blob store"

@@ -21,9 +21,9 @@ from ninja.errors import AuthenticationError, ValidationError
 from ninja.security import HttpBearer
 from pydantic import ConfigDict
 
-from artifacts.services import ArtifactError
 from artifacts.store import BlobMissing, BlobTooLarge, default_store
 from pippa_site import services as api_services
+from pippa_site.errors import LeaseConflict, PippaError
 from pippa_site.selectors import (
     artifact_get,
     artifact_payload,
@@ -34,10 +34,9 @@ from pippa_site.selectors import (
     task_get_for_user,
     task_payload,
 )
-from pippa_site.services import UploadError, token_authenticate
-from tasks.executor import ExecutorError
+from pippa_site.services import token_authenticate
+from tasks import actions
 from tasks.models import Brain, Conversation
-from tasks.plan import PlanError
 
 ERR_AUTH = "missing, unknown or revoked API token (send Authorization: Bearer <token>)"
 ERR_BODY_TOO_LARGE = "request body too large: the limit is {limit} bytes"
@@ -124,45 +123,12 @@ def _unauthenticated(request: HttpRequest, exc: Exception) -> HttpResponse:
     return response
 
 
-@api.exception_handler(PlanError)
-def _plan_error(request: HttpRequest, exc: PlanError) -> HttpResponse:
-    """A plan that cannot be: 409 when it clashes with the task's state, else 400."""
-    status = 409 if _is_state_conflict(str(exc)) else 400
-    return api.create_response(request, {"detail": str(exc)}, status=status)
-
-
-@api.exception_handler(ExecutorError)
-def _executor_error(request: HttpRequest, exc: ExecutorError) -> HttpResponse:
-    return api.create_response(request, {"detail": str(exc)}, status=409)
-
-
-@api.exception_handler(ArtifactError)
-def _artifact_error(request: HttpRequest, exc: ArtifactError) -> HttpResponse:
-    return api.create_response(request, {"detail": str(exc)}, status=400)
-
-
-@api.exception_handler(UploadError)
-def _upload_error(request: HttpRequest, exc: UploadError) -> HttpResponse:
-    return api.create_response(request, {"detail": str(exc)}, status=400)
-
-
-def _is_state_conflict(message: str) -> bool:
-    from tasks import plan
-
-    templates = (
-        plan.ERR_DONE_CHANGED,
-        plan.ERR_STARTED_DROPPED,
-        plan.ERR_DONE_ORDER,
-        plan.ERR_STARTED_ORDER,
-        plan.ERR_LEASED,
-        plan.ERR_STATUS_CHANGED,
+@api.exception_handler(PippaError)
+def _refused(request: HttpRequest, exc: PippaError) -> HttpResponse:
+    """A service's typed refusal: its status and code come from its type."""
+    return api.create_response(
+        request, {"detail": str(exc), "code": exc.code}, status=exc.status
     )
-    for template in templates:
-        head = template.split("{")[0]
-        tail = template.split("}")[-1]
-        if message.startswith(head) and message.endswith(tail):
-            return True
-    return False
 
 
 @api.exception_handler(Http404)
@@ -175,6 +141,10 @@ def _not_found(request: HttpRequest, exc: Exception) -> HttpResponse:
 
 class Error(Schema):
     detail: str
+    code: str | None = Field(
+        default=None,
+        description="What kind of refusal: invalid, not_found, conflict, lease_held.",
+    )
 
 
 class StepIn(Schema):
@@ -399,7 +369,7 @@ def task_step_run(request: HttpRequest, task_id: int, payload: WorkerIn):
         task=task, worker_id=_worker_id(request, payload.worker)
     )
     if result.lease_busy:
-        _fail(409, result.detail)
+        raise LeaseConflict(result.detail)
     return {
         "ran": result.ran,
         "detail": result.detail,
@@ -423,30 +393,24 @@ def task_lease_release(request: HttpRequest, task_id: int, payload: WorkerIn):
 @tasks.post("/{task_id}/resume", response={200: TaskOut, **BAD})
 def task_resume(request: HttpRequest, task_id: int):
     """Queue a paused or interrupted task again (refused if a step needs a person)."""
-    from tasks.executor import task_resume as resume
-
     task = task_get_for_user(user=request.user, task_id=task_id)
-    resume(task=task, actor=f"api:{request.user.get_username()}")
+    actions.task_resume(task=task, actor=f"api:{request.user.get_username()}")
     return task_payload(task)
 
 
 @tasks.post("/{task_id}/pause", response={200: TaskOut, **BAD})
 def task_pause(request: HttpRequest, task_id: int):
     """Pause a queued or running task at its next step boundary (a call in flight is saved)."""
-    from tasks.executor import task_pause as pause
-
     task = task_get_for_user(user=request.user, task_id=task_id)
-    pause(task=task, actor=f"api:{request.user.get_username()}")
+    actions.task_pause(task=task, actor=f"api:{request.user.get_username()}")
     return task_payload(task)
 
 
 @tasks.post("/{task_id}/cancel", response={200: TaskOut, **BAD})
 def task_cancel(request: HttpRequest, task_id: int):
     """Cancel an unfinished task for good at its next step boundary; branch to go on."""
-    from tasks.executor import task_cancel as cancel
-
     task = task_get_for_user(user=request.user, task_id=task_id)
-    cancel(task=task, actor=f"api:{request.user.get_username()}")
+    actions.task_cancel(task=task, actor=f"api:{request.user.get_username()}")
     return task_payload(task)
 
 

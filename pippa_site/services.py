@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils import timezone
 
+from pippa_site.errors import Invalid, LeaseConflict
 from pippa_site.models import ApiToken
 
 TOKEN_PREFIX = "pip_"
@@ -17,7 +18,7 @@ ERR_TOKEN_NAME = "give the token a name (up to 100 characters)"
 ERR_TOKEN_REVOKED = "that token is already revoked"
 
 
-class TokenError(ValueError):
+class TokenError(Invalid):
     pass
 
 
@@ -215,7 +216,7 @@ def api_artifact_upload(
     return artifact
 
 
-class UploadError(ValueError):
+class UploadError(Invalid):
     pass
 
 
@@ -235,12 +236,8 @@ def api_step_run(*, task, worker_id: str) -> StepRun:
     if outcome is None:
         if task.status == Task.Status.PAUSED:
             return StepRun(ran=False, detail=ERR_PAUSED.format(id=task.pk), step=None)
-        if (
-            task.lease_owner
-            and task.lease_owner != worker_id
-            and not task.lease_expired
-        ):
-            until = task.lease_expires_at.isoformat() if task.lease_expires_at else "?"
+        if task.lease_live and task.lease_owner != worker_id:
+            until = task.lease_expires_at.isoformat()
             return StepRun(
                 ran=False,
                 detail=ERR_LEASE_HELD.format(owner=task.lease_owner, until=until),
@@ -273,9 +270,9 @@ def api_step_run(*, task, worker_id: str) -> StepRun:
 
 def api_lease_release(*, task, worker_id: str) -> bool:
     """Release the lease if ``worker_id`` holds it (a runner that stops early)."""
-    from tasks.executor import ExecutorError, lease_release
+    from tasks.lease import lease_release
 
     try:
         return lease_release(task=task, actor=worker_id, force=False)
-    except ExecutorError:
+    except LeaseConflict:
         return False

@@ -2,8 +2,8 @@
 
 State fields (statuses, leases, attempts, output refs, event rows) are
 read-only in every form. Changes go through actions, and every action calls
-the same service the rest of the project uses (``tasks.executor``,
-``tasks.services``, ``tasks.doctor``), passing ``actor="staff:<username>"`` so
+the same service the rest of the project uses (``tasks.actions``,
+``tasks.lease``, ``tasks.services``, ``tasks.doctor``), passing ``actor="staff:<username>"`` so
 the event it logs names the person who did it.
 """
 
@@ -11,14 +11,24 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, Q
+from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils import timezone
 from django.utils.html import format_html
 
+from pippa_site.errors import PippaError
+from tasks.actions import (
+    step_resolve,
+    step_resolve_options,
+    step_retry,
+    task_branch,
+    task_cancel,
+    task_pause,
+    task_resume,
+)
+from tasks.lease import lease_release
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact, needs_you_q
 from tasks.services import event_append
 
@@ -98,14 +108,6 @@ class RepairPermissionMixin:
 # -- filters ------------------------------------------------------------------
 
 
-def stale_lease_q(now=None) -> Q:
-    """Tasks whose lease has a holder but no future: the worker is gone."""
-    now = now or timezone.now()
-    return ~Q(lease_owner="") & (
-        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
-    )
-
-
 class LeaseExpiredFilter(admin.SimpleListFilter):
     title = "lease expired"
     parameter_name = "lease_expired"
@@ -118,9 +120,9 @@ class LeaseExpiredFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         if self.value() == "yes":
-            return queryset.filter(stale_lease_q())
+            return queryset.lease_stale()
         if self.value() == "no":
-            return queryset.exclude(stale_lease_q())
+            return queryset.exclude(pk__in=Task.objects.lease_stale().values("pk"))
         return queryset
 
 
@@ -143,11 +145,9 @@ class NeedsReviewFilter(admin.SimpleListFilter):
         if self.value() == "yes":
             return queryset.filter(status=Step.Status.NEEDS_REVIEW)
         if self.value() == "stuck":
-            now = timezone.now()
-            return queryset.filter(status=Step.Status.RUNNING).filter(
-                Q(task__lease_owner="")
-                | Q(task__lease_expires_at__isnull=True)
-                | Q(task__lease_expires_at__lt=now)
+            return queryset.filter(
+                status=Step.Status.RUNNING,
+                task__in=Task.objects.lease_dead().values("pk"),
             )
         if self.value() == "no":
             return queryset.exclude(status=Step.Status.NEEDS_REVIEW)
@@ -453,13 +453,12 @@ class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
         permissions=["repair"], description="Release the stale lease of selected tasks"
     )
     def release_stale_lease(self, request, queryset):
-        from tasks.executor import ExecutorError, lease_release
 
         released, refused = 0, 0
         for task in queryset.order_by("pk"):
             try:
                 ok = lease_release(task=task, actor=actor_for(request))
-            except ExecutorError as exc:
+            except PippaError as exc:
                 self.message_user(
                     request,
                     MSG_REFUSED.format(what=f"Task {task.pk}", error=_error_text(exc)),
@@ -482,7 +481,6 @@ class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
 
     @admin.action(permissions=["repair"], description="Resume selected tasks")
     def resume_tasks(self, request, queryset):
-        from tasks.executor import task_resume
 
         resumed = self._each(request, queryset, task_resume, "Resumed.")
         if resumed:
@@ -490,13 +488,11 @@ class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
 
     def _each(self, request, queryset, service, note: str) -> int:
         """Call ``service`` on each task; report refusals; return how many worked."""
-        from tasks.executor import ExecutorError
-
         n = 0
         for task in queryset.order_by("pk"):
             try:
                 service(task=task, actor=actor_for(request))
-            except ExecutorError as exc:
+            except PippaError as exc:
                 self.message_user(
                     request,
                     MSG_REFUSED.format(what=f"Task {task.pk}", error=_error_text(exc)),
@@ -509,8 +505,6 @@ class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
 
     @admin.action(permissions=["repair"], description="Pause selected tasks")
     def pause_tasks(self, request, queryset):
-        from tasks.executor import task_pause
-
         paused = self._each(request, queryset, task_pause, "Paused.")
         if paused:
             self.message_user(request, MSG_PAUSED.format(n=paused), messages.SUCCESS)
@@ -518,8 +512,6 @@ class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
     @admin.action(permissions=["repair"], description="Cancel selected tasks…")
     def cancel_tasks(self, request, queryset):
         """Cancel after a confirmation page that says what will happen."""
-        from tasks.executor import task_cancel
-
         if request.POST.get("confirm") != "yes":
             return TemplateResponse(
                 request,
@@ -561,15 +553,13 @@ class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
         steps = list(task.steps.order_by("position"))
         change_url = reverse("admin:tasks_task_change", args=[task.pk])
         if request.method == "POST":
-            from tasks.executor import ExecutorError, task_branch
-
             try:
                 k = int(request.POST.get("after_position", ""))
             except ValueError:
                 k = -1
             try:
                 new = task_branch(task=task, after_position=k, actor=actor_for(request))
-            except ExecutorError as exc:
+            except PippaError as exc:
                 self.message_user(
                     request,
                     MSG_REFUSED.format(what=f"Task {task.pk}", error=_error_text(exc)),
@@ -726,7 +716,6 @@ class StepAdmin(RepairPermissionMixin, admin.ModelAdmin):
 
     @admin.display(description="resolutions the class rules allow")
     def resolve_options(self, obj):
-        from tasks.executor import step_resolve_options
 
         options = step_resolve_options(obj)
         if not options:
@@ -762,12 +751,11 @@ class StepAdmin(RepairPermissionMixin, admin.ModelAdmin):
 
     @admin.action(permissions=["repair"], description="Retry selected steps")
     def retry_steps(self, request, queryset):
-        from tasks.executor import ExecutorError, step_retry
 
         for step in queryset.select_related("task").order_by("task_id", "position"):
             try:
                 step_retry(step=step, actor=actor_for(request))
-            except ExecutorError as exc:
+            except PippaError as exc:
                 self.message_user(
                     request,
                     MSG_REFUSED.format(what=f"Step {step.pk}", error=_error_text(exc)),
@@ -781,7 +769,6 @@ class StepAdmin(RepairPermissionMixin, admin.ModelAdmin):
 
     def resolve_view(self, request: HttpRequest, step_id: int) -> HttpResponse:
         """Say what each allowed resolution will do; on POST, do the chosen one."""
-        from tasks.executor import ExecutorError, step_resolve, step_resolve_options
 
         if not self.has_repair_permission(request):
             raise PermissionDenied
@@ -795,7 +782,7 @@ class StepAdmin(RepairPermissionMixin, admin.ModelAdmin):
                 return HttpResponseRedirect(request.path)
             try:
                 step = step_resolve(step=step, action=action, actor=actor_for(request))
-            except ExecutorError as exc:
+            except PippaError as exc:
                 self.message_user(
                     request,
                     MSG_REFUSED.format(what=f"Step {step.pk}", error=_error_text(exc)),

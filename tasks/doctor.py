@@ -60,6 +60,7 @@ from artifacts.gc import (
 from artifacts.models import Artifact, ArtifactSource, PendingUnlink
 from artifacts.store import BlobStore, default_store
 from council.models import CouncilRound, Participant, Turn, TurnArtifact
+from tasks.lease import DEAD_SQL, lease_release
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 from tasks.resume import CLOSING_KINDS
 from tasks.services import event_append
@@ -311,17 +312,9 @@ def _integrity_scan(
 # -- leases and envelopes ------------------------------------------------------------
 
 
-def _expired_leases(now) -> list[tuple[int, str]]:
+def _expired_leases() -> list[tuple[int, str]]:
     return list(
-        Task.objects.exclude(lease_owner="")
-        .filter(lease_expires_at__lt=now)
-        .order_by("pk")
-        .values_list("pk", "lease_owner")
-    ) + list(
-        Task.objects.exclude(lease_owner="")
-        .filter(lease_expires_at__isnull=True)
-        .order_by("pk")
-        .values_list("pk", "lease_owner")
+        Task.objects.lease_stale().order_by("pk").values_list("pk", "lease_owner")
     )
 
 
@@ -349,8 +342,7 @@ def _open_envelopes(now) -> list[tuple[int, int, int]]:
                             WHERE f.step_id = x.step_id AND f.seq > x.seq
                               AND f.kind IN ({later}))
            AND t.status NOT IN ({statuses})
-           AND (t.lease_owner = '' OR t.lease_expires_at IS NULL
-                OR t.lease_expires_at < %s)
+           AND {DEAD_SQL}
          ORDER BY x.id
     """
     adapt = connection.ops.adapt_datetimefield_value
@@ -368,23 +360,19 @@ def _open_envelopes(now) -> list[tuple[int, int, int]]:
         return [tuple(row) for row in cursor.fetchall()]
 
 
-def _lease_release(task_id: int, owner: str, now) -> bool:
-    """Release a lease only if it is still the expired one the check found."""
-    with transaction.atomic():
-        expired = Task.objects.filter(pk=task_id, lease_owner=owner).exclude(
-            lease_expires_at__gte=now
-        )
-        # A running task with no lease is queued again; the next worker
-        # resolves its open step by class.
-        expired.filter(status=Task.Status.RUNNING).update(status=Task.Status.QUEUED)
-        released = expired.update(lease_owner="", lease_expires_at=None, updated_at=now)
-        if released:
-            event_append(
-                task_id=task_id,
-                kind=Event.Kind.LEASE_RELEASED,
-                data={"actor": ACTOR, "reason": "lease expired", "owner": owner},
-            )
-    return bool(released)
+def _lease_release(task_id: int, owner: str) -> bool:
+    """Release a lease only if it is still the expired one the check found.
+
+    A running task is queued again; the next worker resolves its open step
+    by class.
+    """
+    return lease_release(
+        task=Task(pk=task_id),
+        actor=ACTOR,
+        owner=owner,
+        dead_only=True,
+        reason="lease expired",
+    )
 
 
 def _envelope_close(event_id: int, task_id: int, step_id: int) -> bool:
@@ -502,7 +490,7 @@ def _check(
     results["pending_unlinks"] = (len(pending), pending[:SAMPLE], pending)
 
     progress("checking leases and tool-call envelopes")
-    leases = _expired_leases(now)
+    leases = _expired_leases()
     results["expired_leases"] = (len(leases), [pk for pk, _ in leases[:SAMPLE]], leases)
     envelopes = _open_envelopes(now)
     results["open_envelopes"] = (
@@ -625,7 +613,7 @@ def doctor_run(
 
     progress("releasing expired leases")
     repaired["expired_leases"] = sum(
-        _lease_release(pk, owner, now) for pk, owner in before["expired_leases"][2]
+        _lease_release(pk, owner) for pk, owner in before["expired_leases"][2]
     )
     progress("closing open tool-call envelopes")
     repaired["open_envelopes"] = sum(

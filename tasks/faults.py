@@ -1,7 +1,7 @@
-"""Faults that are not the tool's: crash points, plain reasons, back-off, probes.
+"""Faults that are not the tool's: plain reasons, back-off, probes.
 
-- Crash points (tests and the demo): ``PIPPA_CRASHPOINT=<boundary>[:<n>]`` or
-  ``random:<p>:<seed>`` makes the process SIGKILL itself at a boundary.
+Crash points, the faults tests make on purpose, are ``tasks.crashpoints``.
+
 - ``fault_reason`` names a failure of the store or the database in the words a
   person reads on the timeline ("disk full", "the database is locked").
 - ``backoff_delay`` is the one back-off rule: exponential, capped, jittered.
@@ -15,84 +15,11 @@ from __future__ import annotations
 import errno
 import os
 import random
-import signal
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
 from django.db import DatabaseError, connection
-
-# -- crash points (tests) -----------------------------------------------------
-
-BOUNDARIES = (
-    "before_started_commit",  # inside the transaction that logs tool_call_started
-    "after_started",  # tool_call_started committed, tool not yet called
-    "after_tool",  # tool returned, payload not yet written
-    "after_payload",  # payload_persisted committed
-    "after_result",  # tool_result_persisted committed, result not yet returned
-)
-
-
-class SimulatedCrash(BaseException):
-    """Raised instead of SIGKILL when the crash point's action is ``raise`` (demo)."""
-
-
-@dataclass
-class _CrashPlan:
-    name: str = ""
-    count: int = 1
-    probability: float = 0.0
-    rng: random.Random | None = None
-    action: str = "kill"
-
-
-_crash = _CrashPlan()
-
-
-def crashpoint_configure(spec: str | None, *, action: str = "kill") -> None:
-    """Arm a crash point: ``name[:n]`` (die the n-th time) or ``random:p[:seed]``."""
-    global _crash
-    if not spec:
-        _crash = _CrashPlan()
-        return
-    parts = spec.split(":")
-    if parts[0] == "random":
-        seed = int(parts[2]) if len(parts) > 2 else None
-        _crash = _CrashPlan(
-            name="random",
-            probability=float(parts[1]) if len(parts) > 1 else 0.05,
-            rng=random.Random(seed),
-            action=action,
-        )
-    else:
-        _crash = _CrashPlan(
-            name=parts[0], count=int(parts[1]) if len(parts) > 1 else 1, action=action
-        )
-
-
-def crashpoint(name: str) -> None:
-    """Die here if a crash point is armed for this boundary (tests and demo only)."""
-    plan = _crash
-    if not plan.name:
-        return
-    if plan.name == "random":
-        if plan.rng.random() >= plan.probability:
-            return
-    elif plan.name != name:
-        return
-    else:
-        plan.count -= 1
-        if plan.count > 0:
-            return
-    if plan.action == "raise":
-        plan.name = ""
-        raise SimulatedCrash(name)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-crashpoint_configure(os.environ.get("PIPPA_CRASHPOINT"))
-
 
 # -- reasons ------------------------------------------------------------------
 

@@ -98,18 +98,34 @@ class Conversation(models.Model):
 
 
 class TaskQuerySet(models.QuerySet):
+    def lease_dead(self) -> TaskQuerySet:
+        """Tasks no worker holds live: no holder, no expiry, or past it.
+
+        The one definition of a dead lease (``tasks.lease`` explains it;
+        ``Task.lease_live`` is the same rule for one row, ``lease.DEAD_SQL``
+        for the hot path's hand-written statements).
+        """
+        return self.filter(
+            Q(lease_owner="")
+            | Q(lease_expires_at__isnull=True)
+            | Q(lease_expires_at__lt=timezone.now())
+        )
+
+    def lease_stale(self) -> TaskQuerySet:
+        """Tasks whose lease has a holder but is dead: the worker is gone."""
+        return self.lease_dead().exclude(lease_owner="")
+
     def runnable(self) -> TaskQuerySet:
         """Tasks a worker may step now: queued, or running with a dead lease,
         and not waiting out the back-off before a step's next attempt."""
-        now = timezone.now()
         waiting = Step.objects.filter(
             task=models.OuterRef("pk"),
             status=Step.Status.PENDING,
-            next_attempt_at__gt=now,
+            next_attempt_at__gt=timezone.now(),
         )
         return (
             self.filter(status__in=[Task.Status.QUEUED, Task.Status.RUNNING])
-            .filter(Q(lease_owner="") | Q(lease_expires_at__lt=now))
+            .lease_dead()
             .exclude(models.Exists(waiting))
         )
 
@@ -199,10 +215,18 @@ class Task(models.Model):
         return self.status in TASK_OPEN
 
     @property
-    def lease_expired(self) -> bool:
-        return bool(self.lease_owner) and (
-            self.lease_expires_at is None or self.lease_expires_at < timezone.now()
+    def lease_live(self) -> bool:
+        """A worker holds the lease now (``TaskQuerySet.lease_dead``'s negation)."""
+        return (
+            bool(self.lease_owner)
+            and self.lease_expires_at is not None
+            and self.lease_expires_at >= timezone.now()
         )
+
+    @property
+    def lease_expired(self) -> bool:
+        """The lease has a holder but is dead (``TaskQuerySet.lease_stale``)."""
+        return bool(self.lease_owner) and not self.lease_live
 
     @property
     def progress_percent(self) -> int:
@@ -365,7 +389,11 @@ class EventQuerySet(models.QuerySet):
 
 
 class Event(models.Model):
-    """One entry of a task's append-only log. Written only by ``event_append``."""
+    """One entry of a task's append-only log.
+
+    Written only by ``tasks.services.events_insert`` (through ``event_append``
+    and ``events_append``, or the executor's lease-held appends).
+    """
 
     class Kind(models.TextChoices):
         TASK_CREATED = "task_created"

@@ -10,6 +10,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from pippa_site.errors import Conflict, Invalid
 from tasks.models import Conversation, Event, Step, Task
 from tasks.services import events_append
 from tasks.tools import ToolNotFound, tool_get
@@ -51,8 +52,12 @@ ERR_NEW_STATUS = "step {n} is new, so its status can only be pending, not {claim
 ERR_BAD_STATUS = "step {n}: status must be one of {choices}"
 
 
-class PlanError(ValueError):
-    pass
+class PlanError(Invalid):
+    """A plan that cannot be (400 at the API)."""
+
+
+class PlanConflict(Conflict, PlanError):
+    """A plan that would change the task's history or a running task (409)."""
 
 
 FINISHED = (Step.Status.DONE, Step.Status.SKIPPED)
@@ -179,8 +184,8 @@ def plan_rewrite(*, task: Task, steps: list[dict]) -> Task:
        that gained steps.
     """
     locked = Task.objects.select_for_update().get(pk=task.pk)
-    if locked.lease_owner and not locked.lease_expired:
-        raise PlanError(ERR_LEASED)
+    if locked.lease_live:
+        raise PlanConflict(ERR_LEASED)
     if not steps:
         raise PlanError(ERR_NO_STEPS)
     if len(steps) > MAX_STEPS:
@@ -208,7 +213,7 @@ def plan_rewrite(*, task: Task, steps: list[dict]) -> Task:
             seen.add(step_id)
             old = existing[step_id]
             if claimed is not None and claimed != old.status:
-                raise PlanError(
+                raise PlanConflict(
                     ERR_STATUS_CHANGED.format(
                         position=old.position,
                         status=old.get_status_display(),
@@ -226,7 +231,7 @@ def plan_rewrite(*, task: Task, steps: list[dict]) -> Task:
                 or merged["tool"] != old.tool
                 or merged["args"] != old.args
             ):
-                raise PlanError(
+                raise PlanConflict(
                     ERR_DONE_CHANGED.format(
                         position=old.position, status=old.get_status_display()
                     )
@@ -241,7 +246,7 @@ def plan_rewrite(*, task: Task, steps: list[dict]) -> Task:
         if old.pk in seen:
             continue
         if old.status in FINISHED or old.pk in attempted_ids or old.attempts:
-            raise PlanError(
+            raise PlanConflict(
                 ERR_STARTED_DROPPED.format(
                     position=old.position, status=old.get_status_display()
                 )
@@ -258,7 +263,7 @@ def plan_rewrite(*, task: Task, steps: list[dict]) -> Task:
             ),
             0,
         )
-        raise PlanError(ERR_DONE_ORDER.format(position=moved))
+        raise PlanConflict(ERR_DONE_ORDER.format(position=moved))
     attempted_old = [
         s.pk
         for s in existing.values()
@@ -271,7 +276,7 @@ def plan_rewrite(*, task: Task, steps: list[dict]) -> Task:
             for a, b in zip(attempted_old, attempted_new, strict=True)
             if a != b
         )
-        raise PlanError(ERR_STARTED_ORDER.format(position=moved))
+        raise PlanConflict(ERR_STARTED_ORDER.format(position=moved))
 
     dropped = [pk for pk in existing if pk not in seen]
     # Dropped steps were never attempted, so they carry no events.

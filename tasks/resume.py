@@ -266,7 +266,7 @@ def resume_advice(step: Step, *, task: Task | None = None) -> ResumeAdvice:
             "blocked",
         )
     if status == Step.Status.RUNNING:
-        if task.lease_owner and not task.lease_expired:
+        if task.lease_live:
             return ResumeAdvice(
                 "in_progress", f"running now on {task.lease_owner}", "wait"
             )

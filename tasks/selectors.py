@@ -383,7 +383,7 @@ def _advise(rows: list[StepRow], task: Task) -> None:
     attention = [r for r in rows if r.needs_attention][:MAX_ADVICE_PER_PAGE]
     if not attention:
         return
-    from tasks.executor import step_resolve_options
+    from tasks.actions import step_resolve_options
     from tasks.resume import envelope_read, resume_advice
     from tasks.words import RULE_WORDS
 

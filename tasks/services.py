@@ -17,7 +17,8 @@ from artifacts.gc import (
     gc_plan,
 )
 from artifacts.models import Artifact
-from tasks.faults import crashpoint
+from pippa_site.errors import NotFound
+from tasks.crashpoints import crashpoint
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 
 ERR_EVENT_DATA_TOO_LARGE = "event data must stay small (refs and sizes, not payloads)"
@@ -25,7 +26,7 @@ ERR_NO_TASK = "no such task"
 MAX_EVENT_DATA_CHARS = 4096
 
 
-class TaskNotFound(LookupError):
+class TaskNotFound(NotFound):
     pass
 
 

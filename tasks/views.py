@@ -19,7 +19,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from tasks import selectors
+from pippa_site.errors import PippaError
+from tasks import actions, selectors
 from tasks.models import Task
 
 FRAGMENTS = ("timeline", "events")
@@ -300,13 +301,11 @@ def _to_confirmation(request: HttpRequest, url: str) -> HttpResponse:
 @require_POST
 @dashboard_login_required
 def task_resume(request: HttpRequest, pk: int) -> HttpResponse:
-    from tasks.executor import ExecutorError, task_resume
-
     task = selectors.task_get_for_user(user=request.user, task_id=pk)
     try:
-        task_resume(task=task, actor=_actor(request))
+        actions.task_resume(task=task, actor=_actor(request))
         messages.success(request, MSG_QUEUED.format(title=task.title))
-    except ExecutorError as exc:
+    except PippaError as exc:
         messages.error(request, str(exc))
     return _after_action(request, task)
 
@@ -314,13 +313,11 @@ def task_resume(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 @dashboard_login_required
 def task_pause(request: HttpRequest, pk: int) -> HttpResponse:
-    from tasks.executor import ExecutorError, task_pause
-
     task = selectors.task_get_for_user(user=request.user, task_id=pk)
     try:
-        task_pause(task=task, actor=_actor(request))
+        actions.task_pause(task=task, actor=_actor(request))
         messages.success(request, MSG_PAUSED.format(title=task.title))
-    except ExecutorError as exc:
+    except PippaError as exc:
         messages.error(request, str(exc))
     return _after_action(request, task)
 
@@ -328,19 +325,17 @@ def task_pause(request: HttpRequest, pk: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @dashboard_login_required
 def task_cancel(request: HttpRequest, pk: int) -> HttpResponse:
-    from tasks.executor import ExecutorError, task_cancel
-
     task = selectors.task_get_for_user(user=request.user, task_id=pk)
     if request.method == "POST" and _confirmed(request):
         try:
-            task_cancel(task=task, actor=_actor(request))
+            actions.task_cancel(task=task, actor=_actor(request))
             messages.success(request, MSG_CANCELLED.format(title=task.title))
-        except ExecutorError as exc:
+        except PippaError as exc:
             messages.error(request, str(exc))
         return redirect(task)
     if request.method == "POST":
         return _to_confirmation(request, reverse("tasks:task_cancel", args=[task.pk]))
-    running = not task.is_idle and task.lease_owner and not task.lease_expired
+    running = not task.is_idle and task.lease_live
     return _confirm(
         request,
         task,
@@ -390,8 +385,6 @@ def _step_confirm_context(step, action: str) -> dict:
 @require_http_methods(["GET", "POST"])
 @dashboard_login_required
 def step_retry(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
-    from tasks.executor import ExecutorError, step_retry
-
     step = selectors.step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
     url = reverse("tasks:step_retry", args=[pk, step.pk])
     if request.method == "GET":
@@ -401,9 +394,9 @@ def step_retry(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
     if step.side_effects and not _confirmed(request):
         return _to_confirmation(request, url)
     try:
-        step_retry(step=step, actor=_actor(request))
+        actions.step_retry(step=step, actor=_actor(request))
         messages.success(request, MSG_RETRIED.format(position=step.position))
-    except ExecutorError as exc:
+    except PippaError as exc:
         messages.error(request, str(exc))
     return _after_action(request, step.task)
 
@@ -411,13 +404,11 @@ def step_retry(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @dashboard_login_required
 def step_resolve(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
-    from tasks.executor import ACTIONS, ExecutorError, step_resolve
-
     step = selectors.step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
     url = reverse("tasks:step_resolve", args=[pk, step.pk])
     if request.method == "GET":
         action = request.GET.get("action", "")
-        if action not in ACTIONS:
+        if action not in actions.ACTIONS:
             raise Http404("no such choice")
         return _confirm(
             request,
@@ -432,12 +423,12 @@ def step_resolve(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
     if action == "rerun" and step.side_effects and not _confirmed(request):
         return _to_confirmation(request, f"{url}?{urlencode({'action': action})}")
     try:
-        step_resolve(step=step, action=action, actor=_actor(request))
+        actions.step_resolve(step=step, action=action, actor=_actor(request))
         label = RESOLVE_LABELS.get(action, action)
         messages.success(
             request, MSG_RESOLVED.format(position=step.position, action=label)
         )
-    except ExecutorError as exc:
+    except PippaError as exc:
         messages.error(request, str(exc))
     return _after_action(request, step.task)
 
@@ -445,8 +436,6 @@ def step_resolve(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @dashboard_login_required
 def task_branch(request: HttpRequest, pk: int) -> HttpResponse:
-    from tasks.executor import ExecutorError, task_branch
-
     task = selectors.task_get_for_user(user=request.user, task_id=pk)
     source = request.POST if request.method == "POST" else request.GET
     position = _int_or_none(source.get("after_position"))
@@ -461,8 +450,10 @@ def task_branch(request: HttpRequest, pk: int) -> HttpResponse:
             request, f"{url}?{urlencode({'after_position': position})}"
         )
     try:
-        branch = task_branch(task=task, after_position=position, actor=_actor(request))
-    except ExecutorError as exc:
+        branch = actions.task_branch(
+            task=task, after_position=position, actor=_actor(request)
+        )
+    except PippaError as exc:
         messages.error(request, str(exc))
         return redirect(task)
     messages.success(request, MSG_BRANCHED.format(position=position))

@@ -14,18 +14,17 @@ from django.utils.html import escape
 
 from artifacts.models import Artifact, ArtifactClass
 from artifacts.services import artifact_verify
+from tasks import actions, crashpoints, executor
 from tasks import admin as tasks_admin
-from tasks import executor
-from tasks.executor import (
-    SimulatedCrash,
-    crashpoint_configure,
-    lease_release,
+from tasks.actions import (
     step_resolve,
     step_resolve_options,
     step_retry,
     task_branch,
     task_resume,
 )
+from tasks.crashpoints import SimulatedCrash
+from tasks.lease import lease_release
 from tasks.models import Event, Step, Task, TaskArtifact
 from tasks.plan import task_create
 from tasks.tools import ToolResult, tool_register
@@ -67,7 +66,7 @@ tool_register("admintest_broken", _broken, artifact_class=ArtifactClass.FETCH)
 @pytest.fixture(autouse=True)
 def _no_crash_left_armed():
     yield
-    crashpoint_configure(None)
+    crashpoints.disarm()
 
 
 @pytest.fixture
@@ -106,10 +105,10 @@ def _plan(*tools: str, max_attempts: int = 3) -> list[dict]:
 
 def _crash_at(task: Task, boundary: str) -> None:
     """Run one step and die at ``boundary``, as a killed worker would."""
-    crashpoint_configure(boundary, action="raise")
+    crashpoints.arm(boundary, action="raise")
     with pytest.raises(SimulatedCrash):
         executor.step(task_id=task.pk, worker_id=WORKER)
-    crashpoint_configure(None)
+    crashpoints.disarm()
 
 
 def _expire_lease(task: Task) -> None:
@@ -288,7 +287,7 @@ def test_resuming_a_done_task_is_refused_with_the_services_reason(
     _, msgs = _run_action(
         staff_client, "admin:tasks_task_changelist", "resume_tasks", [task.pk]
     )
-    assert f"Task {task.pk}: {executor.ERR_TASK_DONE}" in msgs
+    assert f"Task {task.pk}: {actions.ERR_TASK_DONE}" in msgs
     assert _state(task) == before
 
 
@@ -506,7 +505,7 @@ def test_retrying_a_done_step_is_refused_with_the_services_reason(
     _, msgs = _run_action(
         staff_client, "admin:tasks_step_changelist", "retry_steps", [step.pk]
     )
-    expected = executor.ERR_NOT_RETRYABLE.format(position=1, status="done")
+    expected = actions.ERR_NOT_RETRYABLE.format(position=1, status="done")
     assert f"Step {step.pk}: {expected}" in msgs
     assert _state(task) == before
 
@@ -567,7 +566,7 @@ def test_branching_after_an_unfinished_step_is_refused(staff_client, make_conver
         follow=True,
     )
     msgs = [str(m) for m in get_messages(response.wsgi_request)]
-    expected = executor.ERR_BRANCH_UNFINISHED.format(position=1, status="failed")
+    expected = actions.ERR_BRANCH_UNFINISHED.format(position=1, status="failed")
     assert f"Task {task.pk}: {expected}" in msgs
     assert not Task.objects.filter(branched_from=task).exists()
 

@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from artifacts.models import ArtifactClass
-from tasks import executor
+from tasks import crashpoints, executor
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
 from tasks.tools import ToolResult, tool_register
@@ -77,12 +77,12 @@ def _task_left_by_a_dead_worker(
             {"title": "Chart it", "tool": "browseradmin_chart", "args": {}},
         ],
     )
-    executor.crashpoint_configure("after_started", action="raise")
+    crashpoints.arm("after_started", action="raise")
     try:
-        with pytest.raises(executor.SimulatedCrash):
+        with pytest.raises(crashpoints.SimulatedCrash):
             executor.step(task_id=task.pk, worker_id=DEAD_WORKER)
     finally:
-        executor.crashpoint_configure(None)
+        crashpoints.disarm()
     Task.objects.filter(pk=task.pk).update(
         lease_expires_at=timezone.now() - timedelta(minutes=10)
     )

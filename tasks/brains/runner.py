@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pippa_site.errors import LeaseConflict, PippaError
 from tasks.brains.base import BrainAdapter, Message, ToolSpec
 
 logger = logging.getLogger("pippa.brains")
@@ -406,11 +407,11 @@ class LocalBackend:
 
     def resume(self, task_id: int) -> dict[str, Any]:
         from pippa_site.selectors import task_payload
-        from tasks.executor import ExecutorError, task_resume
+        from tasks.actions import task_resume
 
         try:
             task = task_resume(task=self._task(task_id), actor=f"runner:{self.user}")
-        except ExecutorError as exc:
+        except PippaError as exc:
             raise ToolFailure(str(exc)) from None
         return task_payload(task)
 
@@ -422,11 +423,10 @@ class LocalBackend:
     def rewrite_plan(self, task_id: int, steps: list[dict]) -> dict[str, Any]:
         from pippa_site.selectors import task_payload
         from pippa_site.services import api_plan_rewrite
-        from tasks.plan import PlanError
 
         try:
             task = api_plan_rewrite(task=self._task(task_id), steps=steps)
-        except PlanError as exc:
+        except PippaError as exc:
             raise ToolFailure(str(exc)) from None
         return task_payload(task)
 
@@ -476,10 +476,14 @@ class HttpBackend:
                 content = response.read(raw_limit) if raw_limit else response.read()
         except urllib.error.HTTPError as exc:
             try:
-                detail = json.loads(exc.read()).get("detail", exc.reason)
+                body = json.loads(exc.read())
             except ValueError:
-                detail = exc.reason
-            if exc.code == 409 and isinstance(detail, str) and "lease" in detail:
+                body = {}
+            if not isinstance(body, dict):
+                body = {}
+            detail = body.get("detail", exc.reason)
+            # The refusal's code, never its words, says "another worker holds the lease".
+            if body.get("code") == LeaseConflict.code:
                 raise LeaseBusy(detail) from None
             if 400 <= exc.code < 500:
                 raise ToolFailure(f"{exc.code}: {detail}") from None

@@ -7,7 +7,9 @@ from collections import Counter
 from pathlib import Path
 
 from artifacts.store import default_store
-from tasks.executor import SimulatedCrash, crashpoint_configure, step
+from tasks import crashpoints
+from tasks.crashpoints import SimulatedCrash
+from tasks.executor import step
 from tasks.models import Event, Step, Task
 
 
@@ -29,7 +31,7 @@ def crash_at(task_id: int, boundary: str, worker_id: str = "worker:crashed") -> 
 
     In-process stand-in for a kill (the subprocess tests use real SIGKILL).
     """
-    crashpoint_configure(boundary, action="raise")
+    crashpoints.arm(boundary, action="raise")
     try:
         for _ in range(100):
             try:
@@ -40,7 +42,7 @@ def crash_at(task_id: int, boundary: str, worker_id: str = "worker:crashed") -> 
                 break
         raise AssertionError(f"boundary {boundary} was never reached")
     finally:
-        crashpoint_configure(None)
+        crashpoints.disarm()
 
 
 def expire_lease(task_id: int) -> None:

@@ -171,6 +171,8 @@ def _life(executor, Task, worker_id, by_timer, fault, seed, life) -> int:
     """
     from django.db import DatabaseError, connection
 
+    from tasks import crashpoints
+
     try:
         if fault == "db" and connection.vendor == "sqlite":
             # A short busy timeout: the zygote's write lock outlasts it.
@@ -181,7 +183,7 @@ def _life(executor, Task, worker_id, by_timer, fault, seed, life) -> int:
                 LIFE_APP
             )
         if not by_timer:
-            executor.crashpoint_configure(f"random:0.06:{seed * 100003 + life}")
+            crashpoints.arm(f"random:0.06:{seed * 100003 + life}")
         for task in Task.objects.runnable().order_by("?")[:5]:
             while True:
                 outcome = executor.step(task_id=task.pk, worker_id=worker_id)

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from tasks.executor import BOUNDARIES
+from tasks.crashpoints import BOUNDARIES
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
 from tasks.tools import tools_load

@@ -56,11 +56,13 @@ def killed_delete(conversation_id: int, env: dict, python_exe: str) -> None:
             "manage.py",
             "shell",
             "-c",
+            "from tasks import crashpoints; "
             "from tasks.services import conversation_delete; "
+            "crashpoints.arm('after_delete_commit'); "
             f"conversation_delete(conversation_id={conversation_id})",
         ],
         cwd=REPO,
-        env={**env, "PIPPA_CRASHPOINT": "after_delete_commit"},
+        env=env,
         capture_output=True,
         text=True,
         timeout=120,

@@ -301,7 +301,7 @@ def test_an_expired_lease_is_released_with_an_event(make_task):
     assert (expired.lease_owner, expired.lease_expires_at) == ("", None)
     assert live.lease_owner == "worker:b"
     event = Event.objects.get(task=expired)
-    assert (event.kind, event.data["actor"], event.data["owner"]) == (
+    assert (event.kind, event.data["actor"], event.data["previous_owner"]) == (
         "lease_released",
         "doctor",
         "worker:a",
@@ -383,7 +383,7 @@ def test_the_doctor_leaves_open_tool_calls_to_the_next_worker_and_hands_only_aba
 def test_after_an_operator_rerun_the_doctor_leaves_the_step_alone(
     make_conversation, settings
 ):
-    from tasks.executor import step_resolve
+    from tasks.actions import step_resolve
     from tasks.plan import task_create
     from tasks.tools import tools_load
     from tests.support.executing import crash_at, expire_lease, run_task

@@ -7,10 +7,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from artifacts.models import Artifact
-from tasks.executor import (
-    ExecutorError,
-    lease_release,
-    step,
+from pippa_site.errors import Conflict
+from tasks.actions import (
     step_resolve,
     step_resolve_options,
     step_retry,
@@ -18,6 +16,8 @@ from tasks.executor import (
     task_pause,
     task_resume,
 )
+from tasks.executor import step
+from tasks.lease import lease_release
 from tasks.models import Event, Step, Task, TaskArtifact
 from tasks.plan import task_create
 from tasks.tools import tools_load
@@ -131,13 +131,13 @@ def test_an_expired_lease_is_taken_over_and_the_event_names_the_previous_owner(
 
 @pytest.mark.django_db
 def test_a_worker_that_lost_its_lease_cannot_record_a_result(demo_task):
-    from tasks.executor import LeaseLost, _append_held
+    from tasks.lease import LeaseLost, lease_append
 
     task = demo_task()
     step(task_id=task.pk, worker_id="worker:a")
     Task.objects.filter(pk=task.pk).update(lease_owner="worker:b")
     with pytest.raises(LeaseLost), connection.cursor() as cursor:
-        _append_held(cursor, task.pk, "worker:a", [("probe", None, {})])
+        lease_append(cursor, task.pk, "worker:a", [("probe", None, {})])
     assert not Event.objects.filter(kind="probe").exists()
 
 
@@ -341,9 +341,9 @@ def test_step_resolve_refuses_an_action_the_class_rules_do_not_allow(
     step(task_id=task.pk, worker_id="w")
     the_step = Step.objects.get(task=task)
     assert step_resolve_options(the_step) == ["rerun", "fail", "skip"]
-    with pytest.raises(ExecutorError, match="'adopt' is not allowed"):
+    with pytest.raises(Conflict, match="'adopt' is not allowed"):
         step_resolve(step=the_step, action="adopt")
-    with pytest.raises(ExecutorError, match="unknown action"):
+    with pytest.raises(Conflict, match="unknown action"):
         step_resolve(step=the_step, action="explode")
     the_step.refresh_from_db()
     assert the_step.status == "needs_review"
@@ -455,7 +455,7 @@ def test_retry_refuses_a_step_that_is_not_failed_or_in_review(demo_task):
     task = demo_task()
     step(task_id=task.pk, worker_id="w")
     done = Step.objects.get(task=task, position=1)
-    with pytest.raises(ExecutorError, match="only a failed or needs-review step"):
+    with pytest.raises(Conflict, match="only a failed or needs-review step"):
         step_retry(step=done)
 
 
@@ -488,7 +488,7 @@ def test_branch_keeps_the_first_steps_with_their_outputs_and_continues(
 def test_branch_refuses_to_keep_an_unfinished_step(demo_task):
     task = demo_task()
     step(task_id=task.pk, worker_id="w")
-    with pytest.raises(ExecutorError, match="step 2 is pending"):
+    with pytest.raises(Conflict, match="step 2 is pending"):
         task_branch(task=task, after_position=2)
     assert Task.objects.count() == 1
 
@@ -514,7 +514,7 @@ def test_resume_refuses_a_task_with_a_step_that_needs_a_person(make_conversation
     crash_at(task.pk, "after_started")
     expire_lease(task.pk)
     step(task_id=task.pk, worker_id="w")
-    with pytest.raises(ExecutorError, match="step 1 is needs review"):
+    with pytest.raises(Conflict, match="step 1 is needs review"):
         task_resume(task=task)
 
 
@@ -522,7 +522,7 @@ def test_resume_refuses_a_task_with_a_step_that_needs_a_person(make_conversation
 def test_lease_release_refuses_a_live_lease_unless_forced(demo_task):
     task = demo_task()
     step(task_id=task.pk, worker_id="worker:a")
-    with pytest.raises(ExecutorError, match="holds this task's lease"):
+    with pytest.raises(Conflict, match="holds this task's lease"):
         lease_release(task=task, actor="staff:dad")
     assert lease_release(task=task, actor="worker:a") is True
     step(task_id=task.pk, worker_id="worker:a")

@@ -18,8 +18,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from artifacts.store import default_store
-from tasks import executor
-from tasks.executor import step, step_resolve_options
+from tasks import actions, executor
+from tasks.actions import step_resolve_options
+from tasks.executor import step
 from tasks.faults import (
     REASON_DB_LOCKED,
     REASON_DB_LOST,
@@ -317,7 +318,7 @@ def test_a_retry_by_a_person_does_not_wait_out_the_old_back_off(
     the_step = Step.objects.get(task=task)
     Step.objects.filter(pk=the_step.pk).update(status="failed")
 
-    executor.step_retry(step=the_step, actor="dad")
+    actions.step_retry(step=the_step, actor="dad")
 
     assert Step.objects.get(pk=the_step.pk).next_attempt_at is None
     assert Task.objects.runnable().filter(pk=task.pk).exists()

@@ -11,14 +11,12 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from tasks.executor import (
+from pippa_site.errors import Conflict
+from tasks import crashpoints
+from tasks.actions import (
     ERR_BRANCH_NOTHING,
     ERR_NOT_CANCELLABLE,
     ERR_TASK_CANCELLED,
-    ExecutorError,
-    SimulatedCrash,
-    crashpoint_configure,
-    step,
     step_resolve,
     step_retry,
     task_branch,
@@ -26,6 +24,8 @@ from tasks.executor import (
     task_pause,
     task_resume,
 )
+from tasks.crashpoints import SimulatedCrash
+from tasks.executor import step
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
 from tasks.tools import ToolContext, ToolResult, tool, tools_load
@@ -118,7 +118,7 @@ def test_a_paused_task_finishes_after_resume(make_conversation):
 
 def test_a_finished_task_cannot_be_paused(make_conversation):
     task = _run(_task(make_conversation(), [{"title": "one", "tool": "test.fetch"}]))
-    with pytest.raises(ExecutorError):
+    with pytest.raises(Conflict):
         task_pause(task=task, actor="user:dad")
 
 
@@ -177,7 +177,7 @@ def test_cancelling_a_task_with_a_dead_worker_releases_its_stale_lease(
 @pytest.mark.parametrize("status", [Task.Status.DONE, Task.Status.CANCELLED])
 def test_a_finished_or_cancelled_task_cannot_be_cancelled(make_task, status):
     task = make_task(status=status)
-    with pytest.raises(ExecutorError) as exc:
+    with pytest.raises(Conflict) as exc:
         task_cancel(task=task, actor="user:dad")
     assert str(exc.value) == ERR_NOT_CANCELLABLE.format(
         status=Task.Status(status).label
@@ -205,7 +205,7 @@ def test_a_cancelled_task_refuses_resume_retry_and_resolve_but_can_be_branched(
         lambda: step_retry(step=failed),
         lambda: step_resolve(step=failed, action="skip"),
     ):
-        with pytest.raises(ExecutorError) as exc:
+        with pytest.raises(Conflict) as exc:
             action()
         assert str(exc.value) == ERR_TASK_CANCELLED
     task.refresh_from_db()
@@ -218,12 +218,12 @@ def test_the_doctor_does_not_reopen_a_cancelled_task(make_conversation):
     from tasks.doctor import _envelope_close
 
     task = _task(make_conversation(), [{"title": "one", "tool": "test.fetch"}])
-    crashpoint_configure("after_started", action="raise")
+    crashpoints.arm("after_started", action="raise")
     try:
         with pytest.raises(SimulatedCrash):
             step(task_id=task.pk, worker_id=WORKER)
     finally:
-        crashpoint_configure(None)
+        crashpoints.disarm()
     Task.objects.filter(pk=task.pk).update(
         lease_expires_at=timezone.now() - timezone.timedelta(minutes=5)
     )
@@ -313,7 +313,7 @@ def test_a_branch_after_the_last_step_of_a_finished_task_is_refused(
             ],
         )
     )
-    with pytest.raises(ExecutorError) as exc:
+    with pytest.raises(Conflict) as exc:
         task_branch(task=task, after_position=2, actor="user:dad")
     assert str(exc.value) == ERR_BRANCH_NOTHING
     assert Task.objects.count() == 1

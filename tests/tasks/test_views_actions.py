@@ -7,7 +7,9 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from tasks.executor import SimulatedCrash, crashpoint_configure, step
+from tasks import crashpoints
+from tasks.crashpoints import SimulatedCrash
+from tasks.executor import step
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
 
@@ -60,12 +62,12 @@ def _crashed(conversation, tool: str, boundary: str) -> Task:
         title=f"Crash in {tool}",
         steps=[{"title": f"Run {tool}", "tool": tool, "args": {}}],
     )
-    crashpoint_configure(boundary, action="raise")
+    crashpoints.arm(boundary, action="raise")
     try:
         with pytest.raises(SimulatedCrash):
             step(task_id=task.pk, worker_id=WORKER)
     finally:
-        crashpoint_configure(None)
+        crashpoints.disarm()
     Task.objects.filter(pk=task.pk).update(
         lease_expires_at=timezone.now() - timezone.timedelta(minutes=1)
     )

@@ -332,7 +332,7 @@ def test_a_retried_step_shows_its_failed_attempts_with_their_reasons(
         ],
     )
     _run(task)
-    from tasks.executor import step_retry
+    from tasks.actions import step_retry
 
     step_retry(step=task.steps.get(), actor="user:dad")
     _run(task)

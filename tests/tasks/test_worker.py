@@ -11,7 +11,7 @@ from collections import defaultdict
 import pytest
 from django.core.management import call_command
 
-from tasks.executor import task_resume
+from tasks.actions import task_resume
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
 from tasks.tools import tools_load

@@ -14,6 +14,8 @@ import os
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
+from tasks import crashpoints
+
 ERR_WHO = (
     "say who the server acts as: --user NAME, --token TOKEN, or a token in the"
     " environment variable {var}"
@@ -33,6 +35,7 @@ class Command(BaseCommand):
             default="PIPPA_API_TOKEN",
             help="environment variable holding an API token (default PIPPA_API_TOKEN)",
         )
+        crashpoints.add_option(parser)
 
     def handle(self, *args, **opts):
         from django.db import connections
@@ -40,6 +43,7 @@ class Command(BaseCommand):
         from pippa_mcp.server import acting_as, build_server
         from pippa_site.services import token_authenticate
 
+        crashpoints.arm(opts["crashpoint"])
         user = None
         if opts["user"]:
             user = (

@@ -17,20 +17,16 @@ from django.contrib.auth import get_user_model
 from django.core.management import BaseCommand
 from django.utils import timezone
 
+from tasks import crashpoints
+from tasks.actions import step_retry, task_branch, task_pause
+from tasks.crashpoints import SimulatedCrash
 from tasks.demo import (
     LIVE_CONVERSATION,
     four_steps,
     live_task_running,
     live_task_start,
 )
-from tasks.executor import (
-    SimulatedCrash,
-    crashpoint_configure,
-    step,
-    step_retry,
-    task_branch,
-    task_pause,
-)
+from tasks.executor import step
 from tasks.models import Conversation, Step, Task
 from tasks.plan import task_create
 from tasks.tools import tools_load
@@ -87,13 +83,13 @@ def run_until_stopped(task: Task) -> None:
 
 def interrupt(task: Task, point: str) -> None:
     """Leave ``task`` as a worker killed at ``point`` would, then pause it."""
-    crashpoint_configure(point, action="raise")
+    crashpoints.arm(point, action="raise")
     try:
         run_until_stopped(task)
     except SimulatedCrash:
         pass
     finally:
-        crashpoint_configure(None)
+        crashpoints.disarm()
     Task.objects.filter(pk=task.pk, lease_owner=LOADER).update(
         lease_expires_at=timezone.now() - timedelta(seconds=1)
     )

@@ -25,14 +25,10 @@ from django.core.management import BaseCommand
 from django.db import DatabaseError, close_old_connections, connection
 
 from artifacts.gc import pending_unlinks_finish
-from tasks.executor import (
-    LeaseLost,
-    StepOutcome,
-    lease_release,
-    step,
-    unnamed_blobs_record,
-)
+from tasks import crashpoints
+from tasks.executor import StepOutcome, step, unnamed_blobs_record
 from tasks.faults import fault_delay, fault_reason, store_probe
+from tasks.lease import LeaseLost, lease_release
 from tasks.models import Task
 from tasks.tools import tools_load
 
@@ -64,9 +60,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--task", type=int, action="append", default=[], help="only these task ids"
         )
+        crashpoints.add_option(parser)
 
     def handle(self, *args, **options) -> None:
         tools_load()
+        crashpoints.arm(options["crashpoint"])
         self.worker_id = (
             options["worker_id"] or f"worker:{socket.gethostname()}-{os.getpid()}"
         )

@@ -1,0 +1,46 @@
+"""Typed refusals: what a service raises when a request cannot be done.
+
+Each kind carries its HTTP status and a machine-readable ``code``; a door
+maps them by type (the JSON API's one exception handler, the MCP server's
+tool errors, a view's message), never by reading the words, so rewording a
+message changes nothing a program relies on. The message itself is for a
+person and says what to do.
+
+This module sits below every app: it imports nothing of the project.
+"""
+
+from __future__ import annotations
+
+
+class PippaError(Exception):
+    """An anticipated refusal; its message is for the person who asked."""
+
+    status = 400
+    code = "invalid"
+
+
+class Invalid(PippaError, ValueError):
+    """The request itself is wrong (a bad plan, a bad value): 400."""
+
+    status = 400
+    code = "invalid"
+
+
+class NotFound(PippaError, LookupError):
+    """No such row, or not one the asker may see: 404."""
+
+    status = 404
+    code = "not_found"
+
+
+class Conflict(PippaError):
+    """The request clashes with the state it would change: 409."""
+
+    status = 409
+    code = "conflict"
+
+
+class LeaseConflict(Conflict):
+    """Another worker holds the task's lease right now: 409, wait and ask again."""
+
+    code = "lease_held"

@@ -1,0 +1,481 @@
+"""What a person (or a brain's runner) does to a task: pause, cancel, resume, retry, branch, resolve.
+
+Every door calls these: the dashboard, the admin, the JSON API, the MCP
+server and the brain runner. Each one locks the task, refuses what the task's
+state does not allow (``ActionError``, or ``LeaseConflict`` while a worker
+holds a live lease), writes, and logs an event naming the ``actor``.
+Releasing a lease by hand is ``tasks.lease.lease_release``. The step itself
+runs in ``tasks.executor``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from artifacts.models import ArtifactClass
+from pippa_site.errors import Conflict
+from tasks.executor import outcome_preview, step_adopt
+from tasks.lease import lease_drop, lease_refuse_live
+from tasks.models import TASK_OPEN, Event, LinkRole, Step, Task, TaskArtifact
+from tasks.resume import (
+    Envelope,
+    envelope_read,
+    payload_intact,
+    source_ids_for,
+    sources_alive,
+)
+from tasks.services import events_append
+
+ERR_NOT_RETRYABLE = (
+    "only a failed or needs-review step can be retried (step {position} is {status})"
+)
+ERR_TASK_DONE = "the task is done; branch it to continue from an earlier step"
+ERR_RESUME_BLOCKED = "step {position} is {status}: retry or resolve it before resuming"
+ERR_BRANCH_POSITION = "branch after a step from 0 to {total}"
+ERR_BRANCH_UNFINISHED = (
+    "step {position} is {status}: a branch keeps only finished steps"
+)
+ERR_ACTION_UNKNOWN = "unknown action {action!r}: use adopt, rerun, fail or skip"
+ERR_ACTION_NOT_ALLOWED = (
+    "{action!r} is not allowed for step {position} now; allowed: {allowed}"
+)
+ERR_TASK_NOT_RUNNABLE = (
+    "the task is {status}; only a queued or running task can be paused"
+)
+ERR_TASK_CANCELLED = (
+    "the task was cancelled; branch it to continue from an earlier step"
+)
+ERR_NOT_CANCELLABLE = "the task is {status}; only an unfinished task can be cancelled"
+ERR_BRANCH_NOTHING = (
+    "a branch after the last step would be a copy that changes nothing:"
+    " branch from an earlier step"
+)
+
+ACTIONS = ("adopt", "rerun", "fail", "skip")
+FINISHED = (Step.Status.DONE, Step.Status.SKIPPED)
+
+
+class ActionError(Conflict):
+    """The task's state does not allow the action now (409 at the API)."""
+
+
+def _locked(task: Task) -> Task:
+    return Task.objects.select_for_update().get(pk=task.pk)
+
+
+def _release_dead(locked: Task, actor: str) -> list:
+    """Clear a lease nobody holds live before an action; the entry for its log."""
+    return lease_drop(locked, actor=actor, forced=True)
+
+
+def _refuse_cancelled(task: Task) -> None:
+    if task.status == Task.Status.CANCELLED:
+        raise ActionError(ERR_TASK_CANCELLED)
+
+
+def _settle(
+    task: Task, entries: list, *, actor: str = "", resume: bool = False
+) -> Task:
+    """Recompute a task's status and progress from its steps after a manual action.
+
+    ``resume``: the action was a person's decision, which is also the go-ahead,
+    so a paused task goes back to the worker queue instead of staying paused.
+    """
+    statuses = list(Step.objects.filter(task=task).values_list("status", flat=True))
+    done = sum(1 for s in statuses if s in FINISHED)
+    if Step.Status.NEEDS_REVIEW in statuses:
+        status = Task.Status.NEEDS_REVIEW
+    elif Step.Status.FAILED in statuses:
+        status = Task.Status.FAILED
+    elif done == len(statuses):
+        status = Task.Status.DONE
+    elif task.status == Task.Status.PAUSED and not resume:
+        status = Task.Status.PAUSED
+    else:
+        status = Task.Status.QUEUED
+    now = timezone.now()
+    changes: dict[str, Any] = {"status": status, "steps_done": done, "updated_at": now}
+    if status in (Task.Status.DONE, Task.Status.FAILED):
+        changes["finished_at"] = task.finished_at or now
+    else:
+        changes["finished_at"] = None
+    if status != task.status:
+        if status == Task.Status.DONE:
+            entries.append((Event.Kind.TASK_FINISHED, None, {"actor": actor}))
+        elif status == Task.Status.QUEUED:
+            reason = "decision" if resume else "settled"
+            entries.append(
+                (Event.Kind.TASK_QUEUED, None, {"actor": actor, "reason": reason})
+            )
+    Task.objects.filter(pk=task.pk).update(**changes)
+    if entries:
+        events_append(task_id=task.pk, entries=entries)
+    task.refresh_from_db()
+    return task
+
+
+# -- pause and resume ------------------------------------------------------------
+
+
+@transaction.atomic
+def task_pause(*, task: Task, actor: str = "") -> Task:
+    """Take a queued or running task off the worker queue until it is resumed."""
+    locked = _locked(task)
+    if locked.status not in (Task.Status.QUEUED, Task.Status.RUNNING):
+        raise ActionError(ERR_TASK_NOT_RUNNABLE.format(status=locked.status))
+    entries: list = [(Event.Kind.TASK_PAUSED, None, {"actor": actor})]
+    if locked.lease_expired:
+        entries += _release_dead(locked, actor)
+    Task.objects.filter(pk=locked.pk).update(
+        status=Task.Status.PAUSED, updated_at=timezone.now()
+    )
+    events_append(task_id=locked.pk, entries=entries)
+    task.refresh_from_db()
+    return task
+
+
+@transaction.atomic
+def task_cancel(*, task: Task, actor: str = "") -> Task:
+    """Stop an unfinished task for good, effective at the next step boundary.
+
+    A call in flight finishes and its result is saved (its worker still holds
+    the lease); the executor then starts no further step and gives the lease
+    back. Nothing is deleted: the steps and outputs stay, and a branch can
+    continue from any finished step.
+    """
+    locked = _locked(task)
+    if locked.status not in TASK_OPEN:
+        raise ActionError(
+            ERR_NOT_CANCELLABLE.format(status=locked.get_status_display())
+        )
+    in_flight = locked.lease_live
+    entries: list = [
+        (
+            Event.Kind.TASK_CANCELLED,
+            None,
+            {"actor": actor, "previous_status": locked.status, "in_flight": in_flight},
+        )
+    ]
+    if not in_flight:
+        entries += _release_dead(locked, actor)
+    now = timezone.now()
+    Task.objects.filter(pk=locked.pk).update(
+        status=Task.Status.CANCELLED, updated_at=now, finished_at=now
+    )
+    events_append(task_id=locked.pk, entries=entries)
+    task.refresh_from_db()
+    return task
+
+
+@transaction.atomic
+def task_resume(*, task: Task, actor: str = "") -> Task:
+    """Queue a paused or interrupted task for a worker; log who asked."""
+    locked = _locked(task)
+    if locked.status == Task.Status.DONE:
+        raise ActionError(ERR_TASK_DONE)
+    _refuse_cancelled(locked)
+    blocked = (
+        Step.objects.filter(
+            task=locked, status__in=[Step.Status.FAILED, Step.Status.NEEDS_REVIEW]
+        )
+        .order_by("position")
+        .first()
+    )
+    if blocked is not None:
+        raise ActionError(
+            ERR_RESUME_BLOCKED.format(
+                position=blocked.position, status=blocked.get_status_display()
+            )
+        )
+    entries: list = []
+    if locked.lease_expired:
+        entries += _release_dead(locked, actor)
+    # A worker still holding a live lease (paused mid-step) simply carries on:
+    # its next renewal accepts a queued task.
+    Task.objects.filter(pk=locked.pk).update(
+        status=Task.Status.QUEUED, updated_at=timezone.now(), finished_at=None
+    )
+    entries.append((Event.Kind.TASK_QUEUED, None, {"actor": actor, "reason": "resume"}))
+    events_append(task_id=locked.pk, entries=entries)
+    task.refresh_from_db()
+    return task
+
+
+# -- retry -------------------------------------------------------------------------
+
+
+@transaction.atomic
+def step_retry(*, step: Step, actor: str = "") -> Step:
+    """Run a failed or needs-review step again, as a new generation.
+
+    The new generation gives the call a new idempotency key; earlier outputs
+    (a class-3 snapshot, say) stay linked to the task as history.
+    """
+    task = _locked(step.task)
+    _refuse_cancelled(task)
+    current = Step.objects.get(pk=step.pk)
+    if current.status not in (Step.Status.FAILED, Step.Status.NEEDS_REVIEW):
+        raise ActionError(
+            ERR_NOT_RETRYABLE.format(
+                position=current.position, status=current.get_status_display()
+            )
+        )
+    lease_refuse_live(task, actor)
+    entries: list = _release_dead(task, actor)
+    Step.objects.filter(pk=current.pk).update(
+        status=Step.Status.PENDING,
+        attempts=0,
+        generation=current.generation + 1,
+        next_attempt_at=None,
+        error="",
+        output=None,
+        started_at=None,
+        finished_at=None,
+    )
+    entries.append(
+        (
+            Event.Kind.STEP_RETRIED,
+            current.pk,
+            {
+                "actor": actor,
+                "previous_status": current.status,
+                "generation": current.generation + 1,
+                "previous_output": current.output_id,
+            },
+        )
+    )
+    _settle(task, entries, actor=actor, resume=True)
+    step.refresh_from_db()
+    return step
+
+
+# -- branch ------------------------------------------------------------------------
+
+
+@transaction.atomic
+def task_branch(*, task: Task, after_position: int, actor: str = "") -> Task:
+    """Make a new task in the same conversation keeping steps 1..k and their outputs.
+
+    1. Refuse a ``k`` out of range, or one that keeps an unfinished step.
+    2. Create the branch task, done if it keeps every step, else queued.
+    3. Copy every step: kept ones with their status, attempts and output,
+       the rest as new pending steps; link the kept outputs as referenced.
+    4. Log ``task_branched`` on both tasks.
+    """
+    source = Task.objects.get(pk=task.pk)
+    steps = list(Step.objects.filter(task=source).order_by("position"))
+    _branch_check(steps, after_position)
+    branch = _branch_task(source, steps, after_position)
+    _branch_steps(branch, steps, after_position)
+    entries = [
+        (
+            Event.Kind.TASK_CREATED,
+            None,
+            {"steps": len(steps), "brain": branch.brain, "title": branch.title[:200]},
+        ),
+        (
+            Event.Kind.TASK_BRANCHED,
+            None,
+            {
+                "branched_from": source.pk,
+                "after_position": after_position,
+                "actor": actor,
+            },
+        ),
+    ]
+    if branch.status == Task.Status.QUEUED:
+        entries.append((Event.Kind.TASK_QUEUED, None, {"reason": "branch"}))
+    events_append(task_id=branch.pk, entries=entries)
+    events_append(
+        task_id=source.pk,
+        entries=[
+            (
+                Event.Kind.TASK_BRANCHED,
+                None,
+                {"branch": branch.pk, "after_position": after_position, "actor": actor},
+            )
+        ],
+    )
+    return branch
+
+
+def _branch_check(steps: list[Step], after_position: int) -> None:
+    if not 0 <= after_position <= len(steps):
+        raise ActionError(ERR_BRANCH_POSITION.format(total=len(steps)))
+    if after_position == len(steps):
+        raise ActionError(ERR_BRANCH_NOTHING)
+    for s in steps[:after_position]:
+        if s.status not in FINISHED:
+            raise ActionError(
+                ERR_BRANCH_UNFINISHED.format(
+                    position=s.position, status=s.get_status_display()
+                )
+            )
+
+
+def _branch_task(source: Task, steps: list[Step], after_position: int) -> Task:
+    now = timezone.now()
+    status = Task.Status.DONE if after_position == len(steps) else Task.Status.QUEUED
+    return Task.objects.create(
+        conversation_id=source.conversation_id,
+        title=f"{source.title} (branch after step {after_position})"[:300],
+        brain=source.brain,
+        status=status,
+        steps_total=len(steps),
+        steps_done=after_position,
+        branched_from=source,
+        branched_at=after_position,
+        created_at=now,
+        updated_at=now,
+        finished_at=now if status == Task.Status.DONE else None,
+    )
+
+
+def _branch_steps(branch: Task, steps: list[Step], after_position: int) -> None:
+    now = timezone.now()
+    copies = []
+    for s in steps:
+        keep = s.position <= after_position
+        copies.append(
+            Step(
+                task=branch,
+                position=s.position,
+                title=s.title,
+                tool=s.tool,
+                args=s.args,
+                artifact_class=s.artifact_class,
+                side_effects=s.side_effects,
+                max_attempts=s.max_attempts,
+                status=s.status if keep else Step.Status.PENDING,
+                attempts=s.attempts if keep else 0,
+                generation=s.generation if keep else 0,
+                output_id=s.output_id if keep else None,
+                started_at=s.started_at if keep else None,
+                finished_at=s.finished_at if keep else None,
+                created_at=now,
+            )
+        )
+    created = Step.objects.bulk_create(copies)
+    TaskArtifact.objects.bulk_create(
+        [
+            TaskArtifact(
+                artifact_id=c.output_id,
+                task=branch,
+                step=c,
+                role=LinkRole.REFERENCED,
+                created_at=now,
+            )
+            for c in created
+            if c.output_id
+        ]
+    )
+
+
+# -- resolve -----------------------------------------------------------------------
+
+
+def step_resolve_options(step: Step) -> list[str]:
+    """Return the actions the class rules allow for a failed or uncertain step."""
+    step = Step.objects.select_related("task").get(pk=step.pk)
+    if step.status == Step.Status.FAILED:
+        return ["rerun", "skip"]
+    uncertain_running = step.status == Step.Status.RUNNING and not step.task.lease_live
+    if step.status != Step.Status.NEEDS_REVIEW and not uncertain_running:
+        return []
+    env = envelope_read(step.pk)
+    if uncertain_running and not env.open:
+        return []
+    return _review_options(step, env)
+
+
+def _review_options(step: Step, env: Envelope) -> list[str]:
+    options = []
+    if env.payload and payload_intact(step.artifact_class, env.payload):
+        options.append("adopt")
+    persisted = bool(env.payload and env.payload.get("sha"))
+    if step.side_effects:
+        # A person decides; the call goes out again with the same idempotency key.
+        options.append("rerun")
+    elif step.artifact_class == ArtifactClass.SNAPSHOT and persisted:
+        pass  # a persisted snapshot is never taken twice (retry makes a new one)
+    elif step.artifact_class == ArtifactClass.RENDER and not sources_alive(
+        source_ids_for(step, env.payload)
+    ):
+        pass  # a render from dead sources would not be the same render
+    else:
+        options.append("rerun")
+    options += ["fail", "skip"]
+    return options
+
+
+def step_resolve(*, step: Step, action: str, actor: str = "") -> Step:
+    """Resolve a failed or uncertain step by hand: adopt, rerun, fail or skip.
+
+    1. Lock the task; refuse an unknown action, a cancelled task, a live
+       lease, or an action the class rules do not offer for the step now.
+    2. Clear a dead lease; do the action and log ``step_resolved`` with it.
+    3. Settle the task's status from its steps. The decision is also the
+       go-ahead: a paused task is queued for the worker (unless the decision
+       leaves it failed or finished).
+    4. After the commit, render an adopted widget's preview.
+    """
+    if action not in ACTIONS:
+        raise ActionError(ERR_ACTION_UNKNOWN.format(action=action))
+    with transaction.atomic():
+        outcome = _resolve_locked(step=step, action=action, actor=actor)
+    if outcome is not None:
+        outcome_preview(outcome)
+    step.refresh_from_db()
+    return step
+
+
+def _resolve_locked(*, step: Step, action: str, actor: str):
+    task = _locked(step.task)
+    _refuse_cancelled(task)
+    lease_refuse_live(task, actor)
+    allowed = step_resolve_options(step)
+    current = Step.objects.get(pk=step.pk)
+    if action not in allowed:
+        raise ActionError(
+            ERR_ACTION_NOT_ALLOWED.format(
+                action=action,
+                position=current.position,
+                allowed=", ".join(allowed) or "none",
+            )
+        )
+    entries: list = _release_dead(task, actor)
+    note = (
+        Event.Kind.STEP_RESOLVED,
+        current.pk,
+        {"action": action, "rule": f"operator_{action}", "actor": actor},
+    )
+    outcome = None
+    if action == "adopt":
+        if entries:
+            events_append(task_id=task.pk, entries=entries)
+            entries = []
+        outcome = step_adopt(step=current, holder=actor or "operator", pre=[note])
+        task.refresh_from_db()
+    elif action == "rerun":
+        Step.objects.filter(pk=current.pk).update(
+            status=Step.Status.PENDING,
+            attempts=min(current.attempts, current.max_attempts - 1),
+            next_attempt_at=None,
+            error="",
+        )
+        entries.append(note)
+    else:  # fail or skip: the step ends here, with its own event
+        ending = {
+            "fail": (Step.Status.FAILED, Event.Kind.STEP_FAILED),
+            "skip": (Step.Status.SKIPPED, Event.Kind.STEP_SKIPPED),
+        }
+        status, kind = ending[action]
+        Step.objects.filter(pk=current.pk).update(
+            status=status, finished_at=timezone.now()
+        )
+        entries += [note, (kind, current.pk, {"actor": actor})]
+    _settle(task, entries, actor=actor, resume=True)
+    return outcome

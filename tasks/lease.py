@@ -1,0 +1,424 @@
+"""A task's lease: who may step it now. Take, renew, release, and when it is dead.
+
+One worker at a time steps a task. It holds the lease (``Task.lease_owner``
+until ``Task.lease_expires_at``); every write the executor makes renews it,
+and the keeper thread renews it while a long tool call runs.
+
+**Dead.** A lease is dead when nobody holds it, or its holder has no expiry,
+or the expiry has passed: ``TaskQuerySet.lease_dead()`` for queries,
+``Task.lease_live`` for one row, and ``DEAD_SQL`` below for the hot path's
+hand-written statements. A holder with no expiry cannot be renewed by
+anybody (every renewal writes an expiry), so it is a dead worker's: any
+worker may take it over, and the doctor and the admin call it stale.
+
+**Release.** Every release leaves the task not running, so a worker's next
+poll finds it: ``lease_close`` is the holder's own release on the hot path
+(with the status the step decided: done, failed, needs review or queued);
+``lease_close_stopped`` is the holder's at the step boundary of a person's
+pause or cancel; ``lease_release`` is everyone else's (the worker loop, a runner that stops,
+a person, the doctor), and puts a running task back to queued. Both log
+``lease_released``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from pippa_site.errors import LeaseConflict
+from tasks.faults import fault_reason
+from tasks.models import Event, Task
+from tasks.services import events_append, events_insert
+
+log = logging.getLogger("pippa.executor")
+
+ERR_LEASE_HELD = "a worker ({owner}) holds this task's lease until {until}; wait, or force the release"
+
+T_TASK = Task._meta.db_table
+# The hot path's spelling of TaskQuerySet.lease_dead() (one parameter: now).
+DEAD_SQL = "(lease_owner = '' OR lease_expires_at IS NULL OR lease_expires_at < %s)"
+
+Entry = tuple[str, int | None, dict[str, Any]]
+
+
+class LeaseLost(RuntimeError):
+    """Another worker took the lease: this worker must not record anything."""
+
+
+@dataclass
+class Lease:
+    """What taking the lease read: progress, and the events taking it owes the log."""
+
+    steps_total: int
+    steps_done: int
+    entries: list[Entry] = field(default_factory=list)
+
+
+def lease_until():
+    return timezone.now() + timedelta(seconds=settings.PIPPA_LEASE_SECONDS)
+
+
+def _dt(value):
+    return connection.ops.adapt_datetimefield_value(value)
+
+
+def parse_dt(value):
+    """A datetime as read by a raw cursor (a string on SQLite) -> aware datetime."""
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if value is not None and timezone.is_naive(value):
+        value = timezone.make_aware(value, UTC)
+    return value
+
+
+# -- the holder: take, renew-and-append, close (the hot path, raw SQL) ---------
+
+
+def lease_take(cursor, task_id: int, worker_id: str) -> Lease | None:
+    """Take or renew the task's lease with conditional UPDATEs; None if another holds it.
+
+    1. Renewal, the common case: one statement, ours and queued or running.
+    2. Otherwise read the holder: a live lease of another worker is refused.
+    3. A dead lease is taken over (``lease_taken_over`` names the previous
+       owner), a free one taken (``lease_taken``); the UPDATE re-checks both.
+    """
+    now = timezone.now()
+    until = _dt(now + timedelta(seconds=settings.PIPPA_LEASE_SECONDS))
+    cursor.execute(
+        f"UPDATE {T_TASK} SET lease_expires_at = %s, status = 'running', updated_at = %s "
+        f"WHERE id = %s AND lease_owner = %s AND status IN ('queued', 'running') "
+        f"RETURNING steps_total, steps_done",
+        [until, _dt(now), task_id, worker_id],
+    )
+    row = cursor.fetchone()
+    if row is not None:
+        return Lease(row[0], row[1])
+    cursor.execute(
+        f"SELECT status, lease_owner, lease_expires_at FROM {T_TASK} WHERE id = %s",
+        [task_id],
+    )
+    row = cursor.fetchone()
+    if row is None or row[0] not in (Task.Status.QUEUED, Task.Status.RUNNING):
+        return None
+    _, previous, expires = row
+    expires_at = parse_dt(expires)
+    if previous and expires_at is not None and expires_at >= now:
+        return None
+    cursor.execute(
+        f"UPDATE {T_TASK} SET lease_owner = %s, lease_expires_at = %s, "
+        f"status = 'running', updated_at = %s WHERE id = %s AND lease_owner = %s "
+        f"AND {DEAD_SQL} AND status IN ('queued', 'running') "
+        f"RETURNING steps_total, steps_done",
+        [worker_id, until, _dt(now), task_id, previous, _dt(now)],
+    )
+    if previous:
+        entry: Entry = (
+            Event.Kind.LEASE_TAKEN_OVER,
+            None,
+            {
+                "worker": worker_id,
+                "previous_owner": previous,
+                "expired_at": expires_at.isoformat() if expires_at else None,
+            },
+        )
+    else:
+        entry = (Event.Kind.LEASE_TAKEN, None, {"worker": worker_id})
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    return Lease(row[0], row[1], [entry])
+
+
+def lease_append(
+    cursor,
+    task_id: int,
+    worker_id: str,
+    entries: list[Entry],
+    *,
+    extra_set: str = "",
+    extra_params: tuple = (),
+) -> tuple:
+    """Reserve seqs, renew the lease and append events, if the lease is still ours.
+
+    One ``UPDATE … RETURNING`` does the seq range, the renewal and the lease
+    check; ``extra_set`` adds columns to the same statement. Raise
+    ``LeaseLost`` when another worker holds the lease now.
+    """
+    cursor.execute(
+        f"UPDATE {T_TASK} SET last_seq = last_seq + %s, lease_expires_at = %s, "
+        f"updated_at = %s{extra_set} WHERE id = %s AND lease_owner = %s "
+        f"RETURNING last_seq, steps_done, steps_total",
+        [
+            len(entries),
+            _dt(lease_until()),
+            _dt(timezone.now()),
+            *extra_params,
+            task_id,
+            worker_id,
+        ],
+    )
+    row = cursor.fetchone()
+    if row is None:
+        raise LeaseLost(f"task {task_id}: lease no longer held by {worker_id}")
+    if entries:
+        events_insert(
+            task_id=task_id,
+            first_seq=row[0] - len(entries) + 1,
+            entries=entries,
+            created_at=timezone.now(),
+        )
+    return row
+
+
+def lease_close(
+    cursor,
+    task_id: int,
+    worker_id: str,
+    status: str,
+    pre: list[Entry],
+    *,
+    reason: str = "",
+) -> str:
+    """The holder's release: set the task's next status, log, give the lease back.
+
+    ``status`` is never running: done and failed are final, needs review
+    waits for a person, queued waits for the next poll (a back-off, say).
+    """
+    entries = list(pre)
+    if status == Task.Status.DONE:
+        entries.append((Event.Kind.TASK_FINISHED, None, {"status": status}))
+    entries.append(
+        (
+            Event.Kind.LEASE_RELEASED,
+            None,
+            {"worker": worker_id, "reason": reason or status},
+        )
+    )
+    now = timezone.now()
+    finished = _dt(now) if status in (Task.Status.DONE, Task.Status.FAILED) else None
+    # A person's cancel (or pause, against a mere re-queue) made while the
+    # lease was held stands: the worker's bookkeeping does not undo it.
+    kept = (
+        "('cancelled', 'paused')" if status == Task.Status.QUEUED else "('cancelled')"
+    )
+    lease_append(
+        cursor,
+        task_id,
+        worker_id,
+        entries,
+        extra_set=(
+            f", status = CASE WHEN status IN {kept} THEN status ELSE %s END"
+            ", finished_at = CASE WHEN status = 'cancelled' THEN finished_at"
+            " ELSE %s END"
+        ),
+        extra_params=(status, finished),
+    )
+    cursor.execute(
+        f"UPDATE {T_TASK} SET lease_owner = '', lease_expires_at = NULL WHERE id = %s",
+        [task_id],
+    )
+    return status
+
+
+def lease_close_stopped(cursor, task_id: int, worker_id: str) -> None:
+    """The holder's release at the step boundary of a pause or cancel.
+
+    A person paused or cancelled the task while this worker held it; the call
+    in flight has finished and is saved, and no further step starts.
+    """
+    cursor.execute(
+        f"UPDATE {T_TASK} SET lease_owner = '', lease_expires_at = NULL "
+        f"WHERE id = %s AND lease_owner = %s AND status IN ('paused', 'cancelled') "
+        f"RETURNING status",
+        [task_id, worker_id],
+    )
+    row = cursor.fetchone()
+    if row is not None:
+        events_append(
+            task_id=task_id,
+            entries=[
+                (
+                    Event.Kind.LEASE_RELEASED,
+                    None,
+                    {"worker": worker_id, "reason": row[0]},
+                )
+            ],
+        )
+
+
+@contextmanager
+def lease_lent(*, task_id: int, holder: str) -> Iterator[None]:
+    """Hold the lease under ``holder`` for one write of the hot path, then clear it.
+
+    An operator's "adopt" records the persisted payload through the
+    executor's own result transaction, which writes only under a held
+    lease. The caller holds the task's row lock, so no worker is refused.
+    """
+    Task.objects.filter(pk=task_id).update(
+        lease_owner=holder, lease_expires_at=lease_until()
+    )
+    yield
+    Task.objects.filter(pk=task_id, lease_owner=holder).update(
+        lease_owner="", lease_expires_at=None
+    )
+
+
+# -- everyone else's release ---------------------------------------------------
+
+
+def lease_refuse_live(task: Task, actor: str = "") -> None:
+    """Raise ``LeaseConflict`` if someone other than ``actor`` holds a live lease."""
+    if task.lease_live and task.lease_owner != actor:
+        raise LeaseConflict(
+            ERR_LEASE_HELD.format(
+                owner=task.lease_owner, until=task.lease_expires_at.isoformat()
+            )
+        )
+
+
+def lease_drop(
+    locked: Task, *, actor: str, forced: bool, reason: str = ""
+) -> list[Entry]:
+    """Clear the lease of a task the caller has locked; a running task is queued.
+
+    Return the ``lease_released`` entry for the caller's own append, so an
+    action logs the release and its own event in one go.
+    """
+    if not locked.lease_owner:
+        return []
+    data: dict[str, Any] = {
+        "previous_owner": locked.lease_owner,
+        "actor": actor,
+        "forced": forced,
+    }
+    if reason:
+        data["reason"] = reason
+    changes: dict[str, Any] = {
+        "lease_owner": "",
+        "lease_expires_at": None,
+        "updated_at": timezone.now(),
+    }
+    if locked.status == Task.Status.RUNNING:
+        changes["status"] = Task.Status.QUEUED
+    Task.objects.filter(pk=locked.pk).update(**changes)
+    # The caller's copy loses the lease; its status is the caller's to set.
+    locked.lease_owner, locked.lease_expires_at = "", None
+    return [(Event.Kind.LEASE_RELEASED, None, data)]
+
+
+@transaction.atomic
+def lease_release(
+    *,
+    task: Task,
+    actor: str = "",
+    force: bool = False,
+    owner: str | None = None,
+    dead_only: bool = False,
+    reason: str = "",
+) -> bool:
+    """Release a task's lease; return whether there was one to release.
+
+    1. Lock the task. Nothing held, or not by ``owner`` when given, or (with
+       ``dead_only``) held live: nothing to do.
+    2. A live lease held by someone other than ``actor`` is refused
+       (``LeaseConflict``) unless ``force``.
+    3. Clear it, queue a running task again, log ``lease_released``.
+    """
+    locked = Task.objects.select_for_update().get(pk=task.pk)
+    if not locked.lease_owner or (owner is not None and locked.lease_owner != owner):
+        return False
+    live = locked.lease_live
+    if dead_only and live:
+        return False
+    if live and not force:
+        lease_refuse_live(locked, actor)
+    forced = bool(force and live and actor != locked.lease_owner)
+    entries = lease_drop(locked, actor=actor, forced=forced, reason=reason)
+    events_append(task_id=locked.pk, entries=entries)
+    task.refresh_from_db()
+    return True
+
+
+# -- the keeper: renews held leases while a long tool call runs -----------------
+
+
+class _LeaseKeeper:
+    """One daemon thread per process renewing the leases of calls in flight."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.held: dict[tuple[int, str], bool] = {}
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.thread = threading.Thread(
+            target=self._run, daemon=True, name="pippa-lease"
+        )
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            interval = max(0.2, settings.PIPPA_LEASE_SECONDS / 3)
+            self.wake.wait(interval)
+            self.wake.clear()
+            with self.lock:
+                held = [k for k, lost in self.held.items() if not lost]
+            for task_id, worker_id in held:
+                self._renew(task_id, worker_id)
+            # A renewal every few seconds does not need a standing connection,
+            # and one left open would keep a PostgreSQL backend (and its
+            # database) busy after the worker is done. ``connection`` is this
+            # thread's own: Django's connections are per thread.
+            connection.close()
+
+    def _renew(self, task_id: int, worker_id: str) -> None:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                lease_append(
+                    cursor,
+                    task_id,
+                    worker_id,
+                    [(Event.Kind.LEASE_RENEWED, None, {"worker": worker_id})],
+                )
+        except LeaseLost:
+            with self.lock:
+                if (task_id, worker_id) in self.held:
+                    self.held[(task_id, worker_id)] = True
+        except DatabaseError as exc:
+            # One line, no traceback: the worker logs the fault itself.
+            log.warning(
+                "lease renewal failed for task %s: %s", task_id, fault_reason(exc)
+            )
+            connection.close()
+        except Exception:  # noqa: BLE001 - a failed renewal is retried next round
+            log.exception("lease renewal failed for task %s", task_id)
+
+    def hold(self, task_id: int, worker_id: str) -> None:
+        with self.lock:
+            self.held[(task_id, worker_id)] = False
+
+    def drop(self, task_id: int, worker_id: str) -> bool:
+        """Stop renewing; return True if the lease was lost meanwhile."""
+        with self.lock:
+            return self.held.pop((task_id, worker_id), False)
+
+
+_keeper: _LeaseKeeper | None = None
+
+
+def lease_keeper() -> _LeaseKeeper:
+    """This process's keeper thread (a new one after a fork)."""
+    global _keeper
+    if _keeper is None or _keeper.pid != os.getpid():
+        _keeper = _LeaseKeeper()
+    return _keeper

@@ -1,0 +1,204 @@
+"""One rule for a dead lease, one release, crash points armed only on purpose."""
+
+from __future__ import annotations
+
+import subprocess
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.urls import reverse
+from django.utils import timezone
+
+from tasks.actions import step_resolve, step_resolve_options
+from tasks.executor import step
+from tasks.lease import DEAD_SQL, lease_release
+from tasks.models import Event, Step, Task
+from tasks.plan import task_create
+from tasks.tools import tools_load
+from tests.support.executing import crash_at, expire_lease
+
+PLAN = [{"title": "Closes", "tool": "demo.closes", "args": {}}]
+WIDGET_PLAN = [
+    {"title": "Closes", "tool": "demo.closes", "args": {}},
+    {"title": "Chart", "tool": "demo.chart", "args": {"source": 1}},
+]
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _tools(monkeypatch, tmp_path):
+    tools_load(["tests.support.tools"])
+    monkeypatch.setenv("PIPPA_TOOL_LOG", str(tmp_path / "tool-calls.jsonl"))
+
+
+def _task(make_conversation, *, owner: str, expires, steps=PLAN) -> Task:
+    task = task_create(conversation=make_conversation(), title="t", steps=steps)
+    Task.objects.filter(pk=task.pk).update(
+        status=Task.Status.RUNNING, lease_owner=owner, lease_expires_at=expires
+    )
+    task.refresh_from_db()
+    return task
+
+
+def _dead_by_sql(task_id: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM {Task._meta.db_table} WHERE id = %s AND {DEAD_SQL}",
+            [task_id, connection.ops.adapt_datetimefield_value(timezone.now())],
+        )
+        return cursor.fetchone() is not None
+
+
+CASES = {
+    # name: (owner, expiry from now in seconds or None, dead?)
+    "no holder": ("", None, True),
+    "holder with no expiry": ("worker:gone", None, True),
+    "holder past expiry": ("worker:gone", -5, True),
+    "holder before expiry": ("worker:live", 300, False),
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_reader_of_a_lease_agrees_whether_it_is_dead(case, make_conversation):
+    owner, seconds, dead = CASES[case]
+    expires = None if seconds is None else timezone.now() + timedelta(seconds=seconds)
+    task = _task(make_conversation, owner=owner, expires=expires)
+
+    assert Task.objects.lease_dead().filter(pk=task.pk).exists() is dead
+    assert task.lease_live is not dead
+    assert _dead_by_sql(task.pk) is dead
+    assert Task.objects.runnable().filter(pk=task.pk).exists() is dead
+    stale = dead and bool(owner)
+    assert Task.objects.lease_stale().filter(pk=task.pk).exists() is stale
+    assert task.lease_expired is stale
+
+
+@pytest.mark.django_db
+def test_a_holder_with_no_expiry_is_taken_over_by_the_next_worker(make_conversation):
+    task = _task(make_conversation, owner="worker:gone", expires=None)
+
+    outcome = step(task_id=task.pk, worker_id="worker:next")
+
+    assert outcome.status == "done"
+    takeover = Event.objects.get(task=task, kind="lease_taken_over")
+    assert takeover.data["previous_owner"] == "worker:gone"
+
+
+@pytest.mark.django_db
+def test_the_admin_filter_and_the_doctor_see_the_same_stale_leases(
+    make_conversation, admin_client
+):
+    from tasks.doctor import doctor_run
+
+    now = timezone.now()
+    stale = [
+        _task(make_conversation, owner="worker:a", expires=None),
+        _task(make_conversation, owner="worker:b", expires=now - timedelta(seconds=9)),
+    ]
+    _task(make_conversation, owner="worker:c", expires=now + timedelta(minutes=5))
+    _task(make_conversation, owner="", expires=None)
+    url = reverse("admin:tasks_task_changelist")
+
+    listed = admin_client.get(url, {"lease_expired": "yes"}).context["cl"].queryset
+    report = doctor_run(repair=False, verify=False)
+
+    assert sorted(t.pk for t in listed) == sorted(t.pk for t in stale)
+    assert report.finding("expired_leases").found == len(stale)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("who", ["person", "doctor", "runner"])
+def test_every_release_puts_a_running_task_back_in_the_queue(who, make_conversation):
+    past = timezone.now() - timedelta(seconds=5)
+    task = _task(make_conversation, owner="worker:gone", expires=past)
+
+    if who == "person":
+        released = lease_release(task=task, actor="staff:dad")
+    elif who == "doctor":
+        released = lease_release(
+            task=task, actor="doctor", owner="worker:gone", dead_only=True
+        )
+    else:
+        released = lease_release(task=task, actor="worker:gone")
+
+    task.refresh_from_db()
+    assert released is True
+    assert (task.status, task.lease_owner, task.lease_expires_at) == (
+        "queued",
+        "",
+        None,
+    )
+    event = Event.objects.filter(task=task, kind="lease_released").last()
+    assert event.data["previous_owner"] == "worker:gone"
+
+
+@pytest.mark.django_db
+def test_the_doctors_release_leaves_a_lease_taken_since_its_check(make_conversation):
+    task = _task(
+        make_conversation,
+        owner="worker:new",
+        expires=timezone.now() + timedelta(minutes=5),
+    )
+
+    stale_owner = lease_release(
+        task=task, actor="doctor", owner="worker:old", dead_only=True
+    )
+    now_live = lease_release(
+        task=task, actor="doctor", owner="worker:new", dead_only=True
+    )
+
+    task.refresh_from_db()
+    assert (stale_owner, now_live) == (False, False)
+    assert (task.lease_owner, task.status) == ("worker:new", "running")
+    assert not Event.objects.filter(task=task, kind="lease_released").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operators_adopt_renders_the_widget_preview_after_the_commit(
+    make_conversation, monkeypatch
+):
+    import tasks.executor
+
+    task = task_create(conversation=make_conversation(), title="t", steps=WIDGET_PLAN)
+    crash_at(task.pk, "after_payload:2")
+    expire_lease(task.pk)
+    chart = Step.objects.get(task=task, position=2)
+    assert "adopt" in step_resolve_options(chart)
+    real = tasks.executor.preview_render
+    seen = []
+
+    def watched(*, artifact):
+        seen.append(connection.in_atomic_block)
+        return real(artifact=artifact)
+
+    monkeypatch.setattr(tasks.executor, "preview_render", watched)
+
+    step_resolve(step=chart, action="adopt", actor="staff:dad")
+
+    chart.refresh_from_db()
+    assert chart.status == "done"
+    assert seen == [False]  # rendered once, outside any transaction
+    assert task.artifact_links.filter(artifact__media_type="image/png").exists()
+
+
+def test_importing_the_executor_arms_no_crash_point(subprocess_env, python_exe):
+    code = (
+        "import django; django.setup();"
+        " import tasks.executor, tasks.services; from tasks import crashpoints;"
+        " print(repr(crashpoints._crash.name))"
+    )
+    env = {**subprocess_env, "PIPPA_CRASHPOINT": "after_started"}
+    proc = subprocess.run(
+        [python_exe, "-c", code],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "''"
