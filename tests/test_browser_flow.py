@@ -161,7 +161,8 @@ def test_dad_pauses_and_cancels_a_running_task(
 def test_dad_sees_a_retried_steps_failed_attempts(
     logged_in_page, make_conversation, screenshot, settings
 ):
-    from tasks.executor import step, step_retry
+    from tasks.actions import step_retry
+    from tasks.executor import step
 
     settings.PIPPA_RETRY_BASE_SECONDS = 0  # the history is built at once
     settings.PIPPA_RETRY_MAX_SECONDS = 0

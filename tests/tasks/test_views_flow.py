@@ -8,8 +8,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from tasks.actions import task_pause
 from tasks.demo import LIVE_CONVERSATION
-from tasks.executor import step, task_pause
+from tasks.executor import step
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
 from tests.support.executing import crash_at, expire_lease
