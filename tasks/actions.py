@@ -117,7 +117,16 @@ def _settle(
     return task
 
 
-# -- pause and resume ------------------------------------------------------------
+def _write(task: Task, entries: list, **changes) -> Task:
+    """Write an action's changes to the (locked) task and its events; refresh ``task``."""
+    changes.setdefault("updated_at", timezone.now())
+    Task.objects.filter(pk=task.pk).update(**changes)
+    events_append(task_id=task.pk, entries=entries)
+    task.refresh_from_db()
+    return task
+
+
+# -- pause, cancel and resume ----------------------------------------------------
 
 
 @transaction.atomic
@@ -129,12 +138,7 @@ def task_pause(*, task: Task, actor: str = "") -> Task:
     entries: list = [(Event.Kind.TASK_PAUSED, None, {"actor": actor})]
     if locked.lease_expired:
         entries += _release_dead(locked, actor)
-    Task.objects.filter(pk=locked.pk).update(
-        status=Task.Status.PAUSED, updated_at=timezone.now()
-    )
-    events_append(task_id=locked.pk, entries=entries)
-    task.refresh_from_db()
-    return task
+    return _write(task, entries, status=Task.Status.PAUSED)
 
 
 @transaction.atomic
@@ -162,12 +166,9 @@ def task_cancel(*, task: Task, actor: str = "") -> Task:
     if not in_flight:
         entries += _release_dead(locked, actor)
     now = timezone.now()
-    Task.objects.filter(pk=locked.pk).update(
-        status=Task.Status.CANCELLED, updated_at=now, finished_at=now
+    return _write(
+        task, entries, status=Task.Status.CANCELLED, updated_at=now, finished_at=now
     )
-    events_append(task_id=locked.pk, entries=entries)
-    task.refresh_from_db()
-    return task
 
 
 @transaction.atomic
@@ -195,13 +196,8 @@ def task_resume(*, task: Task, actor: str = "") -> Task:
         entries += _release_dead(locked, actor)
     # A worker still holding a live lease (paused mid-step) simply carries on:
     # its next renewal accepts a queued task.
-    Task.objects.filter(pk=locked.pk).update(
-        status=Task.Status.QUEUED, updated_at=timezone.now(), finished_at=None
-    )
     entries.append((Event.Kind.TASK_QUEUED, None, {"actor": actor, "reason": "resume"}))
-    events_append(task_id=locked.pk, entries=entries)
-    task.refresh_from_db()
-    return task
+    return _write(task, entries, status=Task.Status.QUEUED, finished_at=None)
 
 
 # -- retry -------------------------------------------------------------------------
