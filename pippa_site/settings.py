@@ -100,6 +100,7 @@ INSTALLED_APPS = [
     "artifacts",
     "tasks",
     "council",
+    "brains",
     "pippa_site",
     "pippa_mcp",
 ]

@@ -8,7 +8,7 @@ import urllib.error
 
 import pytest
 
-from tasks.brains.runner import HttpBackend, LeaseBusy, ToolFailure
+from brains.runner import HttpBackend, LeaseBusy, ToolFailure
 from tasks.models import Step
 from tests.api.test_api import new_task, run
 

@@ -21,11 +21,11 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from artifacts.models import Artifact
 from artifacts.store import BlobStore
+from brains.base import BrainReply, ToolCall
+from brains.runner import LocalBackend, run_brain
+from brains.scripted import ScriptedBrain
 from council.services import round_start
 from pippa_site.services import token_create
-from tasks.brains.base import BrainReply, ToolCall
-from tasks.brains.runner import LocalBackend, run_brain
-from tasks.brains.scripted import ScriptedBrain
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 from tasks.plan import task_create
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.brains import brain_make
-from tasks.brains.base import BrainError, Message, ToolCall
-from tasks.brains.runner import SYSTEM_PROMPT, TOOL_SPECS
+from brains import brain_make
+from brains.base import BrainError, Message, ToolCall
+from brains.runner import SYSTEM_PROMPT, TOOL_SPECS
 from tests.support.fake_vendors import (
     API_KEY,
     FakeAnthropic,
@@ -202,7 +202,7 @@ def test_a_vendor_that_is_not_listening_gives_a_connection_error():
 
 
 def test_openai_tool_arguments_that_are_not_json_are_reported():
-    from tasks.brains.openai_compat import OpenAICompatBrain
+    from brains.openai_compat import OpenAICompatBrain
 
     adapter = OpenAICompatBrain(model="m", base_url="http://127.0.0.1:9")
     data = {
@@ -228,7 +228,7 @@ def test_openai_tool_arguments_that_are_not_json_are_reported():
 
 
 def test_anthropic_tool_results_of_one_turn_share_one_user_message():
-    from tasks.brains.anthropic import AnthropicBrain
+    from brains.anthropic import AnthropicBrain
 
     calls = [
         ToolCall("t1", "read_artifact", {"artifact_id": 1}),
@@ -252,7 +252,7 @@ def test_anthropic_tool_results_of_one_turn_share_one_user_message():
 
 
 def test_gemini_declares_tools_as_json_schema_and_argument_free_tools_without_one():
-    from tasks.brains.gemini import GeminiBrain
+    from brains.gemini import GeminiBrain
 
     body = GeminiBrain(model="m", api_key="k").request_body(
         system="s", messages=opening(), tools=TOOL_SPECS
@@ -293,7 +293,7 @@ def test_an_anthropic_version_the_api_does_not_know_is_refused(settings):
 
 
 def test_the_scripted_brain_runs_steps_until_the_task_settles():
-    from tasks.brains.scripted import ScriptedBrain
+    from brains.scripted import ScriptedBrain
 
     brain = ScriptedBrain()
     first = brain.complete(system="s", messages=opening(), tools=TOOL_SPECS)
@@ -352,7 +352,7 @@ def test_retry_after_is_read_as_seconds_milliseconds_or_an_http_date():
 
     from django.utils import timezone
 
-    from tasks.brains.base import retry_after_seconds
+    from brains.base import retry_after_seconds
 
     soon = format_datetime(
         timezone.now() + timezone.timedelta(seconds=600), usegmt=True

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
+from brains.runner import LocalBackend, run_brain
+from brains.scripted import ScriptedBrain
 from pippa_site.services import token_create
-from tasks.brains.runner import LocalBackend, run_brain
-from tasks.brains.scripted import ScriptedBrain
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
 from tasks.tools import tools_load

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.brains.base import BrainReply, ToolCall
-from tasks.brains.runner import LocalBackend, run_brain
-from tasks.brains.scripted import ScriptedBrain
+from brains.base import BrainReply, ToolCall
+from brains.runner import LocalBackend, run_brain
+from brains.scripted import ScriptedBrain
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
 

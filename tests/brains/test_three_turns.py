@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from tasks.brains import brain_make
-from tasks.brains.runner import LocalBackend, run_brain
+from brains import brain_make
+from brains.runner import LocalBackend, run_brain
 from tasks.models import Step
 from tasks.plan import task_create
 from tests.support.fake_vendors import API_KEY, FAKES, Move

@@ -7,11 +7,11 @@ import copy
 
 import pytest
 
-from tasks.brains.anthropic import AnthropicBrain
-from tasks.brains.base import BrainError, Message, ToolCall
-from tasks.brains.gemini import GeminiBrain
-from tasks.brains.openai_compat import OpenAICompatBrain
-from tasks.brains.runner import SYSTEM_PROMPT, TOOL_SPECS
+from brains.anthropic import AnthropicBrain
+from brains.base import BrainError, Message, ToolCall
+from brains.gemini import GeminiBrain
+from brains.openai_compat import OpenAICompatBrain
+from brains.runner import SYSTEM_PROMPT, TOOL_SPECS
 from tests.support.fake_vendors import API_KEY, FakeGemini, Move, anthropic_versions
 from tests.support.vendor_judge import judge_anthropic, judge_gemini, judge_openai
 

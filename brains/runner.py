@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from brains.base import BrainAdapter, Message, ToolSpec
 from pippa_site.errors import LeaseConflict, PippaError
-from tasks.brains.base import BrainAdapter, Message, ToolSpec
 
 logger = logging.getLogger("pippa.brains")
 

@@ -25,7 +25,7 @@ import copy
 from typing import Any
 from urllib.parse import quote
 
-from tasks.brains.base import (
+from brains.base import (
     ERR_SHAPE,
     BrainError,
     BrainReply,

@@ -1,6 +1,6 @@
 """Run a brain against a task: ``manage.py pippa_brain <task_id> --brain codex ...``.
 
-The command is only the loop's host; the work is ``tasks.brains.runner``. By
+The command is only the loop's host; the work is ``brains.runner``. By
 default it runs in-process as the task's owner; with ``--api-url`` it talks to
 a Pippa server over the JSON API with a token from ``--token-env``, exactly
 like a runner on another machine.
@@ -12,8 +12,8 @@ import os
 
 from django.core.management.base import BaseCommand, CommandError
 
-from tasks.brains import DEFAULT_KIND, KINDS, BrainError, brain_make
-from tasks.brains.runner import HttpBackend, LocalBackend, ToolFailure, run_brain
+from brains import DEFAULT_KIND, KINDS, BrainError, brain_make
+from brains.runner import HttpBackend, LocalBackend, ToolFailure, run_brain
 from tasks.models import Brain, Task
 
 ERR_NO_TASK = "no task {id}"

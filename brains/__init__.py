@@ -7,7 +7,7 @@ recorded on the task (a ``tasks.models.Brain`` value).
 
 from __future__ import annotations
 
-from tasks.brains.base import BrainAdapter, BrainError
+from brains.base import BrainAdapter, BrainError
 
 KINDS = ("openai", "anthropic", "gemini", "scripted")
 # The wire format each brain speaks by default.
@@ -40,7 +40,7 @@ def brain_make(
     """Return the adapter for ``kind`` (see ``KINDS``)."""
     http = {"timeout": timeout, "retries": retries, "backoff": backoff}
     if kind == "openai":
-        from tasks.brains.openai_compat import OpenAICompatBrain
+        from brains.openai_compat import OpenAICompatBrain
 
         return OpenAICompatBrain(
             model=model,
@@ -50,21 +50,21 @@ def brain_make(
             **http,
         )
     if kind == "anthropic":
-        from tasks.brains.anthropic import AnthropicBrain
+        from brains.anthropic import AnthropicBrain
 
         extra = {"base_url": base_url} if base_url else {}
         return AnthropicBrain(
             model=model, api_key=api_key, brain=brain or "claude", **extra, **http
         )
     if kind == "gemini":
-        from tasks.brains.gemini import GeminiBrain
+        from brains.gemini import GeminiBrain
 
         extra = {"base_url": base_url} if base_url else {}
         return GeminiBrain(
             model=model, api_key=api_key, brain=brain or "gemini", **extra, **http
         )
     if kind == "scripted":
-        from tasks.brains.scripted import ScriptedBrain
+        from brains.scripted import ScriptedBrain
 
         return ScriptedBrain(brain=brain or "scripted")
     raise ValueError(ERR_UNKNOWN_KIND.format(kind=kind))

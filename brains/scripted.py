@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tasks.brains.base import BrainAdapter, BrainReply, Message, ToolCall, ToolSpec
+from brains.base import BrainAdapter, BrainReply, Message, ToolCall, ToolSpec
 
 # Task states in which another run_next_step would change nothing.
 SETTLED = frozenset({"done", "failed", "needs_review", "paused"})

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tasks.brains.base import (
+from brains.base import (
     ERR_SHAPE,
     BrainError,
     BrainReply,
