@@ -31,6 +31,7 @@ from tasks.actions import (
 from tasks.lease import lease_release
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact, needs_you_q
 from tasks.services import event_append
+from tasks.words import CHOICES, OUTSIDE_RERUN
 
 # User-facing messages (tests assert them).
 MSG_LEASE_RELEASED = "Released the stale lease of {n} task(s)."
@@ -53,34 +54,11 @@ MSG_DOCTOR_REPAIRED = (
 )
 MSG_CONVERSATIONS_DELETED = "Deleted {n} conversation(s): {removed} row(s) removed."
 
-# What each resolution does, shown on the confirmation page.
-RESOLVE_WORDS = {
-    "adopt": (
-        "Adopt the payload that was already persisted as the step's output, "
-        "mark the step done, and let the task continue. The tool is not called."
-    ),
-    "rerun": (
-        "Allow one more run: the step goes back to pending and the worker "
-        "calls its tool again."
-    ),
-    "fail": (
-        "Mark the step failed. The task stops there until someone retries "
-        "the step or branches the task."
-    ),
-    "skip": (
-        "Skip the step: it gets no output and the task continues with the next step."
-    ),
-}
-RERUN_OUTSIDE_EFFECTS = (
-    " The tool has outside effects: the call goes out again (with the same "
-    "idempotency key), so check first that the first call did not land."
-)
-RESOLVE_LABELS = {
-    "adopt": "Adopt the persisted payload",
-    "rerun": "Allow one more run",
-    "fail": "Mark failed",
-    "skip": "Skip",
-}
+# The choices on a step, named as the dashboard names them (tasks.words is the
+# one place for Dad's words): {action: (name, what happens)}.
+RESOLVE_LABELS = {action: name for action, (name, _) in CHOICES.items()}
+RESOLVE_WORDS = {action: words for action, (_, words) in CHOICES.items()}
+RERUN_OUTSIDE_EFFECTS = " " + OUTSIDE_RERUN
 
 
 admin.site.site_header = "Pippa Stateful admin"
@@ -336,7 +314,7 @@ def _resolve_link(step: Step) -> str:
     ):
         return "—"
     url = reverse("admin:tasks_step_resolve", args=[step.pk])
-    return format_html('<a href="{}">Resolve…</a>', url)
+    return format_html('<a href="{}">Decide…</a>', url)
 
 
 @admin.register(Task)
@@ -503,7 +481,10 @@ class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
             self.log_change(request, task, note)
         return n
 
-    @admin.action(permissions=["repair"], description="Pause selected tasks")
+    @admin.action(
+        permissions=["repair"],
+        description="Pause selected tasks after the step they are on",
+    )
     def pause_tasks(self, request, queryset):
         paused = self._each(request, queryset, task_pause, "Paused.")
         if paused:
@@ -531,7 +512,9 @@ class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
             )
         return None
 
-    @admin.action(permissions=["repair"], description="Branch the selected task…")
+    @admin.action(
+        permissions=["repair"], description="Branch the selected task from a step…"
+    )
     def branch_task(self, request, queryset):
         tasks = list(queryset[:2])
         if len(tasks) != 1:
@@ -714,7 +697,7 @@ class StepAdmin(RepairPermissionMixin, admin.ModelAdmin):
 
         return resume_advice(obj).words
 
-    @admin.display(description="resolutions the class rules allow")
+    @admin.display(description="choices the class rules allow")
     def resolve_options(self, obj):
 
         options = step_resolve_options(obj)
@@ -722,7 +705,7 @@ class StepAdmin(RepairPermissionMixin, admin.ModelAdmin):
             return "none (nothing to resolve)"
         url = reverse("admin:tasks_step_resolve", args=[obj.pk])
         return format_html(
-            '{} — <a href="{}">Resolve…</a>',
+            '{} — <a href="{}">Decide…</a>',
             ", ".join(RESOLVE_LABELS.get(o, o) for o in options),
             url,
         )
@@ -737,7 +720,9 @@ class StepAdmin(RepairPermissionMixin, admin.ModelAdmin):
             *super().get_urls(),
         ]
 
-    @admin.action(permissions=["repair"], description="Resolve the selected step…")
+    @admin.action(
+        permissions=["repair"], description="Decide what to do with the selected step…"
+    )
     def resolve_step(self, request, queryset):
         steps = list(queryset[:2])
         if len(steps) != 1:
@@ -749,7 +734,7 @@ class StepAdmin(RepairPermissionMixin, admin.ModelAdmin):
             reverse("admin:tasks_step_resolve", args=[steps[0].pk])
         )
 
-    @admin.action(permissions=["repair"], description="Retry selected steps")
+    @admin.action(permissions=["repair"], description="Start selected steps over")
     def retry_steps(self, request, queryset):
 
         for step in queryset.select_related("task").order_by("task_id", "position"):
@@ -802,7 +787,7 @@ class StepAdmin(RepairPermissionMixin, admin.ModelAdmin):
             )
         context = {
             **self.admin_site.each_context(request),
-            "title": f"Resolve step {step.position}: {step.title}",
+            "title": f"Decide what to do with step {step.position}: {step.title}",
             "opts": self.opts,
             "step": step,
             "task": step.task,

@@ -329,7 +329,30 @@ def test_the_resolve_page_offers_only_what_the_class_rules_allow_and_says_what_h
         assert f'value="{action}"' in body
         assert escape(tasks_admin.RESOLVE_WORDS[action]) in body
     assert 'value="rerun"' not in body
-    assert "Resolve the step" in body
+    assert "Do this" in body
+
+
+def test_the_admin_names_a_steps_choices_as_the_dashboard_does(
+    staff_client, make_conversation
+):
+    import re
+
+    task = _stale_task(make_conversation, "admintest_quote", boundary="after_payload")
+    step = task.steps.get(position=1)
+    admin_page = staff_client.get(_resolve_url(step)).content.decode()
+    admin_names = re.findall(
+        r'<label for="resolve-(\w+)" class="vCheckboxLabel"><strong>([^<]+)</strong>',
+        admin_page,
+    )
+    dashboard = staff_client.get(task.get_absolute_url()).content.decode()
+    assert admin_names
+    for action, name in admin_names:
+        assert re.search(
+            rf'id="choose-{step.pk}-{action}"[^>]*>{re.escape(name)}(…)?<', dashboard
+        ), (action, name)
+    # The list action for starting a step over is the dashboard's words too.
+    retry = tasks_admin.StepAdmin.retry_steps
+    assert retry.short_description == "Start selected steps over"
 
 
 def test_adopting_the_persisted_payload_finishes_the_step_without_calling_the_tool(

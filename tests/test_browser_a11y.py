@@ -12,6 +12,7 @@ import json
 import subprocess
 
 import pytest
+from django.urls import reverse
 
 from council.demo import demo_round_load
 from council.models import Turn
@@ -59,8 +60,10 @@ def dads_pages(
     )
     token = token_create(user=dad, name="laptop runner").token
     conversation = data["conversation"]
+    outside = data["review"].steps.get(position=2)  # sends an email: confirmed first
     return dad, {
         "conversation list": "/",
+        "conversations that need Dad": "/?needs=you",
         "conversation": conversation.get_absolute_url(),
         "running task": data["running"].get_absolute_url(),
         "task that needs Dad": data["review"].get_absolute_url(),
@@ -72,6 +75,16 @@ def dads_pages(
         "API tokens": "/settings/tokens/",
         "revoke a token": f"/settings/tokens/{token.pk}/revoke/",
         "delete a conversation": f"/conversations/{conversation.pk}/delete/",
+        "confirm sending again": reverse(
+            "tasks:step_resolve", args=[data["review"].pk, outside.pk]
+        )
+        + "?action=rerun",
+        "confirm a new call": reverse(
+            "tasks:step_retry", args=[data["review"].pk, outside.pk]
+        ),
+        "confirm a branch": reverse("tasks:task_branch", args=[data["done"].pk])
+        + "?after_position=1",
+        "confirm cancelling": reverse("tasks:task_cancel", args=[data["running"].pk]),
         "page not found": "/conversations/999999/",
     }
 
@@ -108,7 +121,9 @@ def test_axe_finds_no_violations_on_dads_pages(
         page.click("button[type=submit]")
         page.wait_for_url(f"{live_server.url}/")
         for name, path in pages.items():
-            page.goto(f"{live_server.url}{path}")
+            response = page.goto(f"{live_server.url}{path}")
+            expected = 404 if name == "page not found" else 200
+            assert response.status == expected, (name, path, response.status)
             page.wait_for_load_state("networkidle")
             _open_folds(page)
             if problems := _violations(page, axe_script):

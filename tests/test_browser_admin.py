@@ -196,6 +196,6 @@ def test_the_repair_pages_run_under_the_sites_csp_without_blocked_resources(
             image = page.get_by_alt_text(f"PNG preview of artifact {widget.pk}")
             assert image.evaluate("img => img.complete && img.naturalWidth > 0")
         if name == "admin-resolve":
-            assert page.get_by_label("Allow one more run").is_visible()
-            assert page.get_by_label("Skip").is_visible()
+            assert page.get_by_label("Run the same call again").is_visible()
+            assert page.get_by_label("Skip this step").is_visible()
     assert console_errors == []
