@@ -367,12 +367,12 @@ class LocalBackend:
         self.user = user
 
     def _task(self, task_id: int):
-        from pippa_site.selectors import task_get_for_user
+        from tasks.documents import task_get_for_user
 
         return task_get_for_user(user=self.user, task_id=task_id)
 
     def record_brain(self, task_id: int, brain: str) -> None:
-        from pippa_site.services import task_brain_record
+        from tasks.services import task_brain_record
 
         task_brain_record(
             task=self._task(task_id), brain=brain, actor=f"runner:{brain}"
@@ -384,16 +384,16 @@ class LocalBackend:
         return json.loads(json.dumps(resume_context(self._task(task_id)), default=str))
 
     def task(self, task_id: int) -> dict[str, Any]:
-        from pippa_site.selectors import task_payload
+        from tasks.documents import task_payload
 
         return task_payload(self._task(task_id))
 
     def run_step(self, task_id: int, worker: str) -> dict[str, Any]:
-        from pippa_site.selectors import step_payload, task_payload
-        from pippa_site.services import api_step_run
+        from tasks.actions import step_run
+        from tasks.documents import step_payload, task_payload
 
         task = self._task(task_id)
-        result = api_step_run(task=task, worker_id=worker)
+        result = step_run(task=task, worker_id=worker)
         if result.lease_busy:
             raise LeaseBusy(result.detail)
         return {
@@ -406,8 +406,8 @@ class LocalBackend:
         }
 
     def resume(self, task_id: int) -> dict[str, Any]:
-        from pippa_site.selectors import task_payload
         from tasks.actions import task_resume
+        from tasks.documents import task_payload
 
         try:
             task = task_resume(task=self._task(task_id), actor=f"runner:{self.user}")
@@ -416,16 +416,16 @@ class LocalBackend:
         return task_payload(task)
 
     def release_lease(self, task_id: int, worker: str) -> None:
-        from pippa_site.services import api_lease_release
+        from tasks.lease import lease_release_own
 
-        api_lease_release(task=self._task(task_id), worker_id=worker)
+        lease_release_own(task=self._task(task_id), worker_id=worker)
 
     def rewrite_plan(self, task_id: int, steps: list[dict]) -> dict[str, Any]:
-        from pippa_site.selectors import task_payload
-        from pippa_site.services import api_plan_rewrite
+        from tasks.documents import task_payload
+        from tasks.plan import plan_rewrite
 
         try:
-            task = api_plan_rewrite(task=self._task(task_id), steps=steps)
+            task = plan_rewrite(task=self._task(task_id), steps=steps)
         except PippaError as exc:
             raise ToolFailure(str(exc)) from None
         return task_payload(task)
@@ -434,7 +434,7 @@ class LocalBackend:
         from django.http import Http404
 
         from artifacts.store import BlobMissing, default_store
-        from pippa_site.selectors import artifact_get, artifact_payload
+        from tasks.documents import artifact_get, artifact_payload
 
         try:
             artifact = artifact_get(user=self.user, artifact_id=artifact_id)

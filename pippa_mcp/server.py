@@ -1,7 +1,7 @@
 """The Model Context Protocol server: tools and resources over Pippa's durable state.
 
 Every tool is a thin door onto the services the JSON API and the dashboard
-call (``tasks.plan``, ``tasks.executor`` through ``api_step_run``,
+call (``tasks.plan``, ``tasks.executor`` through ``tasks.actions.step_run``,
 ``tasks.resume``, ``artifacts``, ``council``); none carries a rule of its own.
 The user a call acts as comes from the door that received it (``--user`` or a
 token for stdio, the bearer token for HTTP) through ``acting_as``; every read
@@ -264,7 +264,7 @@ def _uri(kind: str, pk: int) -> str:
 
 
 def _task_doc(task) -> dict[str, Any]:
-    from pippa_site.selectors import task_payload
+    from tasks.documents import task_payload
 
     doc = task_payload(task)
     doc["uri"] = _uri("task", task.pk)
@@ -286,7 +286,7 @@ def _excerpt(artifact) -> dict[str, Any]:
 
 
 def _worker(worker: str) -> str:
-    from pippa_site.services import door_worker_id
+    from tasks.lease import door_worker_id
 
     return door_worker_id(door="mcp", user=current_user(), worker=worker or "agent")
 
@@ -311,7 +311,7 @@ def build_server() -> PippaMCPServer:
         A conversation holds tasks and council rounds; a task's plan lives here,
         keyed by conversation, so it survives your session ending.
         """
-        from pippa_site.selectors import conversation_payload
+        from tasks.documents import conversation_payload
         from tasks.models import Conversation
 
         rows = Conversation.objects.for_user(current_user()).order_by("-updated_at")
@@ -326,7 +326,7 @@ def build_server() -> PippaMCPServer:
 
         Call get_task for a task's plan, or resume_context before continuing it.
         """
-        from pippa_site.selectors import conversation_get_for_user
+        from tasks.documents import conversation_get_for_user
 
         conversation = conversation_get_for_user(
             user=current_user(), conversation_id=conversation_id
@@ -386,9 +386,9 @@ def build_server() -> PippaMCPServer:
         worker run it too; either way run_next_step runs the next step for you.
         Returns the task with its plan (get_task shape).
         """
-        from pippa_site import services
-        from pippa_site.selectors import conversation_get_for_user
+        from tasks.documents import conversation_get_for_user
         from tasks.models import Brain
+        from tasks.plan import conversation_task_create, task_create
 
         user = current_user()
         if (conversation_id is None) == (not conversation_title):
@@ -402,7 +402,7 @@ def build_server() -> PippaMCPServer:
             conversation = conversation_get_for_user(
                 user=user, conversation_id=conversation_id
             )
-            task = services.api_task_create(
+            task = task_create(
                 conversation=conversation,
                 title=title,
                 steps=plan,
@@ -410,7 +410,7 @@ def build_server() -> PippaMCPServer:
                 queue=queue,
             )
         else:
-            task = services.api_conversation_task_create(
+            task = conversation_task_create(
                 owner=user,
                 conversation_title=conversation_title,
                 title=title,
@@ -429,7 +429,7 @@ def build_server() -> PippaMCPServer:
         never the payload; read one with artifact_read. artifact_class is the
         resume rule: 1 file, 2 fetch, 3 snapshot (never re-run), 4 render.
         """
-        from pippa_site.selectors import task_get_for_user
+        from tasks.documents import task_get_for_user
 
         return _task_doc(task_get_for_user(user=current_user(), task_id=task_id))
 
@@ -449,12 +449,12 @@ def build_server() -> PippaMCPServer:
         step, or claim a status the step does not have) is refused with the
         reason, and nothing changes; so is a rewrite while a step is running.
         """
-        from pippa_site import services
-        from pippa_site.selectors import task_get_for_user
+        from tasks.documents import task_get_for_user
+        from tasks.plan import plan_rewrite
 
         task = task_get_for_user(user=current_user(), task_id=task_id)
         items = [s.model_dump(exclude_none=True) for s in steps]
-        return _task_doc(services.api_plan_rewrite(task=task, steps=items))
+        return _task_doc(plan_rewrite(task=task, steps=items))
 
     @server.tool(annotations=read_only)
     @door
@@ -466,7 +466,7 @@ def build_server() -> PippaMCPServer:
         status and output ref, the next step, and for an unfinished step the
         rule resume will apply, so you never redo finished work.
         """
-        from pippa_site.selectors import task_get_for_user
+        from tasks.documents import task_get_for_user
         from tasks.resume import resume_context as context
 
         task = task_get_for_user(user=current_user(), task_id=task_id)
@@ -495,8 +495,9 @@ def build_server() -> PippaMCPServer:
         notifications while a long step runs. If another worker holds the
         lease you get an error saying until when.
         """
-        from pippa_site.selectors import task_get_for_user
-        from pippa_site.services import api_lease_release, api_step_run
+        from tasks.actions import step_run
+        from tasks.documents import task_get_for_user
+        from tasks.lease import lease_release_own
 
         user = current_user()
         # One lease per call, given back when the call ends: an agent may never
@@ -524,10 +525,10 @@ def build_server() -> PippaMCPServer:
 
         def step_and_release():
             try:
-                return api_step_run(task=task, worker_id=worker_id)
+                return step_run(task=task, worker_id=worker_id)
             finally:
                 try:
-                    api_lease_release(task=task, worker_id=worker_id)
+                    lease_release_own(task=task, worker_id=worker_id)
                 except DatabaseError:
                     log.warning("lease of task %s left to expire", task.pk)
 
@@ -631,7 +632,7 @@ def build_server() -> PippaMCPServer:
         from artifacts.preview import preview_artifact_for, preview_status
         from artifacts.selectors import artifact_text_head
         from artifacts.store import BlobError, default_store
-        from pippa_site.selectors import artifact_get, artifact_payload
+        from tasks.documents import artifact_get, artifact_payload
 
         artifact = artifact_get(user=current_user(), artifact_id=artifact_id)
         if sha256 and sha256.lower() != artifact.sha256:
@@ -701,12 +702,12 @@ def build_server() -> PippaMCPServer:
         search, a live quote), 4 render (derived from other artifacts: name
         them in source_refs, so lineage keeps them alive).
         """
-        from pippa_site import services
-        from pippa_site.selectors import (
+        from tasks.documents import (
             artifact_payload,
             artifacts_get,
             task_get_for_user,
         )
+        from tasks.services import task_artifact_upload
 
         user = current_user()
         task = task_get_for_user(user=user, task_id=task_id)
@@ -722,7 +723,7 @@ def build_server() -> PippaMCPServer:
         if len(data) > MAX_STORE_BYTES:
             raise ToolError(ERR_TOO_LARGE)
         sources = artifacts_get(user=user, artifact_ids=source_refs)
-        artifact = services.api_artifact_upload(
+        artifact = task_artifact_upload(
             task=task,
             step_id=step_id,
             stream=iter([data]),
@@ -752,7 +753,7 @@ def build_server() -> PippaMCPServer:
         """
         from council.selectors import round_payload
         from council.services import round_start
-        from pippa_site.selectors import conversation_get_for_user
+        from tasks.documents import conversation_get_for_user
 
         conversation = conversation_get_for_user(
             user=current_user(), conversation_id=conversation_id
@@ -769,7 +770,7 @@ def build_server() -> PippaMCPServer:
     def council_rounds(conversation_id: int) -> list[dict[str, Any]]:
         """List a conversation's council rounds with their participants' ids."""
         from council.selectors import rounds_payload
-        from pippa_site.selectors import conversation_get_for_user
+        from tasks.documents import conversation_get_for_user
 
         conversation = conversation_get_for_user(
             user=current_user(), conversation_id=conversation_id
@@ -813,7 +814,7 @@ def build_server() -> PippaMCPServer:
         from council.models import TurnArtifact
         from council.selectors import participant_get, round_get_for_user
         from council.services import artifact_ref, turn_add
-        from pippa_site.selectors import artifacts_get
+        from tasks.documents import artifacts_get
 
         user = current_user()
         council_round = round_get_for_user(user=user, round_id=round_id)
@@ -855,7 +856,7 @@ def build_server() -> PippaMCPServer:
         mime_type="application/json",
     )
     def task_resource(task_id: str) -> str:
-        from pippa_site.selectors import task_get_for_user
+        from tasks.documents import task_get_for_user
 
         def read():
             return _task_doc(
@@ -875,7 +876,7 @@ def build_server() -> PippaMCPServer:
     )
     def artifact_resource(artifact_id: str) -> str:
         from artifacts.selectors import artifact_text_head
-        from pippa_site.selectors import artifact_get, artifact_payload
+        from tasks.documents import artifact_get, artifact_payload
 
         def read():
             artifact = artifact_get(

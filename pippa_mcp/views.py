@@ -73,7 +73,7 @@ def _error(status: int, message: str) -> HttpResponse:
 
 
 def _bearer_user(request: HttpRequest):
-    from pippa_site.services import token_authenticate
+    from api.services import token_authenticate
 
     header = request.headers.get("Authorization", "")
     scheme, _, raw = header.partition(" ")

@@ -101,7 +101,7 @@ INSTALLED_APPS = [
     "tasks",
     "council",
     "brains",
-    "pippa_site",
+    "api",
     "pippa_mcp",
 ]
 

@@ -4,18 +4,8 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from api.api import api
 from pippa_mcp.views import mcp_endpoint
-from pippa_site import views as site_views
-from pippa_site.api import api
-
-token_patterns = (
-    [
-        path("", site_views.token_list, name="list"),
-        path("new/", site_views.token_new, name="new"),
-        path("<int:token_id>/revoke/", site_views.token_revoke_view, name="revoke"),
-    ],
-    "tokens",
-)
 
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
@@ -27,6 +17,6 @@ urlpatterns = [
     # Streamable HTTP MCP; both spellings, since a POST cannot follow a slash redirect.
     path("mcp/", mcp_endpoint, name="mcp"),
     path("mcp", mcp_endpoint),
-    path("settings/tokens/", include(token_patterns)),
+    path("settings/tokens/", include("api.urls")),
     path("", include("tasks.urls")),
 ]

@@ -10,6 +10,7 @@ runs in ``tasks.executor``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
@@ -17,7 +18,7 @@ from django.utils import timezone
 
 from artifacts.models import ArtifactClass
 from pippa_site.errors import Conflict
-from tasks.executor import outcome_preview, step_adopt
+from tasks.executor import outcome_preview, step, step_adopt
 from tasks.lease import lease_drop, lease_refuse_live
 from tasks.models import TASK_OPEN, Event, LinkRole, Step, Task, TaskArtifact
 from tasks.resume import (
@@ -52,6 +53,15 @@ ERR_NOT_CANCELLABLE = "the task is {status}; only an unfinished task can be canc
 ERR_BRANCH_NOTHING = (
     "a branch after the last step would be a copy that changes nothing:"
     " branch from an earlier step"
+)
+
+# What a runner is told when no step ran (step_run).
+ERR_NOTHING_TO_RUN = "nothing to run: the task is {status}"
+ERR_PAUSED = "the task is paused; resume it first (POST /tasks/{id}/resume)"
+ERR_ALL_DONE = "every step is finished: the task is {status}"
+ERR_BLOCKED = "step {position} is {status}: a person must retry or resolve it"
+ERR_LEASE_BUSY = (
+    "another worker ({owner}) holds the task's lease until {until}; try again later"
 )
 
 ACTIONS = ("adopt", "rerun", "fail", "skip")
@@ -475,3 +485,61 @@ def _resolve_locked(*, step: Step, action: str, actor: str):
         entries += [note, (kind, current.pk, {"actor": actor})]
     _settle(task, entries, actor=actor, resume=True)
     return outcome
+
+
+# -- a runner's step -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepRun:
+    ran: bool
+    detail: str
+    step: object | None
+    lease_busy: bool = False
+    invoked: bool = False
+    rule: str = ""
+
+
+def step_run(*, task, worker_id: str) -> StepRun:
+    """Ask the executor for one step; return once its result is persisted.
+
+    ``tasks.executor.step`` does the work (lease, envelope, payload, result in
+    one transaction). This only explains its answer: a step ran (or an
+    uncertain one was resolved), the task is settled or paused, or another
+    worker holds the lease right now (``lease_busy``, the caller may wait).
+    """
+    outcome = step(task_id=task.pk, worker_id=worker_id)
+    task.refresh_from_db()
+    if outcome is None:
+        if task.status == Task.Status.PAUSED:
+            return StepRun(ran=False, detail=ERR_PAUSED.format(id=task.pk), step=None)
+        if task.lease_live and task.lease_owner != worker_id:
+            until = task.lease_expires_at.isoformat()
+            return StepRun(
+                ran=False,
+                detail=ERR_LEASE_BUSY.format(owner=task.lease_owner, until=until),
+                step=None,
+                lease_busy=True,
+            )
+        return StepRun(
+            ran=False, detail=ERR_NOTHING_TO_RUN.format(status=task.status), step=None
+        )
+    if outcome.step_id is None:
+        return StepRun(
+            ran=False, detail=ERR_ALL_DONE.format(status=task.status), step=None
+        )
+    step_row = Step.objects.select_related("output").get(pk=outcome.step_id)
+    ran = bool(outcome.invoked or outcome.rule)
+    if ran:
+        detail = outcome.error or f"step {step_row.position} is {step_row.status}"
+    else:
+        detail = outcome.error or ERR_BLOCKED.format(
+            position=step_row.position, status=step_row.get_status_display()
+        )
+    return StepRun(
+        ran=ran,
+        detail=detail[:2000],
+        step=step_row,
+        invoked=outcome.invoked,
+        rule=outcome.rule,
+    )

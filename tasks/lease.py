@@ -350,6 +350,26 @@ def lease_release(
     return True
 
 
+def lease_release_own(*, task: Task, worker_id: str) -> bool:
+    """Give back the lease ``worker_id`` holds (a runner that stops early).
+
+    Another worker's live lease is left alone: False, not an error.
+    """
+    try:
+        return lease_release(task=task, actor=worker_id, force=False)
+    except LeaseConflict:
+        return False
+
+
+def door_worker_id(*, door: str, user, worker: str) -> str:
+    """The lease name of a runner reaching Pippa through ``door`` (api, mcp).
+
+    The user's name is part of it, so two users' runners never share a lease
+    even when they call themselves the same.
+    """
+    return f"{door}:{user.get_username()}:{worker}"
+
+
 # -- the keeper: renews held leases while a long tool call runs -----------------
 
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from pippa_site.errors import Conflict, Invalid
 from tasks.models import Conversation, Event, Step, Task
-from tasks.services import events_append
+from tasks.services import conversation_create, events_append
 from tasks.tools import ToolNotFound, tool_get
 
 MAX_ARGS_CHARS = 2048
@@ -163,6 +163,23 @@ def task_create(
     Conversation.objects.filter(pk=conversation.pk).update(updated_at=now)
     task.refresh_from_db()
     return task
+
+
+@transaction.atomic
+def conversation_task_create(
+    *,
+    owner,
+    conversation_title: str,
+    title: str,
+    steps: list[dict],
+    brain: str = "scripted",
+    queue: bool = True,
+) -> Task:
+    """Create a conversation and its first task; a bad plan leaves neither."""
+    conversation = conversation_create(owner=owner, title=conversation_title)
+    return task_create(
+        conversation=conversation, title=title, steps=steps, brain=brain, queue=queue
+    )
 
 
 @transaction.atomic

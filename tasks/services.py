@@ -17,7 +17,8 @@ from artifacts.gc import (
     gc_plan,
 )
 from artifacts.models import Artifact
-from pippa_site.errors import NotFound
+from artifacts.services import _check_class, artifact_record, blob_put
+from pippa_site.errors import Invalid, NotFound
 from tasks.crashpoints import crashpoint
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 
@@ -152,6 +153,79 @@ def events_append(
     if not entries:
         return []
     return _append(task_id, entries)
+
+
+# -- a task's brain and the artifacts uploaded for it --------------------------
+
+ERR_BAD_STEP = "step {id} is not a step of task {task}"
+
+
+class UploadError(Invalid):
+    pass
+
+
+@transaction.atomic
+def task_brain_record(*, task, brain: str, actor: str = "") -> bool:
+    """Set the brain that drives ``task`` and log the change; return if it changed."""
+    previous = (
+        Task.objects.filter(pk=task.pk).values_list("brain", flat=True).first() or ""
+    )
+    if previous == brain:
+        return False
+    Task.objects.filter(pk=task.pk).update(brain=brain, updated_at=timezone.now())
+    event_append(
+        task_id=task.pk,
+        kind=Event.Kind.BRAIN_CHANGED,
+        data={"brain": brain, "previous": previous, "actor": actor[:200]},
+    )
+    task.brain = brain
+    return True
+
+
+def task_artifact_upload(
+    *,
+    task,
+    stream,
+    media_type: str,
+    artifact_class: int,
+    title: str = "",
+    source_ids=(),
+    step_id: int | None = None,
+    max_bytes: int | None = None,
+):
+    """Store an uploaded payload as an artifact that ``task`` persisted.
+
+    1. Check the step belongs to the task, before any I/O.
+    2. Stream the body into the blob store (at most one chunk in memory);
+       over ``max_bytes`` raises ``BlobTooLarge`` and leaves no blob.
+    3. In one transaction: the artifact row (dedup by sha: an existing row is
+       reused as it is, lineage included), its lineage and the task link. A failure here leaves at worst an unreferenced blob,
+       which the doctor sweeps ("write before show").
+    """
+    _check_class(artifact_class)
+    if step_id is not None and not Step.objects.filter(pk=step_id, task=task).exists():
+        raise UploadError(ERR_BAD_STEP.format(id=step_id, task=task.pk))
+    put = blob_put(stream=stream, max_bytes=max_bytes)
+    with transaction.atomic():
+        # Content addressing: bytes stored before keep their first writer's
+        # class, title and lineage; an upload never edits a shared row.
+        if Artifact.objects.filter(sha256=put.sha256).exists():
+            source_ids = ()
+        artifact = artifact_record(
+            put=put,
+            media_type=media_type,
+            artifact_class=artifact_class,
+            title=title,
+            meta={"uploaded_for_task": task.pk},
+            source_ids=source_ids,
+        )
+        TaskArtifact.objects.get_or_create(
+            task=task,
+            artifact=artifact,
+            role=TaskArtifact.Role.PERSISTED,
+            defaults={"step_id": step_id},
+        )
+    return artifact
 
 
 # -- deletion -----------------------------------------------------------------

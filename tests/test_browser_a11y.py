@@ -14,9 +14,9 @@ import subprocess
 import pytest
 from django.urls import reverse
 
+from api.services import token_create
 from council.demo import demo_round_load
 from council.models import Turn
-from pippa_site.services import token_create
 from tests.conftest import REPO
 from tests.tasks.dashboard_data import showcase
 

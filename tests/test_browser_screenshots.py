@@ -14,9 +14,9 @@ import pytest
 from PIL import Image
 from playwright.sync_api import expect
 
+from api.services import token_create
 from council.demo import demo_round_load
 from council.models import Turn
-from pippa_site.services import token_create
 from tests.conftest import REPO
 from tests.tasks.dashboard_data import showcase
 

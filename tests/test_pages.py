@@ -13,10 +13,10 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.defaults import permission_denied, server_error
 
+from api.models import ApiToken
+from api.services import token_create
 from council.models import Turn
 from council.services import round_start, turn_add
-from pippa_site.models import ApiToken
-from pippa_site.services import token_create
 from tasks.models import Task
 from tasks.plan import task_create
 from tests.tasks.dashboard_data import add_steps

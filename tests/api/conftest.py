@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pippa_site.services import token_create
+from api.services import token_create
 
 
 class ApiClient:

@@ -19,13 +19,13 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
+from api.services import token_create
 from artifacts.models import Artifact
 from artifacts.store import BlobStore
 from brains.base import BrainReply, ToolCall
 from brains.runner import LocalBackend, run_brain
 from brains.scripted import ScriptedBrain
 from council.services import round_start
-from pippa_site.services import token_create
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 from tasks.plan import task_create
 

@@ -6,8 +6,8 @@ import hashlib
 
 import pytest
 
-from pippa_site.models import ApiToken
-from pippa_site.services import token_create, token_revoke
+from api.models import ApiToken
+from api.services import token_create, token_revoke
 
 pytestmark = pytest.mark.django_db
 

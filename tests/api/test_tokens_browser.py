@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from pippa_site.models import ApiToken
+from api.models import ApiToken
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

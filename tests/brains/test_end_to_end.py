@@ -10,9 +10,9 @@ import time
 
 import pytest
 
+from api.services import token_create
 from brains.runner import LocalBackend, run_brain
 from brains.scripted import ScriptedBrain
-from pippa_site.services import token_create
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
 from tasks.tools import tools_load

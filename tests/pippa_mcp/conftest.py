@@ -15,7 +15,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.types import Implementation
 
-from pippa_site.services import token_create
+from api.services import token_create
 from tasks.tools import tools_load
 from tests.conftest import REPO
 

@@ -40,8 +40,8 @@ class Command(BaseCommand):
     def handle(self, *args, **opts):
         from django.db import connections
 
+        from api.services import token_authenticate
         from pippa_mcp.server import acting_as, build_server
-        from pippa_site.services import token_authenticate
 
         crashpoints.arm(opts["crashpoint"])
         user = None

@@ -1,8 +1,9 @@
-"""Owner-checked reads for the API and the brain runner, and their JSON shapes.
+"""The documents a program reads: owner-checked reads and their JSON shapes.
 
-Both doors (the HTTP API and the in-process runner backend) use these, so a
-brain sees the same documents whichever way it is connected. Another user's
-object is reported exactly like a missing one (Http404).
+The doors for programs (the JSON API, the MCP server, the brain runner's
+in-process backend) all use these, so a brain sees the same documents
+whichever way it is connected. Another user's object is reported exactly like
+a missing one (Http404).
 """
 
 from __future__ import annotations

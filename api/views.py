@@ -13,8 +13,8 @@ from django.views.decorators.http import (
     require_POST,
 )
 
-from pippa_site.models import ApiToken
-from pippa_site.services import (
+from api.models import ApiToken
+from api.services import (
     ERR_TOKEN_REVOKED,
     TokenError,
     token_create,

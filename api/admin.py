@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 
-from pippa_site.models import ApiToken
-from pippa_site.services import TokenError, token_revoke
+from api.models import ApiToken
+from api.services import TokenError, token_revoke
 
 
 @admin.register(ApiToken)

@@ -21,10 +21,11 @@ from ninja.errors import AuthenticationError, ValidationError
 from ninja.security import HttpBearer
 from pydantic import ConfigDict
 
+from api.services import token_authenticate
 from artifacts.store import BlobMissing, BlobTooLarge, default_store
-from pippa_site import services as api_services
 from pippa_site.errors import LeaseConflict, PippaError
-from pippa_site.selectors import (
+from tasks import actions, lease, plan, services
+from tasks.documents import (
     artifact_get,
     artifact_payload,
     artifacts_get,
@@ -34,8 +35,6 @@ from pippa_site.selectors import (
     task_get_for_user,
     task_payload,
 )
-from pippa_site.services import token_authenticate
-from tasks import actions
 from tasks.models import Brain, Conversation
 
 ERR_AUTH = "missing, unknown or revoked API token (send Authorization: Bearer <token>)"
@@ -284,9 +283,7 @@ BAD = {400: Error, 404: Error, 409: Error, 413: Error, 422: Error}
 
 @conversations.post("", response={201: ConversationOut, **BAD})
 def conversation_create(request: HttpRequest, payload: ConversationIn):
-    from tasks.services import conversation_create as create
-
-    conv = create(owner=request.user, title=payload.title)
+    conv = services.conversation_create(owner=request.user, title=payload.title)
     return Status(201, conversation_payload(conv))
 
 
@@ -308,7 +305,7 @@ def task_create_in_conversation(
     request: HttpRequest, conversation_id: int, payload: TaskIn
 ):
     conv = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
-    task = api_services.api_task_create(
+    task = plan.task_create(
         conversation=conv,
         title=payload.title,
         steps=_steps_in(payload.steps),
@@ -321,7 +318,7 @@ def task_create_in_conversation(
 @tasks.post("", response={201: TaskOut, **BAD})
 def task_create_with_conversation(request: HttpRequest, payload: NewTaskIn):
     """Create a conversation and a task with its plan, in one transaction."""
-    task = api_services.api_conversation_task_create(
+    task = plan.conversation_task_create(
         owner=request.user,
         conversation_title=payload.conversation_title,
         title=payload.title,
@@ -340,7 +337,7 @@ def task_detail(request: HttpRequest, task_id: int):
 @tasks.put("/{task_id}/plan", response={200: TaskOut, **BAD})
 def task_plan_rewrite(request: HttpRequest, task_id: int, payload: PlanIn):
     task = task_get_for_user(user=request.user, task_id=task_id)
-    task = api_services.api_plan_rewrite(task=task, steps=_steps_in(payload.steps))
+    task = plan.plan_rewrite(task=task, steps=_steps_in(payload.steps))
     return task_payload(task)
 
 
@@ -348,7 +345,7 @@ def task_plan_rewrite(request: HttpRequest, task_id: int, payload: PlanIn):
 def task_brain(request: HttpRequest, task_id: int, payload: BrainIn):
     """Record which brain drives the task from now on (shown on the dashboard)."""
     task = task_get_for_user(user=request.user, task_id=task_id)
-    api_services.task_brain_record(
+    services.task_brain_record(
         task=task, brain=payload.brain, actor=f"api:{request.user.get_username()}"
     )
     return task_payload(task)
@@ -365,9 +362,7 @@ def task_resume_context(request: HttpRequest, task_id: int):
 def task_step_run(request: HttpRequest, task_id: int, payload: WorkerIn):
     """Run the next step through the executor; answer once its result is persisted."""
     task = task_get_for_user(user=request.user, task_id=task_id)
-    result = api_services.api_step_run(
-        task=task, worker_id=_worker_id(request, payload.worker)
-    )
+    result = actions.step_run(task=task, worker_id=_worker_id(request, payload.worker))
     if result.lease_busy:
         raise LeaseConflict(result.detail)
     return {
@@ -384,9 +379,7 @@ def task_step_run(request: HttpRequest, task_id: int, payload: WorkerIn):
 def task_lease_release(request: HttpRequest, task_id: int, payload: WorkerIn):
     """Give back the lease this runner holds (a runner that stops early)."""
     task = task_get_for_user(user=request.user, task_id=task_id)
-    api_services.api_lease_release(
-        task=task, worker_id=_worker_id(request, payload.worker)
-    )
+    lease.lease_release_own(task=task, worker_id=_worker_id(request, payload.worker))
     return task_payload(task)
 
 
@@ -415,7 +408,7 @@ def task_cancel(request: HttpRequest, task_id: int):
 
 
 def _worker_id(request: HttpRequest, worker: str) -> str:
-    return api_services.door_worker_id(door="api", user=request.user, worker=worker)
+    return lease.door_worker_id(door="api", user=request.user, worker=worker)
 
 
 UPLOAD_BODY = {
@@ -462,7 +455,7 @@ def task_artifact_upload(
     sources = artifacts_get(user=request.user, artifact_ids=source_refs)
     media_type = (request.content_type or "application/octet-stream")[:255]
     try:
-        artifact = api_services.api_artifact_upload(
+        artifact = services.task_artifact_upload(
             task=task,
             step_id=step_id,
             stream=iter(lambda: request.read(64 * 1024), b""),

@@ -1,0 +1,15 @@
+"""The token pages (``tokens:list``, ``tokens:new``, ``tokens:revoke``)."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from api import views
+
+app_name = "tokens"
+
+urlpatterns = [
+    path("", views.token_list, name="list"),
+    path("new/", views.token_new, name="new"),
+    path("<int:token_id>/revoke/", views.token_revoke_view, name="revoke"),
+]
