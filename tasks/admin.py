@@ -574,9 +574,9 @@ class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
     def doctor_view(self, request: HttpRequest) -> HttpResponse:
         """Run the doctor's checks and show its report; a POST also repairs.
 
-        The doctor logs its own events as ``actor="doctor"``; each task it
-        touched also gets an ``admin_action`` event naming the staff user who
-        asked for the repair.
+        The doctor logs its own events as ``actor="doctor"``; each task its
+        report says it touched also gets an ``admin_action`` event naming the
+        staff user who asked for the repair.
         """
         from tasks.doctor import doctor_run
 
@@ -586,16 +586,8 @@ class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
         if repair:
             if not self.has_repair_permission(request):
                 raise PermissionDenied
-            last_event = Event.objects.order_by("-id").values_list("id", flat=True)
-            before = last_event.first() or 0
             report = doctor_run(repair=True)
-            touched = (
-                Event.objects.filter(id__gt=before, data__actor="doctor")
-                .order_by("task_id")
-                .values_list("task_id", flat=True)
-                .distinct()
-            )
-            for task_id in touched:
+            for task_id in report.touched_tasks:
                 event_append(
                     task_id=task_id,
                     kind=Event.Kind.ADMIN_ACTION,

@@ -59,7 +59,6 @@ from artifacts.gc import (
 )
 from artifacts.models import Artifact, ArtifactSource, PendingUnlink
 from artifacts.store import BlobStore, default_store
-from council.models import CouncilRound, Participant, Turn, TurnArtifact
 from tasks.lease import DEAD_SQL, lease_release
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 from tasks.resume import CLOSING_KINDS
@@ -108,6 +107,9 @@ class DoctorReport:
     repair: bool
     findings: list[Finding] = field(default_factory=list)
     seconds: float = 0.0
+    # Tasks the repair logged an event on (a lease released, a call handed
+    # to a person): the admin names the staff user on each of them.
+    touched_tasks: list[int] = field(default_factory=list)
 
     @property
     def problems(self) -> int:
@@ -137,53 +139,64 @@ def _q(model) -> str:
     return connection.ops.quote_name(model._meta.db_table)
 
 
-def _missing(model, column: str) -> str:
+def missing_sql(model, column: str) -> str:
     """SQL: the row ``x``'s ``column`` names no row of ``model``."""
     return f"NOT EXISTS (SELECT 1 FROM {_q(model)} p WHERE p.id = x.{column})"
 
 
-def _orphan_checks() -> list[tuple[str, str, Any, str, bool, str]]:
-    """(key, label, model, SQL condition on alias x, fixable, advice), parents first.
+@dataclass(frozen=True)
+class OrphanCheck:
+    """Rows of ``model`` (alias ``x``) matching ``condition`` lost a parent."""
+
+    key: str
+    label: str
+    model: Any
+    condition: str
+    fixable: bool = True
+    advice: str = ""
+
+
+# Apps above tasks add the checks of their own tables (council: rounds, turns).
+_registered: list[Callable[[], list[OrphanCheck]]] = []
+
+
+def orphan_checks_register(checks: Callable[[], list[OrphanCheck]]) -> None:
+    """Add an app's orphan checks (a function, called when the doctor runs)."""
+    if checks not in _registered:
+        _registered.append(checks)
+
+
+def _orphan_checks() -> list[OrphanCheck]:
+    """Every orphan check, parents first: this app's and artifacts', then each
+    registered app's.
 
     One missing parent per check: an ``OR`` of two ``NOT EXISTS`` keeps
     PostgreSQL from planning anti-joins (0.5 s instead of 0.03 s on 100k events).
     """
-    step_gone = f"x.step_id IS NOT NULL AND {_missing(Step, 'step_id')}"
-    return [
-        ("orphan_tasks", "tasks whose conversation is gone", Task,
-         _missing(Conversation, "conversation_id"), True, ""),
-        ("orphan_rounds", "council rounds whose conversation is gone", CouncilRound,
-         _missing(Conversation, "conversation_id"), True, ""),
-        ("orphan_participants", "council participants whose round is gone",
-         Participant, _missing(CouncilRound, "round_id"), True, ""),
-        ("orphan_turns", "council turns whose round is gone", Turn,
-         _missing(CouncilRound, "round_id"), True, ""),
-        ("orphan_participant_turns", "council turns whose participant is gone", Turn,
-         _missing(Participant, "participant_id"), True, ""),
-        ("orphan_turn_links", "turn links whose turn is gone", TurnArtifact,
-         _missing(Turn, "turn_id"), True, ""),
-        ("orphan_steps", "steps whose task is gone", Step,
-         _missing(Task, "task_id"), True, ""),
-        ("orphan_events", "events whose task is gone", Event,
-         _missing(Task, "task_id"), True, ""),
-        ("orphan_step_events", "events whose step is gone", Event, step_gone,
-         True, ""),
-        ("orphan_links", "task links whose task is gone", TaskArtifact,
-         _missing(Task, "task_id"), True, ""),
-        ("orphan_step_links", "task links whose step is gone", TaskArtifact,
-         step_gone, True, ""),
-        ("dangling_task_links", "task links whose artifact is gone", TaskArtifact,
-         _missing(Artifact, "artifact_id"), True, ""),
-        ("dangling_turn_links", "turn links whose artifact is gone", TurnArtifact,
-         _missing(Artifact, "artifact_id"), True, ""),
-        ("orphan_lineage", "lineage edges whose derived artifact is gone",
-         ArtifactSource, _missing(Artifact, "artifact_id"), True, ""),
-        ("dangling_lineage", "lineage edges whose source artifact is gone",
-         ArtifactSource, _missing(Artifact, "source_id"), True, ""),
-        ("dangling_outputs", "steps whose output artifact is gone", Step,
-         f"x.output_id IS NOT NULL AND {_missing(Artifact, 'output_id')}", False,
-         "a person must retry or branch the step: its output is lost"),
+    step_gone = f"x.step_id IS NOT NULL AND {missing_sql(Step, 'step_id')}"
+    own = [
+        OrphanCheck("orphan_tasks", "tasks whose conversation is gone", Task,
+                    missing_sql(Conversation, "conversation_id")),
+        OrphanCheck("orphan_steps", "steps whose task is gone", Step,
+                    missing_sql(Task, "task_id")),
+        OrphanCheck("orphan_events", "events whose task is gone", Event,
+                    missing_sql(Task, "task_id")),
+        OrphanCheck("orphan_step_events", "events whose step is gone", Event, step_gone),
+        OrphanCheck("orphan_links", "task links whose task is gone", TaskArtifact,
+                    missing_sql(Task, "task_id")),
+        OrphanCheck("orphan_step_links", "task links whose step is gone", TaskArtifact,
+                    step_gone),
+        OrphanCheck("dangling_task_links", "task links whose artifact is gone",
+                    TaskArtifact, missing_sql(Artifact, "artifact_id")),
+        OrphanCheck("orphan_lineage", "lineage edges whose derived artifact is gone",
+                    ArtifactSource, missing_sql(Artifact, "artifact_id")),
+        OrphanCheck("dangling_lineage", "lineage edges whose source artifact is gone",
+                    ArtifactSource, missing_sql(Artifact, "source_id")),
+        OrphanCheck("dangling_outputs", "steps whose output artifact is gone", Step,
+                    f"x.output_id IS NOT NULL AND {missing_sql(Artifact, 'output_id')}",
+                    False, "a person must retry or branch the step: its output is lost"),
     ]  # fmt: skip
+    return own + [check for checks in _registered for check in checks()]
 
 
 def _count(model, condition: str) -> tuple[int, list[int]]:
@@ -453,10 +466,10 @@ def _check(
     """Return {key: (count, sample, detail)} for every check."""
     now = timezone.now()
     results: dict[str, tuple[int, list, Any]] = {}
-    for key, label, model, condition, _fixable, _advice in _orphan_checks():
-        progress(f"checking {label}")
-        count, sample = _count(model, condition)
-        results[key] = (count, sample, None)
+    for check in _orphan_checks():
+        progress(f"checking {check.label}")
+        count, sample = _count(check.model, check.condition)
+        results[check.key] = (count, sample, None)
 
     progress("checking artifacts nothing alive keeps")
     unowned = unowned_artifacts(created_before=now - timedelta(seconds=grace_seconds))
@@ -532,72 +545,131 @@ def doctor_run(
     """Check the database and the blob folder; with ``repair``, fix what can be
     fixed (see the module docstring for the order) and check again."""
     started = time.perf_counter()
-    store = store or default_store()
-    progress = progress or (lambda message: None)
     if grace_seconds is None:
         grace_seconds = getattr(
             settings, "PIPPA_DOCTOR_GRACE_SECONDS", DEFAULT_GRACE_SECONDS
         )
-    options = {"store": store, "grace_seconds": grace_seconds, "verify": verify}
+    run = _Run(
+        store=store or default_store(),
+        grace_seconds=grace_seconds,
+        verify=verify,
+        progress=progress or (lambda message: None),
+    )
     with _one_read():
-        before = _check(integrity=True, progress=progress, **options)
+        before = run.check(integrity=True)
+    report = _report(repair, before)
+    if repair:
+        repaired = _repair(run, before, report)
+        with _one_read():
+            after = run.check(integrity=False)
+        after["damaged_blobs"] = (_still_damaged(before), [], None)
+        _tally(report, after, repaired)
+    report.seconds = time.perf_counter() - started
+    return report
 
+
+@dataclass
+class _Run:
+    store: BlobStore
+    grace_seconds: int
+    verify: bool
+    progress: Progress
+
+    def check(self, *, integrity: bool) -> dict[str, tuple[int, list, Any]]:
+        return _check(
+            store=self.store,
+            grace_seconds=self.grace_seconds,
+            verify=self.verify,
+            integrity=integrity,
+            progress=self.progress,
+        )
+
+
+def _report(repair: bool, before: dict) -> DoctorReport:
     report = DoctorReport(repair=repair)
-    for key, label, _model, _cond, fixable, advice in _orphan_checks():
-        report.findings.append(Finding(key, label, fixable=fixable, advice=advice))
+    for check in _orphan_checks():
+        report.findings.append(
+            Finding(check.key, check.label, fixable=check.fixable, advice=check.advice)
+        )
     for key, (label, fixable, advice) in LABELS.items():
         report.findings.append(Finding(key, label, fixable=fixable, advice=advice))
     for finding in report.findings:
         finding.found, finding.sample, _ = before[finding.key]
         finding.remaining = finding.found
+    return report
 
-    if not repair:
-        report.seconds = time.perf_counter() - started
-        return report
 
-    repaired: dict[str, int] = {}
-    orphan_keys = []
-    # PostgreSQL runs FK actions row by row, so a set-based delete of the leaves
-    # (orphan events) first is far cheaper than the cascade from their orphan
-    # steps (0.2 s against 2 s for 98,159 events); SQLite cascades inside its
-    # engine faster than it runs the chunked leaf deletes (3 s against 7 s).
-    # Either way, rows whose parent is itself an orphan go with that parent.
+def _repair(run: _Run, before: dict, report: DoctorReport) -> dict[str, int]:
+    """Repair what the check found, in the module docstring's order.
+
+    Return {key: repaired} for the findings that count their repairs (the
+    orphan checks count what is gone afterwards); the tasks the repair wrote
+    to go into ``report.touched_tasks``.
+    """
+    _repair_orphans(before, run.progress)
+    repaired = _repair_artifacts(run, before)
+    repaired.update(_repair_blobs(run, before))
+    _flag_integrity(before)
+    run.progress("releasing expired leases")
+    released = [
+        pk for pk, owner in before["expired_leases"][2] if _lease_release(pk, owner)
+    ]
+    run.progress("closing open tool-call envelopes")
+    closed = [e[1] for e in before["open_envelopes"][2] if _envelope_close(*e)]
+    repaired["expired_leases"], repaired["open_envelopes"] = len(released), len(closed)
+    report.touched_tasks = sorted(set(released) | set(closed))
+    return repaired
+
+
+def _repair_orphans(before: dict, progress: Progress) -> None:
+    """Delete rows whose parent is gone, a chunk per short transaction.
+
+    PostgreSQL runs FK actions row by row, so a set-based delete of the leaves
+    (orphan events) first is far cheaper than the cascade from their orphan
+    steps (0.2 s against 2 s for 98,159 events); SQLite cascades inside its
+    engine faster than it runs the chunked leaf deletes (3 s against 7 s).
+    Either way, rows whose parent is itself an orphan go with that parent.
+    """
     checks = _orphan_checks()
     if connection.vendor == "postgresql":
         checks.reverse()
-    for key, label, model, condition, fixable, _advice in checks:
-        if fixable:
-            orphan_keys.append(key)
-            if before[key][0]:
-                _delete_in_chunks(model, condition, label, before[key][0], progress)
+    for check in checks:
+        found = before[check.key][0]
+        if check.fixable and found:
+            _delete_in_chunks(
+                check.model, check.condition, check.label, found, progress
+            )
 
-    progress("removing artifacts nothing alive keeps")
-    now = timezone.now()
+
+def _repair_artifacts(run: _Run, before: dict) -> dict[str, int]:
+    run.progress("removing artifacts nothing alive keeps")
     gone = unowned_artifacts_delete(
-        created_before=now - timedelta(seconds=grace_seconds),
-        store=store,
+        created_before=timezone.now() - timedelta(seconds=run.grace_seconds),
+        store=run.store,
         only=before["unowned_artifacts"][2],
     )
-    repaired["unowned_artifacts"] = len(gone)
-
-    progress("finishing blob unlinks a delete left pending")
+    run.progress("finishing blob unlinks a delete left pending")
     pending = before["pending_unlinks"][2]
-    pending_unlinks_finish(store=store, shas=pending)
-    repaired["pending_unlinks"] = (
-        len(pending) - PendingUnlink.objects.filter(sha256__in=pending).count()
-    )
+    pending_unlinks_finish(store=run.store, shas=pending)
+    left = PendingUnlink.objects.filter(sha256__in=pending).count()
+    return {"unowned_artifacts": len(gone), "pending_unlinks": len(pending) - left}
 
-    progress("sweeping blob files that no row names")
+
+def _repair_blobs(run: _Run, before: dict) -> dict[str, int]:
+    run.progress("sweeping blob files that no row names")
     # Under the per-sha guard, re-checking rows and open envelopes: a write
     # that named one of these since the check keeps its file.
     in_flight = _in_flight_payloads()
     orphans = [sha for sha, _ in before["orphan_blobs"][2] if sha not in in_flight]
-    repaired["orphan_blobs"] = blobs_unlink(shas=orphans, store=store)
-    repaired["stale_temp_files"] = 0
-    for path in before["stale_temp_files"][2]:
+    removed = blobs_unlink(shas=orphans, store=run.store)
+    temps = before["stale_temp_files"][2]
+    for path in temps:
         path.unlink(missing_ok=True)
-        repaired["stale_temp_files"] += 1
+    return {"orphan_blobs": removed, "stale_temp_files": len(temps)}
 
+
+def _flag_integrity(before: dict) -> None:
+    """Mark damaged blobs' rows (never delete them) and clear healed ones."""
     damaged, restored = before["damaged_blobs"][2]
     checked_at = timezone.now()
     for state in (Artifact.Integrity.MISSING, Artifact.Integrity.CORRUPT):
@@ -611,21 +683,17 @@ def doctor_run(
             integrity=Artifact.Integrity.OK, verified_at=checked_at
         )
 
-    progress("releasing expired leases")
-    repaired["expired_leases"] = sum(
-        _lease_release(pk, owner) for pk, owner in before["expired_leases"][2]
-    )
-    progress("closing open tool-call envelopes")
-    repaired["open_envelopes"] = sum(
-        _envelope_close(*envelope) for envelope in before["open_envelopes"][2]
+
+def _still_damaged(before: dict) -> int:
+    damaged, _restored = before["damaged_blobs"][2]
+    return sum(
+        Artifact.objects.filter(pk__in=chunk).count()
+        for chunk in batched(list(damaged))
     )
 
-    with _one_read():
-        after = _check(integrity=False, progress=progress, **options)
-    still_damaged = 0
-    for chunk in batched(list(damaged)):
-        still_damaged += Artifact.objects.filter(pk__in=chunk).count()
-    after["damaged_blobs"] = (still_damaged, [], None)
+
+def _tally(report: DoctorReport, after: dict, repaired: dict[str, int]) -> None:
+    orphan_keys = {check.key for check in _orphan_checks() if check.fixable}
     for finding in report.findings:
         finding.remaining = after[finding.key][0]
         if finding.key in orphan_keys:
@@ -633,5 +701,3 @@ def doctor_run(
             finding.repaired = max(finding.found - finding.remaining, 0)
         else:
             finding.repaired = repaired.get(finding.key, 0)
-    report.seconds = time.perf_counter() - started
-    return report

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -207,137 +208,166 @@ def plan_rewrite(*, task: Task, steps: list[dict]) -> Task:
         raise PlanError(ERR_NO_STEPS)
     if len(steps) > MAX_STEPS:
         raise PlanError(ERR_TOO_MANY_STEPS)
-    existing = {s.pk: s for s in Step.objects.filter(task=locked).order_by("position")}
-    attempted_ids = set(
-        Event.objects.filter(task=locked, kind=Event.Kind.TOOL_CALL_STARTED)
-        .values_list("step_id", flat=True)
-        .distinct()
-    )
-
-    new_order: list[tuple[Step | None, dict[str, Any]]] = []
-    seen: set[int] = set()
+    rewrite = _Rewrite.read(locked)
     for n, raw in enumerate(steps, start=1):
+        rewrite.add(raw, n)
+    rewrite.check_history()
+    rewrite.write()
+    task.refresh_from_db()
+    return task
+
+
+@dataclass
+class _Rewrite:
+    """One plan rewrite: the task's steps now and the new order being built."""
+
+    task: Task
+    existing: dict[int, Step]
+    attempted: set[int]  # steps with a tool_call_started: their events are history
+    new_order: list[tuple[Step | None, dict[str, Any]]] = field(default_factory=list)
+    seen: set[int] = field(default_factory=set)
+
+    @classmethod
+    def read(cls, task: Task) -> _Rewrite:
+        steps = Step.objects.filter(task=task).order_by("position")
+        attempted = Event.objects.filter(task=task, kind=Event.Kind.TOOL_CALL_STARTED)
+        return cls(
+            task=task,
+            existing={s.pk: s for s in steps},
+            attempted=set(attempted.values_list("step_id", flat=True).distinct()),
+        )
+
+    def has_history(self, step: Step) -> bool:
+        return step.status in FINISHED or step.pk in self.attempted
+
+    def add(self, raw: Any, n: int) -> None:
+        """Rules 2-4 for one item: an existing step kept (maybe edited), or a new one."""
         claimed = _claimed_status(raw, n)
-        if isinstance(raw, dict) and raw.get("id") is not None:
-            try:
-                step_id = int(raw["id"])
-            except (TypeError, ValueError):
-                raise PlanError(ERR_UNKNOWN_STEP.format(id=raw["id"])) from None
-            if step_id not in existing:
-                raise PlanError(ERR_UNKNOWN_STEP.format(id=step_id))
-            if step_id in seen:
-                raise PlanError(ERR_STEP_TWICE.format(id=step_id))
-            seen.add(step_id)
-            old = existing[step_id]
-            if claimed is not None and claimed != old.status:
-                raise PlanConflict(
-                    ERR_STATUS_CHANGED.format(
-                        position=old.position,
-                        status=old.get_status_display(),
-                        claimed=claimed,
-                    )
-                )
-            merged = {
-                "title": raw.get("title", old.title),
-                "tool": raw.get("tool", old.tool),
-                "args": raw.get("args", old.args),
-                "max_attempts": raw.get("max_attempts", old.max_attempts),
-            }
-            if (old.status in FINISHED or old.pk in attempted_ids) and (
-                str(merged["title"]).strip()[:300] != old.title
-                or merged["tool"] != old.tool
-                or merged["args"] != old.args
-            ):
-                raise PlanConflict(
-                    ERR_DONE_CHANGED.format(
-                        position=old.position, status=old.get_status_display()
-                    )
-                )
-            new_order.append((old, _clean_step(merged, n)))
-        else:
+        if not (isinstance(raw, dict) and raw.get("id") is not None):
             if claimed is not None and claimed != Step.Status.PENDING:
                 raise PlanError(ERR_NEW_STATUS.format(n=n, claimed=claimed))
-            new_order.append((None, _clean_step(raw, n)))
-
-    for old in existing.values():
-        if old.pk in seen:
-            continue
-        if old.status in FINISHED or old.pk in attempted_ids or old.attempts:
+            self.new_order.append((None, _clean_step(raw, n)))
+            return
+        old = self._existing(raw["id"])
+        if claimed is not None and claimed != old.status:
             raise PlanConflict(
-                ERR_STARTED_DROPPED.format(
+                ERR_STATUS_CHANGED.format(
+                    position=old.position,
+                    status=old.get_status_display(),
+                    claimed=claimed,
+                )
+            )
+        merged = {
+            "title": raw.get("title", old.title),
+            "tool": raw.get("tool", old.tool),
+            "args": raw.get("args", old.args),
+            "max_attempts": raw.get("max_attempts", old.max_attempts),
+        }
+        if self.has_history(old) and (
+            str(merged["title"]).strip()[:300] != old.title
+            or merged["tool"] != old.tool
+            or merged["args"] != old.args
+        ):
+            raise PlanConflict(
+                ERR_DONE_CHANGED.format(
                     position=old.position, status=old.get_status_display()
                 )
             )
+        self.new_order.append((old, _clean_step(merged, n)))
 
-    finished_old = [s.pk for s in existing.values() if s.status in FINISHED]
-    new_ids = [old.pk if old else None for old, _ in new_order]
-    if new_ids[: len(finished_old)] != finished_old:
-        moved = next(
+    def _existing(self, raw_id: Any) -> Step:
+        try:
+            step_id = int(raw_id)
+        except (TypeError, ValueError):
+            raise PlanError(ERR_UNKNOWN_STEP.format(id=raw_id)) from None
+        if step_id not in self.existing:
+            raise PlanError(ERR_UNKNOWN_STEP.format(id=step_id))
+        if step_id in self.seen:
+            raise PlanError(ERR_STEP_TWICE.format(id=step_id))
+        self.seen.add(step_id)
+        return self.existing[step_id]
+
+    @property
+    def new_ids(self) -> list[int | None]:
+        return [old.pk if old else None for old, _ in self.new_order]
+
+    def check_history(self) -> None:
+        """Rules 2 and 3 across the list: nothing with history dropped or moved."""
+        for old in self.existing.values():
+            if old.pk not in self.seen and (self.has_history(old) or old.attempts):
+                raise PlanConflict(
+                    ERR_STARTED_DROPPED.format(
+                        position=old.position, status=old.get_status_display()
+                    )
+                )
+        new_ids = self.new_ids
+        finished = [s.pk for s in self.existing.values() if s.status in FINISHED]
+        if new_ids[: len(finished)] != finished:
+            moved = next(
+                (
+                    self.existing[pk].position
+                    for i, pk in enumerate(finished)
+                    if i >= len(new_ids) or new_ids[i] != pk
+                ),
+                0,
+            )
+            raise PlanConflict(ERR_DONE_ORDER.format(position=moved))
+        attempted = [
+            s.pk
+            for s in self.existing.values()
+            if s.status not in FINISHED and (s.pk in self.attempted or s.attempts)
+        ]
+        kept_order = [pk for pk in new_ids if pk in set(attempted)]
+        if kept_order != attempted:
+            moved = next(
+                self.existing[a].position
+                for a, b in zip(attempted, kept_order, strict=True)
+                if a != b
+            )
+            raise PlanConflict(ERR_STARTED_ORDER.format(position=moved))
+
+    def write(self) -> None:
+        """Rule 5: drop, renumber, recount, log; reopen a done task that grew."""
+        locked = self.task
+        dropped = [pk for pk in self.existing if pk not in self.seen]
+        # Dropped steps were never attempted, so they carry no events.
+        Step.objects.filter(pk__in=dropped).delete()
+        # Two passes keep (task, position) unique while positions move.
+        offset = 10 * MAX_STEPS + len(self.existing) + len(self.new_order)
+        Step.objects.filter(task=locked).update(position=F("position") + offset)
+        now = timezone.now()
+        added = 0
+        for n, (old, fields) in enumerate(self.new_order, start=1):
+            if old is None:
+                Step.objects.create(task=locked, position=n, created_at=now, **fields)
+                added += 1
+            elif self.has_history(old):
+                Step.objects.filter(pk=old.pk).update(position=n)
+            else:
+                Step.objects.filter(pk=old.pk).update(position=n, **fields)
+        done = Step.objects.filter(task=locked, status__in=FINISHED).count()
+        total = len(self.new_order)
+        changes: dict[str, Any] = {
+            "steps_total": total,
+            "steps_done": done,
+            "updated_at": now,
+        }
+        if locked.status == Task.Status.DONE and done < total:
+            changes.update(status=Task.Status.QUEUED, finished_at=None)
+        Task.objects.filter(pk=locked.pk).update(**changes)
+        entries = [
             (
-                existing[pk].position
-                for i, pk in enumerate(finished_old)
-                if i >= len(new_ids) or new_ids[i] != pk
-            ),
-            0,
-        )
-        raise PlanConflict(ERR_DONE_ORDER.format(position=moved))
-    attempted_old = [
-        s.pk
-        for s in existing.values()
-        if s.status not in FINISHED and (s.pk in attempted_ids or s.attempts)
-    ]
-    attempted_new = [pk for pk in new_ids if pk in set(attempted_old)]
-    if attempted_new != attempted_old:
-        moved = next(
-            existing[a].position
-            for a, b in zip(attempted_old, attempted_new, strict=True)
-            if a != b
-        )
-        raise PlanConflict(ERR_STARTED_ORDER.format(position=moved))
-
-    dropped = [pk for pk in existing if pk not in seen]
-    # Dropped steps were never attempted, so they carry no events.
-    Step.objects.filter(pk__in=dropped).delete()
-    # Two passes keep (task, position) unique while positions move.
-    offset = 10 * MAX_STEPS + len(existing) + len(new_order)
-    Step.objects.filter(task=locked).update(position=F("position") + offset)
-    now = timezone.now()
-    added = 0
-    for n, (old, fields) in enumerate(new_order, start=1):
-        if old is None:
-            Step.objects.create(task=locked, position=n, created_at=now, **fields)
-            added += 1
-        else:
-            update = {"position": n}
-            if old.status not in FINISHED and old.pk not in attempted_ids:
-                update.update(fields)
-            Step.objects.filter(pk=old.pk).update(**update)
-
-    done = Step.objects.filter(task=locked, status__in=FINISHED).count()
-    total = len(new_order)
-    changes: dict[str, Any] = {
-        "steps_total": total,
-        "steps_done": done,
-        "updated_at": now,
-    }
-    if locked.status == Task.Status.DONE and done < total:
-        changes.update(status=Task.Status.QUEUED, finished_at=None)
-    Task.objects.filter(pk=locked.pk).update(**changes)
-    entries = [
-        (
-            Event.Kind.PLAN_REWRITTEN,
-            None,
-            {
-                "steps": total,
-                "kept": len(seen),
-                "added": added,
-                "dropped": len(dropped),
-                "order": [pk for pk in new_ids if pk is not None][:200],
-            },
-        )
-    ]
-    if changes.get("status") == Task.Status.QUEUED:
-        entries.append((Event.Kind.TASK_QUEUED, None, {"reason": "plan_rewritten"}))
-    events_append(task_id=locked.pk, entries=entries)
-    task.refresh_from_db()
-    return task
+                Event.Kind.PLAN_REWRITTEN,
+                None,
+                {
+                    "steps": total,
+                    "kept": len(self.seen),
+                    "added": added,
+                    "dropped": len(dropped),
+                    "order": [pk for pk in self.new_ids if pk is not None][:200],
+                },
+            )
+        ]
+        if changes.get("status") == Task.Status.QUEUED:
+            entries.append((Event.Kind.TASK_QUEUED, None, {"reason": "plan_rewritten"}))
+        events_append(task_id=locked.pk, entries=entries)

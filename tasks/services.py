@@ -16,6 +16,7 @@ from artifacts.gc import (
     blobs_unlink_after_commit,
     gc_plan,
 )
+from artifacts.keepers import conversation_artifact_ids
 from artifacts.models import Artifact
 from artifacts.services import _check_class, artifact_record, blob_put
 from pippa_site.errors import Invalid, NotFound
@@ -281,40 +282,48 @@ class DeletionReport:
         }
 
 
+@dataclass(frozen=True)
+class ConversationPart:
+    """Rows of ``model`` (found by the ``conversation`` lookup) go with a
+    conversation; their count adds to the delete report's ``label``."""
+
+    label: str
+    model: Any
+    conversation: str
+
+
+# Apps above tasks add the rows they keep under a conversation (council:
+# rounds, turns, turn links) from their AppConfig.ready().
+_parts: dict[tuple[str, str], ConversationPart] = {}
+
+
+def conversation_part_register(part: ConversationPart) -> None:
+    _parts[(part.label, part.model._meta.label)] = part
+
+
 def _deletion_plan(conversation_id: int, *, lock: bool) -> DeletionReport:
     """Count the subtree with aggregate queries and run the artifact rule.
 
-    Shared by the delete and its preview, so both give the same numbers.
+    Shared by the delete and its preview, so both give the same numbers. The
+    candidates are what the conversation's rows keep (``artifacts.keepers``).
     """
-    from council.models import CouncilRound, Turn, TurnArtifact
-
-    own_tasks = Task.objects.filter(conversation_id=conversation_id)
-    own_turns = Turn.objects.filter(round__conversation_id=conversation_id)
-    task_links = TaskArtifact.objects.filter(task__conversation_id=conversation_id)
-    turn_links = TurnArtifact.objects.filter(
-        turn__round__conversation_id=conversation_id
-    )
-    steps = Step.objects.filter(task__conversation_id=conversation_id)
+    mine = {"conversation_id": conversation_id}
+    theirs = {"task__conversation_id": conversation_id}
     report = DeletionReport(
         conversation_id=conversation_id,
         conversations=1,
-        rounds=CouncilRound.objects.filter(conversation_id=conversation_id).count(),
-        turns=own_turns.count(),
-        tasks=own_tasks.count(),
-        steps=steps.count(),
-        events=Event.objects.filter(task__conversation_id=conversation_id).count(),
-        links=task_links.count() + turn_links.count(),
+        tasks=Task.objects.filter(**mine).count(),
+        steps=Step.objects.filter(**theirs).count(),
+        events=Event.objects.filter(**theirs).count(),
+        links=TaskArtifact.objects.filter(**theirs).count(),
     )
-    candidates: set[int] = set()
-    candidates.update(task_links.values_list("artifact_id", flat=True).distinct())
-    candidates.update(
-        steps.filter(output__isnull=False)
-        .values_list("output_id", flat=True)
-        .distinct()
-    )
-    candidates.update(turn_links.values_list("artifact_id", flat=True).distinct())
+    for part in _parts.values():
+        counted = part.model.objects.filter(
+            **{f"{part.conversation}_id": conversation_id}
+        ).count()
+        setattr(report, part.label, getattr(report, part.label) + counted)
     plan = gc_plan(
-        candidate_ids=candidates,
+        candidate_ids=conversation_artifact_ids(conversation_id=conversation_id),
         leaving_conversation_id=conversation_id,
         lock=lock,
     )
