@@ -32,7 +32,7 @@ from django.utils import timezone
 from artifacts.models import ArtifactClass
 from artifacts.services import artifact_store
 from bench.harness import Report
-from tasks import selectors
+from dashboard import selectors
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 
 

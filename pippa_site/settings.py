@@ -100,6 +100,7 @@ INSTALLED_APPS = [
     "artifacts",
     "tasks",
     "council",
+    "dashboard",
     "brains",
     "api",
     "pippa_mcp",

@@ -18,5 +18,5 @@ urlpatterns = [
     path("mcp/", mcp_endpoint, name="mcp"),
     path("mcp", mcp_endpoint),
     path("settings/tokens/", include("api.urls")),
-    path("", include("tasks.urls")),
+    path("", include("dashboard.urls")),
 ]

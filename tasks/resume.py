@@ -20,6 +20,7 @@ from artifacts.models import Artifact, ArtifactClass
 from artifacts.store import CHUNK, default_store
 from tasks.models import Event, Step, Task
 from tasks.tools import files_root
+from tasks.words import relative_text
 
 SCHEMA = "pippa.resume/1"
 
@@ -276,12 +277,10 @@ def resume_advice(step: Step, *, task: Task | None = None) -> ResumeAdvice:
     if step.attempts >= step.max_attempts:
         return ResumeAdvice("no_attempts_left", "will fail: no attempts left", "run")
     if step.waiting_to_retry:
-        from tasks.templatetags.pippa import from_now
-
         return ResumeAdvice(
             "retry_wait",
             f"will run attempt {step.attempts + 1} of {step.max_attempts}: the tool"
-            f" failed, next attempt {from_now(step.next_attempt_at)}",
+            f" failed, next attempt {relative_text(step.next_attempt_at)}",
             "run",
         )
     return ResumeAdvice(

@@ -7,6 +7,11 @@ here, so a wording is changed once.
 
 from __future__ import annotations
 
+from datetime import datetime
+
+from django.utils import timezone
+from django.utils.formats import date_format
+
 from artifacts.models import ArtifactClass
 
 # The class badges, in one line each (the task page's legend and badge titles).
@@ -150,3 +155,29 @@ def actor_words(actor: str) -> str:
     if role == "worker":
         return "a worker"
     return actor
+
+
+def relative_text(value: datetime, now: datetime | None = None) -> str:
+    """Return "just now", "12 s ago", "in 3 min", "2 h 5 min ago", "3 days ago".
+
+    Past a week the date itself ("12 Mar 2026") reads better than a count.
+    """
+    now = now or timezone.now()
+    delta = (value - now).total_seconds()
+    if abs(delta) < 1:
+        return "just now"
+    ahead = delta > 0
+    seconds = int(abs(delta))
+    if seconds < 60:
+        text = f"{seconds} s"
+    elif seconds < 3600:
+        text = f"{seconds // 60} min"
+    elif seconds < 86400:
+        hours, minutes = seconds // 3600, seconds % 3600 // 60
+        text = f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    elif seconds < 7 * 86400:
+        days = seconds // 86400
+        text = f"{days} day{'s' if days > 1 else ''}"
+    else:
+        return date_format(timezone.localtime(value), "j M Y")
+    return f"in {text}" if ahead else f"{text} ago"

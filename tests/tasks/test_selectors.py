@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from tasks import selectors
+from dashboard import selectors
+from dashboard.templatetags.pippa import compact_json, duration, from_now
 from tasks.models import Task
-from tasks.templatetags.pippa import compact_json, duration, from_now
 from tests.tasks.dashboard_data import add_events, add_steps
 
 pytestmark = pytest.mark.django_db

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from artifacts.models import Artifact, ArtifactClass
 from council.models import CouncilRound, Participant, Turn
-from tasks import selectors
+from dashboard import selectors
 from tasks.models import Step, Task
 from tests.tasks.dashboard_data import add_events, add_steps
 

@@ -19,8 +19,9 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
+from dashboard import selectors
 from pippa_site.errors import PippaError
-from tasks import actions, selectors
+from tasks import actions
 from tasks.models import Task
 
 FRAGMENTS = ("timeline", "events")

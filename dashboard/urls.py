@@ -2,8 +2,10 @@ from __future__ import annotations
 
 from django.urls import path
 
-from tasks import views
+from dashboard import views
 
+# The namespace the pages were born with: URL names (tasks:task, tasks:conversation)
+# stay as templates, models and tests know them.
 app_name = "tasks"
 urlpatterns = [
     path("", views.conversation_list, name="conversations"),
