@@ -17,12 +17,19 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from ninja import Field, NinjaAPI, Query, Router, Schema, Status
-from ninja.errors import AuthenticationError, ValidationError
+from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer
 from pydantic import ConfigDict
 
 from api.services import token_authenticate
 from artifacts.store import BlobMissing, BlobTooLarge, default_store
+from council.selectors import (
+    context_for,
+    round_get_for_user,
+    rounds_payload,
+    turn_context_bytes,
+    turn_get_for_user,
+)
 from pippa_site.errors import LeaseConflict, PippaError
 from tasks import actions, lease, plan, services
 from tasks.documents import (
@@ -36,6 +43,7 @@ from tasks.documents import (
     task_payload,
 )
 from tasks.models import Brain, Conversation
+from tasks.resume import resume_context
 
 ERR_AUTH = "missing, unknown or revoked API token (send Authorization: Bearer <token>)"
 ERR_BODY_TOO_LARGE = "request body too large: the limit is {limit} bytes"
@@ -78,8 +86,6 @@ api = NinjaAPI(
 
 
 def _fail(status: int, message: str):
-    from ninja.errors import HttpError
-
     raise HttpError(status, message)
 
 
@@ -353,8 +359,6 @@ def task_brain(request: HttpRequest, task_id: int, payload: BrainIn):
 
 @tasks.get("/{task_id}/resume-context", response={200: dict[str, Any], **NOT_FOUND})
 def task_resume_context(request: HttpRequest, task_id: int):
-    from tasks.resume import resume_context
-
     return resume_context(task_get_for_user(user=request.user, task_id=task_id))
 
 
@@ -534,8 +538,6 @@ class RoundOut(Schema):
 )
 def council_rounds(request: HttpRequest, conversation_id: int):
     """The council rounds of a conversation, with their participants."""
-    from council.selectors import rounds_payload
-
     conv = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
     return rounds_payload(conversation=conv)
 
@@ -549,8 +551,6 @@ def council_context(
     Earlier turns' text and ``artifact_refs[]`` (refs, never payloads); read an
     artifact's bytes with GET /artifacts/{id}/content. Read-only.
     """
-    from council.selectors import context_for, round_get_for_user
-
     council_round = round_get_for_user(user=request.user, round_id=round_id)
     return context_for(council_round=council_round, participant_id=participant_id)
 
@@ -558,8 +558,6 @@ def council_context(
 @council.get("/turns/{turn_id}/context", response={200: dict[str, Any], **NOT_FOUND})
 def council_turn_context(request: HttpRequest, turn_id: int):
     """The context document that turn's speaker received, as it was stored."""
-    from council.selectors import turn_context_bytes, turn_get_for_user
-
     turn = turn_get_for_user(user=request.user, turn_id=turn_id)
     return json.loads(turn_context_bytes(turn=turn))
 

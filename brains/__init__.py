@@ -39,6 +39,7 @@ def brain_make(
 ) -> BrainAdapter:
     """Return the adapter for ``kind`` (see ``KINDS``)."""
     http = {"timeout": timeout, "retries": retries, "backoff": backoff}
+    # Each adapter is imported when it is chosen: a runner loads one vendor's code.
     if kind == "openai":
         from brains.openai_compat import OpenAICompatBrain
 

@@ -361,7 +361,12 @@ def run_brain(
 
 
 class LocalBackend:
-    """In-process services, owner-checked as ``user`` (the ``pippa_brain`` command)."""
+    """In-process services, owner-checked as ``user`` (the ``pippa_brain`` command).
+
+    Its methods import the services they call, so this module (and
+    ``HttpBackend``, for a runner on another machine) loads without a
+    configured Django project.
+    """
 
     def __init__(self, *, user):
         self.user = user

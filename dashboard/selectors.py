@@ -33,12 +33,16 @@ from django.db.models import (
 from django.db.models.functions import Coalesce, Greatest
 from django.http import Http404
 from django.shortcuts import get_object_or_404
+from django.utils import timezone
 
 from artifacts.models import Artifact
 from artifacts.preview import preview_status
 from artifacts.store import BlobError, default_store
 from council.models import CouncilRound
+from tasks.actions import step_resolve_options
 from tasks.models import Conversation, Event, Step, Task, needs_you_q
+from tasks.resume import ADOPT, CALL_AGAIN, envelope_read, resume_advice, resume_context
+from tasks.words import CHOICES, OUTSIDE_RERUN, OUTSIDE_RETRY, RULE_WORDS, actor_words
 
 CONVERSATIONS_PER_PAGE = 50
 STEPS_PER_PAGE = 100
@@ -383,9 +387,6 @@ def _advise(rows: list[StepRow], task: Task) -> None:
     attention = [r for r in rows if r.needs_attention][:MAX_ADVICE_PER_PAGE]
     if not attention:
         return
-    from tasks.actions import step_resolve_options
-    from tasks.resume import envelope_read, resume_advice
-    from tasks.words import RULE_WORDS
 
     for row in attention:
         advice = resume_advice(row.step, task=task)
@@ -422,9 +423,6 @@ def saved_output(payload: dict | None) -> SavedOutput | None:
 
 def _choices(row: StepRow) -> list[Choice]:
     """The ways forward for a step that needs a person, the one Pippa would take first."""
-    from tasks.resume import ADOPT, CALL_AGAIN
-    from tasks.words import CHOICES, OUTSIDE_RERUN, OUTSIDE_RETRY
-
     step = row.step
     wanted = {ADOPT: "adopt", CALL_AGAIN: "rerun"}.get(row.advice.action)
     actions = list(row.resolve_options)
@@ -489,8 +487,6 @@ ATTEMPT_KINDS = (
 
 def _attempts(rows: list[StepRow]) -> None:
     """Fold each step's events into its attempts and notes: one query for the page."""
-    from tasks.words import CHOICES, RULE_WORDS, actor_words
-
     by_id = {row.step.pk: row for row in rows}
     if not by_id:
         return
@@ -549,8 +545,6 @@ def _attempts(rows: list[StepRow]) -> None:
 
 
 def _actor(data: dict) -> str:
-    from tasks.words import actor_words
-
     return actor_words(str(data.get("actor") or ""))
 
 
@@ -577,8 +571,6 @@ def task_clock(*, task: Task, rows: list[StepRow]) -> TaskClock:
     The axis runs from the first call of the task to its end (or now, while it
     runs): one aggregate query over the task's steps.
     """
-    from django.utils import timezone
-
     span = Step.objects.filter(task=task).aggregate(
         first=Min("started_at"), last=Max("finished_at")
     )
@@ -683,6 +675,4 @@ def event_kinds(*, task: Task) -> list[str]:
 
 def task_resume_context_json(*, task: Task) -> str:
     """Return the document a resumed brain reads, pretty-printed."""
-    from tasks.resume import resume_context
-
     return json.dumps(resume_context(task), indent=2, default=str, sort_keys=False)

@@ -19,10 +19,15 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
+from artifacts.store import BlobError, default_store
 from dashboard import selectors
 from pippa_site.errors import PippaError
 from tasks import actions
-from tasks.models import Task
+from tasks import services as task_services
+from tasks.demo import LIVE_CONVERSATION, live_task_start
+from tasks.models import Step, Task
+from tasks.resume import envelope_read
+from tasks.words import CHOICES, OUTSIDE_RERUN, OUTSIDE_RETRY
 
 FRAGMENTS = ("timeline", "events")
 MSG_QUEUED = "Queued “{title}” for the worker."
@@ -136,8 +141,6 @@ def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 def _demo_live_offer(conversation, tasks: list[Task]) -> bool:
     """Offer "Run the demo task" in the demo's live conversation once nothing moves."""
-    from tasks.demo import LIVE_CONVERSATION
-
     if conversation.title != LIVE_CONVERSATION:
         return False
     return not any(t.status in (Task.Status.QUEUED, Task.Status.RUNNING) for t in tasks)
@@ -147,8 +150,6 @@ def _demo_live_offer(conversation, tasks: list[Task]) -> bool:
 @dashboard_login_required
 def demo_live_run(request: HttpRequest, pk: int) -> HttpResponse:
     """Start a fresh live demo task in the demo's live conversation."""
-    from tasks.demo import live_task_start
-
     conversation = selectors.conversation_get_for_user(
         user=request.user, conversation_id=pk
     )
@@ -163,13 +164,11 @@ def demo_live_run(request: HttpRequest, pk: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @dashboard_login_required
 def conversation_delete(request: HttpRequest, pk: int) -> HttpResponse:
-    from tasks.services import conversation_delete, conversation_deletion_preview
-
     conversation = selectors.conversation_get_for_user(
         user=request.user, conversation_id=pk
     )
     if request.method == "POST":
-        report = conversation_delete(conversation_id=conversation.pk)
+        report = task_services.conversation_delete(conversation_id=conversation.pk)
         summary = ", ".join(
             f"{n} {words}"
             for words, n in _counted(report, skip=("conversations",))
@@ -179,7 +178,7 @@ def conversation_delete(request: HttpRequest, pk: int) -> HttpResponse:
             request, MSG_DELETED.format(title=conversation.title, summary=summary)
         )
         return redirect("tasks:conversations")
-    report = conversation_deletion_preview(conversation=conversation)
+    report = task_services.conversation_deletion_preview(conversation=conversation)
     return render(
         request,
         "tasks/conversation_delete.html",
@@ -243,9 +242,6 @@ def step_saved_output(request: HttpRequest, pk: int, step_id: int) -> HttpRespon
     Only the step's own envelope names the blob (no artifact row exists yet).
     Never rendered inline unless it is a raster image; always sandboxed.
     """
-    from artifacts.store import BlobError, default_store
-    from tasks.resume import envelope_read
-
     step = selectors.step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
     saved = selectors.saved_output(envelope_read(step.pk).payload)
     if saved is None:
@@ -361,8 +357,6 @@ def task_cancel(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def _step_confirm_context(step, action: str) -> dict:
-    from tasks.words import CHOICES, OUTSIDE_RERUN, OUTSIDE_RETRY
-
     label, words = CHOICES[action]
     happens = [words]
     warning = ""
@@ -462,8 +456,6 @@ def task_branch(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def _branch_confirm_context(task: Task, position: int, url: str) -> dict:
-    from tasks.models import Step
-
     steps = list(
         Step.objects.filter(task=task)
         .order_by("position")

@@ -28,9 +28,15 @@ from tasks.actions import (
     task_pause,
     task_resume,
 )
+from tasks.doctor import doctor_run
 from tasks.lease import lease_release
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact, needs_you_q
-from tasks.services import event_append
+from tasks.resume import resume_advice
+from tasks.services import (
+    conversation_delete,
+    conversation_deletion_preview,
+    event_append,
+)
 from tasks.words import CHOICES, OUTSIDE_RERUN
 
 # User-facing messages (tests assert them).
@@ -181,8 +187,6 @@ class ConversationAdmin(admin.ModelAdmin):
     # Deletion: only through conversation_delete, confirmed against its preview.
 
     def _previews(self, objs) -> list[tuple[Conversation, object]]:
-        from tasks.services import conversation_deletion_preview
-
         return [(c, conversation_deletion_preview(conversation=c)) for c in objs]
 
     @staticmethod
@@ -210,20 +214,14 @@ class ConversationAdmin(admin.ModelAdmin):
         return super().delete_view(request, object_id, context)
 
     def delete_model(self, request, obj):
-        from tasks.services import conversation_delete
-
         conversation_delete(conversation_id=obj.pk)
 
     def delete_queryset(self, request, queryset):
-        from tasks.services import conversation_delete
-
         for pk in list(queryset.values_list("pk", flat=True)):
             conversation_delete(conversation_id=pk)
 
     @admin.action(permissions=["delete"], description="Delete selected conversations…")
     def delete_selected(self, request, queryset):
-        from tasks.services import conversation_delete
-
         conversations = list(queryset.order_by("pk"))
         if request.POST.get("post") == "yes":
             self.log_deletions(request, conversations)
@@ -578,8 +576,6 @@ class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
         report says it touched also gets an ``admin_action`` event naming the
         staff user who asked for the repair.
         """
-        from tasks.doctor import doctor_run
-
         if not self.has_view_permission(request):
             raise PermissionDenied
         repair = request.method == "POST"
@@ -685,8 +681,6 @@ class StepAdmin(RepairPermissionMixin, admin.ModelAdmin):
 
     @admin.display(description="what resume will do")
     def resume_words(self, obj):
-        from tasks.resume import resume_advice
-
         return resume_advice(obj).words
 
     @admin.display(description="choices the class rules allow")

@@ -13,6 +13,7 @@ from typing import Any
 from django.http import Http404
 
 from artifacts.models import Artifact
+from artifacts.selectors import artifact_get_for_user
 from tasks.models import Conversation, Step, Task
 
 ERR_NO_CONVERSATION = "conversation {id} not found (or not yours)"
@@ -40,8 +41,6 @@ def task_get_for_user(*, user, task_id: int) -> Task:
 
 def artifact_get(*, user, artifact_id: int) -> Artifact:
     """``artifacts.selectors.artifact_get_for_user`` with an API-worded 404."""
-    from artifacts.selectors import artifact_get_for_user
-
     try:
         return artifact_get_for_user(user=user, artifact_id=artifact_id)
     except Http404:

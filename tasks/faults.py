@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, InterfaceError, connection
 
 # -- reasons ------------------------------------------------------------------
 
@@ -52,8 +52,6 @@ def fault_reason(exc: BaseException) -> str:
 
 
 def _connection_gone(exc: BaseException, lowered: str) -> bool:
-    from django.db import InterfaceError
-
     if isinstance(exc, InterfaceError):
         return True
     words = (

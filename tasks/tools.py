@@ -89,6 +89,7 @@ class ToolContext:
 
     def output(self, position: int):
         """Return the output artifact of an earlier step of this task."""
+        # Tool modules (PIPPA_TOOLS) import this one before the apps are ready.
         from tasks.models import Step
 
         step = (

@@ -11,6 +11,9 @@ from django.utils import timezone
 from django.utils.formats import date_format
 from django.utils.html import format_html
 
+from artifacts.models import Artifact
+from council.models import CouncilRound, Turn
+from tasks.models import Conversation, Task
 from tasks.words import relative_text
 
 register = template.Library()
@@ -87,10 +90,6 @@ PAGE_LABELS = {"tokens:list": "API tokens"}
 
 def crumb_trail(obj: object | None) -> list[Crumb]:
     """Return ``[(label, url), ...]`` from the conversation list down to ``obj``."""
-    from artifacts.models import Artifact
-    from council.models import CouncilRound, Turn
-    from tasks.models import Conversation, Task
-
     if obj is None:
         return [("Conversations", reverse("tasks:conversations"))]
     if isinstance(obj, str):

@@ -59,6 +59,8 @@ def live_steps() -> list[dict]:
 
 def live_task_start(*, conversation):
     """Queue a fresh live demo task in ``conversation`` for the worker."""
+    # The tool registry imports this package (for tasks.demo.tools) perhaps
+    # before the apps are ready; tasks.plan needs the models.
     from tasks.plan import task_create
 
     return task_create(
