@@ -38,7 +38,13 @@ def blob_guard(sha: str) -> None:
     """
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [int(sha[:15], 16)])
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [blob_guard_key(sha)])
+
+
+def blob_guard_key(sha: str) -> int:
+    """The advisory lock's key for a sha (PostgreSQL), for ``blob_guard`` and
+    the executor's artifact INSERT that takes the same lock in its FROM."""
+    return int(sha[:15], 16)
 
 
 def _check_class(artifact_class: int) -> int:

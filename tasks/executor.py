@@ -45,7 +45,7 @@ from django.utils import timezone
 from artifacts.gc import blobs_unlink_after_commit
 from artifacts.models import Artifact, ArtifactClass, ArtifactSource
 from artifacts.preview import WIDGET_MEDIA_TYPES, preview_render
-from artifacts.services import ERR_BLOB_VANISHED, BlobVanished, blob_guard
+from artifacts.services import ERR_BLOB_VANISHED, BlobVanished, blob_guard_key
 from artifacts.store import default_store
 from tasks.crashpoints import crashpoint
 from tasks.faults import fault_reason, retry_delay
@@ -58,6 +58,7 @@ from tasks.lease import (
     lease_keeper,
     lease_lent,
     lease_take,
+    lease_unreserve,
     parse_dt,
 )
 from tasks.models import Event, LinkRole, Step, Task, TaskArtifact
@@ -70,6 +71,7 @@ from tasks.resume import (
     envelope_read,
     uncertain_decide,
 )
+from tasks.services import events_insert
 from tasks.tools import ToolContext, ToolResult, files_root, tool_get
 
 log = logging.getLogger("pippa.executor")
@@ -148,8 +150,24 @@ T_ART = Artifact._meta.db_table
 T_SRC = ArtifactSource._meta.db_table
 
 
-def _json_ph() -> str:
-    return "CAST(%s AS jsonb)" if connection.vendor == "postgresql" else "%s"
+_ARTIFACT_COLUMNS = (
+    f"INSERT INTO {T_ART} (sha256, size, media_type, artifact_class, title, meta, "
+    f"integrity, verified_at, created_at) "
+)
+_ARTIFACT_INSERT = {
+    "postgresql": _ARTIFACT_COLUMNS
+    + "SELECT %s, %s, %s, %s, %s, CAST(%s AS jsonb), 'ok', %s, %s "
+    "FROM (SELECT pg_advisory_xact_lock(%s)) AS guard "
+    "ON CONFLICT (sha256) DO NOTHING RETURNING id",
+}
+
+
+def _artifact_insert_sql() -> str:
+    return _ARTIFACT_INSERT.get(
+        connection.vendor,
+        _ARTIFACT_COLUMNS + "VALUES (%s, %s, %s, %s, %s, %s, 'ok', %s, %s) "
+        "ON CONFLICT (sha256) DO NOTHING RETURNING id",
+    )
 
 
 def _dt(value):
@@ -196,48 +214,114 @@ def _next_step(cursor, task_id: int) -> _StepRow | None:
 def step(*, task_id: int, worker_id: str) -> StepOutcome | None:
     """Run one step of one task; None when the lease is held elsewhere or the task is idle.
 
-    See the module docstring for the numbered state machine.
+    See the module docstring for the numbered state machine. The common case
+    (our lease, the next step pending and due) is three statements before the
+    call: the renewal reserving the event's seq, one ``UPDATE … RETURNING``
+    that picks and starts the step, and the event.
     """
     with transaction.atomic(), connection.cursor() as cursor:
-        lease = lease_take(cursor, task_id, worker_id)
+        lease = lease_take(cursor, task_id, worker_id, reserve=1)
         if lease is None:
             lease_close_stopped(cursor, task_id, worker_id)
             return None
-        row = _next_step(cursor, task_id)
+        row = _start_next(cursor, task_id, worker_id, lease) if lease.reserved else None
         if row is None:
-            status = lease_close(
-                cursor, task_id, worker_id, Task.Status.DONE, lease.entries
-            )
-            return StepOutcome(task_id=task_id, task_status=status)
-        if row.status in (Step.Status.NEEDS_REVIEW, Step.Status.FAILED):
-            task_status = (
-                Task.Status.FAILED
-                if row.status == Step.Status.FAILED
-                else Task.Status.NEEDS_REVIEW
-            )
-            status = lease_close(cursor, task_id, worker_id, task_status, lease.entries)
-            return StepOutcome(
-                task_id=task_id,
-                task_status=status,
-                step_id=row.id,
-                position=row.position,
-                status=row.status,
-            )
-        if row.status == Step.Status.RUNNING:
-            if lease.entries:
-                lease_append(cursor, task_id, worker_id, lease.entries)
-            uncertain = True
-        elif row.next_attempt_at and row.next_attempt_at > timezone.now():
-            return _waiting(cursor, row, worker_id, lease)
+            lease_unreserve(cursor, task_id, lease)
+            picked = _pick(cursor, task_id, worker_id, lease)
+            if isinstance(picked, StepOutcome):
+                return picked
+            row, uncertain = picked
         else:
             uncertain = False
-            if row.attempts >= row.max_attempts:
-                return _fail_exhausted(cursor, row, worker_id, lease.entries)
-            _start(cursor, row, worker_id, lease.entries)
+        if not uncertain:
             crashpoint("before_started_commit")
     if uncertain:
         return _resolve_uncertain(row, worker_id)
     return _call(row, worker_id)
+
+
+def _pick(
+    cursor, task_id: int, worker_id: str, lease: Lease
+) -> StepOutcome | tuple[_StepRow, bool]:
+    """Every case but the common one: finished, stopped, uncertain, waiting, exhausted.
+
+    Return the outcome, or the step to go on with and whether it is uncertain.
+    """
+    row = _next_step(cursor, task_id)
+    if row is None:
+        status = lease_close(
+            cursor, task_id, worker_id, Task.Status.DONE, lease.entries
+        )
+        return StepOutcome(task_id=task_id, task_status=status)
+    if row.status in (Step.Status.NEEDS_REVIEW, Step.Status.FAILED):
+        task_status = (
+            Task.Status.FAILED
+            if row.status == Step.Status.FAILED
+            else Task.Status.NEEDS_REVIEW
+        )
+        status = lease_close(cursor, task_id, worker_id, task_status, lease.entries)
+        return StepOutcome(
+            task_id=task_id,
+            task_status=status,
+            step_id=row.id,
+            position=row.position,
+            status=row.status,
+        )
+    if row.status == Step.Status.RUNNING:
+        if lease.entries:
+            lease_append(cursor, task_id, worker_id, lease.entries)
+        return row, True
+    if row.next_attempt_at and row.next_attempt_at > timezone.now():
+        return _waiting(cursor, row, worker_id, lease)
+    if row.attempts >= row.max_attempts:
+        return _fail_exhausted(cursor, row, worker_id, lease.entries)
+    _start(cursor, row, worker_id, lease.entries)
+    return row, False
+
+
+def _start_next(cursor, task_id: int, worker_id: str, lease: Lease) -> _StepRow | None:
+    """The common case in one statement: pick the next step, if it is pending,
+    due and has attempts left, count the attempt and mark it running; then log
+    ``tool_call_started`` under the seq the lease renewal reserved.
+    None (nothing written) for every other case.
+    """
+    now = _dt(timezone.now())
+    cursor.execute(
+        f"UPDATE {T_STEP} SET status = 'running', attempts = attempts + 1, "
+        f"started_at = %s, finished_at = NULL, next_attempt_at = NULL "
+        f"WHERE id = (SELECT id FROM {T_STEP} WHERE task_id = %s "
+        f"AND status NOT IN ('done', 'skipped') ORDER BY position LIMIT 1) "
+        f"AND status = 'pending' AND attempts < max_attempts "
+        f"AND (next_attempt_at IS NULL OR next_attempt_at <= %s) "
+        f"RETURNING id, position, title, tool, args, artifact_class, side_effects, "
+        f"attempts, max_attempts, generation",
+        [now, task_id, now],
+    )
+    found = cursor.fetchone()
+    if found is None:
+        return None
+    row = _StepRow(
+        id=found[0],
+        task_id=task_id,
+        position=found[1],
+        title=found[2],
+        status=Step.Status.RUNNING,
+        tool=found[3],
+        args=_loads(found[4]) or {},
+        artifact_class=found[5],
+        side_effects=bool(found[6]),
+        attempts=found[7],
+        max_attempts=found[8],
+        generation=found[9],
+    )
+    events_insert(
+        task_id=task_id,
+        first_seq=lease.last_seq,
+        entries=[_started_entry(row, worker_id)],
+        created_at=timezone.now(),
+    )
+    lease.reserved = 0
+    return row
 
 
 def _waiting(cursor, row: _StepRow, worker_id: str, lease: Lease) -> StepOutcome:
@@ -281,21 +365,22 @@ def _start(cursor, row: _StepRow, worker_id: str, pre: list) -> None:
         cursor,
         row.task_id,
         worker_id,
-        [
-            *pre,
-            (
-                Event.Kind.TOOL_CALL_STARTED,
-                row.id,
-                {
-                    "tool": row.tool,
-                    "class": row.artifact_class,
-                    "attempt": row.attempts,
-                    "generation": row.generation,
-                    "key": row.key,
-                    "worker": worker_id,
-                },
-            ),
-        ],
+        [*pre, _started_entry(row, worker_id)],
+    )
+
+
+def _started_entry(row: _StepRow, worker_id: str) -> tuple:
+    return (
+        Event.Kind.TOOL_CALL_STARTED,
+        row.id,
+        {
+            "tool": row.tool,
+            "class": row.artifact_class,
+            "attempt": row.attempts,
+            "generation": row.generation,
+            "key": row.key,
+            "worker": worker_id,
+        },
     )
 
 
@@ -652,32 +737,30 @@ def _finish(
         meta["path"] = payload["path"]
     with transaction.atomic(), connection.cursor() as cursor:
         # Same guard as artifact_record: a GC cannot unlink this blob between
-        # the check and the commit of the row that names it.
-        blob_guard(payload["sha"])
-        if not default_store().exists(payload["sha"]):
-            raise BlobVanished(ERR_BLOB_VANISHED)
-        ph = _json_ph()
-        cursor.execute(
-            f"INSERT INTO {T_ART} (sha256, size, media_type, artifact_class, title, meta, "
-            f"integrity, verified_at, created_at) VALUES (%s, %s, %s, %s, %s, {ph}, 'ok', %s, %s) "
-            f"ON CONFLICT (sha256) DO NOTHING RETURNING id",
-            [
-                payload["sha"],
-                payload["size"],
-                payload.get("media_type") or "application/octet-stream",
-                row.artifact_class,
-                payload.get("title", "")[:300],
-                json.dumps(meta, default=str),
-                _dt(now),
-                _dt(now),
-            ],
-        )
+        # the check and the commit of the row that names it (on PostgreSQL the
+        # INSERT takes blob_guard's advisory lock itself; SQLite's write lock
+        # is held since BEGIN IMMEDIATE).
+        params = [
+            payload["sha"],
+            payload["size"],
+            payload.get("media_type") or "application/octet-stream",
+            row.artifact_class,
+            payload.get("title", "")[:300],
+            json.dumps(meta, default=str),
+            _dt(now),
+            _dt(now),
+        ]
+        if connection.vendor == "postgresql":
+            params.append(blob_guard_key(payload["sha"]))
+        cursor.execute(_artifact_insert_sql(), params)
         found = cursor.fetchone()
         if found is None:
             cursor.execute(
                 f"SELECT id FROM {T_ART} WHERE sha256 = %s", [payload["sha"]]
             )
             found = cursor.fetchone()
+        if not default_store().exists(payload["sha"]):
+            raise BlobVanished(ERR_BLOB_VANISHED)
         artifact_id = found[0]
         sources = [s for s in payload.get("source_ids") or [] if s != artifact_id]
         if sources:

@@ -63,6 +63,9 @@ class Lease:
     steps_total: int
     steps_done: int
     entries: list[Entry] = field(default_factory=list)
+    # Sequence numbers the renewal reserved (``reserve``), ending at last_seq.
+    reserved: int = 0
+    last_seq: int = 0
 
 
 def lease_until():
@@ -85,10 +88,14 @@ def parse_dt(value):
 # -- the holder: take, renew-and-append, close (the hot path, raw SQL) ---------
 
 
-def lease_take(cursor, task_id: int, worker_id: str) -> Lease | None:
+def lease_take(
+    cursor, task_id: int, worker_id: str, *, reserve: int = 0
+) -> Lease | None:
     """Take or renew the task's lease with conditional UPDATEs; None if another holds it.
 
-    1. Renewal, the common case: one statement, ours and queued or running.
+    1. Renewal, the common case: one statement, ours and queued or running;
+       it also reserves ``reserve`` event seqs (``Lease.reserved``) for the
+       caller's first append (``lease_unreserve`` gives them back unused).
     2. Otherwise read the holder: a live lease of another worker is refused.
     3. A dead lease is taken over (``lease_taken_over`` names the previous
        owner), a free one taken (``lease_taken``); the UPDATE re-checks both.
@@ -96,14 +103,15 @@ def lease_take(cursor, task_id: int, worker_id: str) -> Lease | None:
     now = timezone.now()
     until = _dt(now + timedelta(seconds=settings.PIPPA_LEASE_SECONDS))
     cursor.execute(
-        f"UPDATE {T_TASK} SET lease_expires_at = %s, status = 'running', updated_at = %s "
+        f"UPDATE {T_TASK} SET lease_expires_at = %s, status = 'running', updated_at = %s, "
+        f"last_seq = last_seq + %s "
         f"WHERE id = %s AND lease_owner = %s AND status IN ('queued', 'running') "
-        f"RETURNING steps_total, steps_done",
-        [until, _dt(now), task_id, worker_id],
+        f"RETURNING steps_total, steps_done, last_seq",
+        [until, _dt(now), reserve, task_id, worker_id],
     )
     row = cursor.fetchone()
     if row is not None:
-        return Lease(row[0], row[1])
+        return Lease(row[0], row[1], reserved=reserve, last_seq=row[2])
     cursor.execute(
         f"SELECT status, lease_owner, lease_expires_at FROM {T_TASK} WHERE id = %s",
         [task_id],
@@ -138,6 +146,16 @@ def lease_take(cursor, task_id: int, worker_id: str) -> Lease | None:
     if row is None:
         return None
     return Lease(row[0], row[1], [entry])
+
+
+def lease_unreserve(cursor, task_id: int, lease: Lease) -> None:
+    """Give back the seqs a renewal reserved and nothing used (same transaction)."""
+    if lease.reserved:
+        cursor.execute(
+            f"UPDATE {T_TASK} SET last_seq = last_seq - %s WHERE id = %s",
+            [lease.reserved, task_id],
+        )
+        lease.reserved = 0
 
 
 def lease_append(

@@ -634,3 +634,68 @@ def test_a_widget_that_cannot_be_rendered_still_finishes_its_step(
     assert task.status == Task.Status.DONE
     chart = Step.objects.get(task=task, position=4).output
     assert preview_status(chart).get("status") != preview_mod.STATUS_OK
+
+
+# A step's statements, BEGIN/COMMIT and savepoints aside: the lease renewal
+# reserving the started event's seq, pick-and-start, tool_call_started;
+# payload_persisted's seq and row; the artifact, its link, the step done, the
+# result's seq with progress, tool_result_persisted.
+STATEMENTS_PER_STEP = 10
+
+
+def _statements(queries) -> list[str]:
+    control = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE")
+    return [
+        q["sql"] for q in queries if not q["sql"].lstrip().upper().startswith(control)
+    ]
+
+
+@pytest.mark.django_db
+def test_a_step_of_a_running_task_takes_at_most_ten_statements_in_three_commits(
+    make_conversation,
+):
+    task = task_create(
+        conversation=make_conversation(),
+        title="three fetches",
+        steps=[
+            {"title": f"fetch {n}", "tool": "test.fetch", "args": {"size": 1024}}
+            for n in range(3)
+        ],
+    )
+    step(task_id=task.pk, worker_id="w1")  # takes the lease
+    with CaptureQueriesContext(connection) as queries:
+        outcome = step(task_id=task.pk, worker_id="w1")
+    assert (outcome.status, outcome.position) == ("done", 2)
+    statements = _statements(queries.captured_queries)
+    assert len(statements) <= STATEMENTS_PER_STEP, "\n".join(statements)
+    # Three transactions: the call is logged before it runs, the payload
+    # before the result.
+    boundaries = [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].upper().startswith(("SAVEPOINT", "BEGIN"))
+    ]
+    assert len(boundaries) == 3
+    assert kinds(task.pk)[-3:] == [
+        "tool_call_started",
+        "payload_persisted",
+        "tool_result_persisted",
+    ]
+    seqs = list(Event.objects.filter(task=task).values_list("seq", flat=True))
+    task.refresh_from_db()
+    assert seqs == list(range(1, task.last_seq + 1))
+
+
+@pytest.mark.django_db
+def test_a_step_that_cannot_start_gives_back_the_seq_its_lease_renewal_reserved(
+    make_conversation,
+):
+    task = one_step_task(make_conversation, "test.flaky", fail_times=5)
+    step(task_id=task.pk, worker_id="w1")  # fails: waits out its back-off
+    Task.objects.filter(pk=task.pk).update(lease_owner="w1", status="running")
+    outcome = step(task_id=task.pk, worker_id="w1")  # still waiting: nothing starts
+    assert outcome.error.startswith("waiting before attempt 2")
+    seqs = list(Event.objects.filter(task=task).values_list("seq", flat=True))
+    task.refresh_from_db()
+    assert seqs == list(range(1, task.last_seq + 1))
+    assert Step.objects.get(task=task).attempts == 1
