@@ -65,7 +65,7 @@ def check_sha(sha: object) -> str:
     return sha
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync_dir(path: Path | str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -81,6 +81,10 @@ class BlobStore:
         self.tmp_dir = self.root / "tmp"
         self.fsync = fsync
         self._layout_ready = False
+        # The hot path (a step's put and its exists check) builds its paths as
+        # strings: pathlib's parsing cost more than the syscalls it wraps.
+        self._root = os.fspath(self.root)
+        self._tmp = os.fspath(self.tmp_dir)
 
     # -- paths --------------------------------------------------------------
 
@@ -89,7 +93,8 @@ class BlobStore:
         return self.root / sha[:2] / sha
 
     def exists(self, sha: str) -> bool:
-        return self.path(sha).is_file()
+        sha = check_sha(sha)
+        return os.path.isfile(os.path.join(self._root, sha[:2], sha))
 
     def iter_shas(self) -> Iterator[tuple[str, Path]]:
         """Yield (sha, path) for every well-named blob file on disk."""
@@ -114,7 +119,7 @@ class BlobStore:
         Done up front so an ordinary write never creates a folder and never
         pays for fsyncing one.
         """
-        if self._layout_ready or (self.root / "ff").is_dir():
+        if self._layout_ready or os.path.isdir(os.path.join(self._root, "ff")):
             self._layout_ready = True
             return
         self.root.mkdir(parents=True, exist_ok=True)
@@ -145,8 +150,7 @@ class BlobStore:
         self._ensure_layout()
         digest = hashlib.sha256()
         size = 0
-        fd, tmp_name = tempfile.mkstemp(dir=self.tmp_dir, prefix="put-")
-        tmp = Path(tmp_name)
+        fd, tmp = tempfile.mkstemp(dir=self._tmp, prefix="put-")
         try:
             with os.fdopen(fd, "wb") as out:
                 for chunk in chunks:
@@ -161,19 +165,20 @@ class BlobStore:
                 if self.fsync:
                     os.fsync(out.fileno())
             sha = digest.hexdigest()
-            final = self.path(sha)
+            folder = os.path.join(self._root, sha[:2])
+            final = os.path.join(folder, sha)
             # The new file replaces any old one of that name: the bytes are
             # the same by construction, and a copy that was damaged or lost
             # on disk is healed. A reused blob also gets a fresh mtime, so the
             # doctor's grace period covers it until its row commits.
-            existed = final.is_file()
+            existed = os.path.isfile(final)
             os.chmod(tmp, 0o444)
             os.replace(tmp, final)
             if self.fsync:
-                _fsync_dir(final.parent)
+                _fsync_dir(folder)
             return PutResult(sha, size, created=not existed)
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            Path(tmp).unlink(missing_ok=True)
             raise
 
     # -- reading ------------------------------------------------------------
