@@ -6,6 +6,7 @@ import pytest
 from django.contrib.admin.models import DELETION, LogEntry
 from django.urls import reverse
 
+import tasks.admin
 import tasks.services
 from artifacts.models import Artifact
 from tasks.models import Conversation, Task, TaskArtifact
@@ -59,6 +60,8 @@ def spy_delete(monkeypatch):
         return real(conversation_id=conversation_id)
 
     monkeypatch.setattr(tasks.services, "conversation_delete", spy)
+    # The admin imports the service by name.
+    monkeypatch.setattr(tasks.admin, "conversation_delete", spy)
     return calls
 
 
@@ -80,7 +83,7 @@ def test_the_delete_page_shows_the_same_removed_and_kept_preview_as_the_service(
     assert [r.id for r in preview.kept_artifacts] == [shared["closes"].pk]
     kept = preview.kept_artifacts[0]
     assert f"kept, {kept.reason}" in body
-    assert f"task {shared['keeper_task'].pk}" in kept.reason
+    assert f"task “{shared['keeper_task'].title}”" in kept.reason
     for record in preview.removed_artifacts:
         assert f"Artifact {record.id} — {record.title}" in body
     assert "Yes, I’m sure" in body

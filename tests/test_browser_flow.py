@@ -118,7 +118,7 @@ def test_dad_pauses_and_cancels_a_running_task(
     page = logged_in_page
     conversation = make_conversation(owner=page.user, title="Slow work")
     task = task_create(
-        conversation=conversation, title="Slow chart", steps=_four_steps(pause=2)
+        conversation=conversation, title="Slow chart", steps=_four_steps(pause=5)
     )
     page.goto(f"{page.base_url}{task.get_absolute_url()}")
     first = worker(task.pk)

@@ -7,12 +7,12 @@ import json
 import urllib.error
 import urllib.request
 
-import anyio
 import pytest
 
 from artifacts.models import Artifact
 from tasks.models import Event, Step, Task
 from tests.pippa_mcp.conftest import PLAN, data, error, http_session
+from tests.support.asyncrun import run_async
 from tests.support.executing import invocations
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -41,7 +41,7 @@ TOOLS = {
 
 
 def run(scenario, *args):
-    return anyio.run(scenario, *args)
+    return run_async(scenario, *args)
 
 
 def test_the_tool_list_describes_each_tool_for_a_model(mcp_url, token_for, user):

@@ -18,6 +18,7 @@ from mcp.shared.exceptions import MCPError
 
 from tasks.models import Conversation, Event, Step
 from tests.pippa_mcp.conftest import data, error, http_session, started_calls
+from tests.support.asyncrun import run_async
 from tests.support.executing import check_invariants, expire_lease, invocations
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -99,7 +100,7 @@ def test_a_server_killed_mid_step_is_resumed_by_a_client_with_another_name(
                     scope.cancel()
             return before, pid
 
-    before, pid = anyio.run(until_killed)
+    before, pid = run_async(until_killed)
     if transport == "http":
         assert server.wait(timeout=60) == -signal.SIGKILL
         assert pid == server.pid
@@ -120,7 +121,7 @@ def test_a_server_killed_mid_step_is_resumed_by_a_client_with_another_name(
             after = data(await mcp.call_tool("get_task", {"task_id": task_id}))
             return context, busy, runs, after
 
-    context, busy, runs, after = anyio.run(resume, expire_lease)
+    context, busy, runs, after = run_async(resume, expire_lease)
     # The new client reads the same plan and the outputs made before the kill.
     assert [s["status"] for s in context["steps"]][:3] == ["done", "done", "running"]
     assert error(busy).startswith("another worker (mcp:dad:agent#")
@@ -161,7 +162,7 @@ def test_a_server_killed_after_a_snapshot_was_saved_adopts_it_on_resume(
                 return task["id"], str(exc)
             return task["id"], "answered"
 
-    task_id, outcome = anyio.run(until_killed)
+    task_id, outcome = run_async(until_killed)
     assert outcome == "Connection closed"
     saved = Event.objects.get(task_id=task_id, kind="payload_persisted").data["sha"]
     expire_lease(task_id)
@@ -170,7 +171,7 @@ def test_a_server_killed_after_a_snapshot_was_saved_adopts_it_on_resume(
         async with stdio_session("--user", user.username, name="codex-cli") as mcp:
             return data(await mcp.call_tool("run_next_step", {"task_id": task_id}))
 
-    ran = anyio.run(resume)
+    ran = run_async(resume)
     assert ran["rule"] == "class3_adopt_snapshot"
     assert ran["step"]["output"]["sha256"] == saved
     assert invocations(tool_log)[ran["step"]["id"]] == 1
@@ -188,7 +189,7 @@ def test_the_stdio_server_of_another_user_sees_none_of_it(
             probe = await mcp.call_tool("get_task", {"task_id": task.pk})
             return listed, probe
 
-    listed, probe = anyio.run(scenario)
+    listed, probe = run_async(scenario)
     assert listed == []
     assert error(probe) == f"task {task.pk} not found (or not yours)"
 
