@@ -80,7 +80,6 @@ class BlobStore:
         self.root = Path(root)
         self.tmp_dir = self.root / "tmp"
         self.fsync = fsync
-        self._layout_ready = False
         # The hot path (a step's put and its exists check) builds its paths as
         # strings: pathlib's parsing cost more than the syscalls it wraps.
         self._root = os.fspath(self.root)
@@ -117,10 +116,10 @@ class BlobStore:
         """Create tmp/ and the 256 fan-out folders once, durably.
 
         Done up front so an ordinary write never creates a folder and never
-        pays for fsyncing one.
+        pays for fsyncing one. Checked on every write (one stat): the store
+        object lives as long as the process, the folder may not.
         """
-        if self._layout_ready or os.path.isdir(os.path.join(self._root, "ff")):
-            self._layout_ready = True
+        if os.path.isdir(os.path.join(self._root, "ff")):
             return
         self.root.mkdir(parents=True, exist_ok=True)
         self.tmp_dir.mkdir(exist_ok=True)
@@ -129,7 +128,6 @@ class BlobStore:
         if self.fsync:
             _fsync_dir(self.root)
             _fsync_dir(self.root.parent)
-        self._layout_ready = True
 
     def put_bytes(self, data: bytes) -> PutResult:
         return self.put_stream(_chunks_of(data))
@@ -236,5 +234,13 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+_default: tuple[tuple, BlobStore] | None = None
+
+
 def default_store() -> BlobStore:
-    return BlobStore(settings.BLOB_DIR, fsync=getattr(settings, "PIPPA_FSYNC", True))
+    """The configured store; one object per setting (the step asks twice)."""
+    global _default
+    key = (settings.BLOB_DIR, getattr(settings, "PIPPA_FSYNC", True))
+    if _default is None or _default[0] != key:
+        _default = (key, BlobStore(key[0], fsync=key[1]))
+    return _default[1]

@@ -108,10 +108,20 @@ class ToolContext:
         return default_store().get(self.output(position).sha256)
 
 
+_files_root: tuple[tuple, Path] | None = None
+
+
 def files_root() -> Path:
-    """Where class-1 tools write their files: beside the blob folder by default."""
-    configured = getattr(settings, "PIPPA_FILES_DIR", None)
-    return Path(configured) if configured else Path(settings.BLOB_DIR).parent / "files"
+    """Where class-1 tools write their files: beside the blob folder by default.
+
+    Every step asks; the path is built once per setting.
+    """
+    global _files_root
+    key = (getattr(settings, "PIPPA_FILES_DIR", None), settings.BLOB_DIR)
+    if _files_root is None or _files_root[0] != key:
+        root = Path(key[0]) if key[0] else Path(key[1]).parent / "files"
+        _files_root = (key, root)
+    return _files_root[1]
 
 
 _registry: dict[str, Tool] = {}
