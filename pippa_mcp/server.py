@@ -291,6 +291,84 @@ def _worker(worker: str) -> str:
     return door_worker_id(door="mcp", user=current_user(), worker=worker or "agent")
 
 
+async def _with_heartbeats(ctx, fn, done: float, total: float, label: str):
+    """Run ``fn`` in a worker thread, reporting progress every few seconds.
+
+    Progress must grow: while the step runs it creeps towards the next whole
+    step. An exception from ``fn`` is raised here.
+    """
+    result: dict[str, Any] = {}
+    finished = anyio.Event()
+
+    async def work():
+        try:
+            result["run"] = await _in_thread(fn)
+        except BaseException as exc:  # handed to the caller below
+            result["error"] = exc
+        finally:
+            finished.set()
+
+    started = time.monotonic()
+    beats = 0
+    async with anyio.create_task_group() as group:
+        group.start_soon(work)
+        while not finished.is_set():
+            with anyio.move_on_after(PROGRESS_INTERVAL):
+                await finished.wait()
+            if not finished.is_set():
+                beats += 1
+                await ctx.report_progress(
+                    done + 1 - 1 / (beats + 1),
+                    total,
+                    f"{label} (still running, {time.monotonic() - started:.0f}s)",
+                )
+    if "error" in result:
+        raise result["error"]
+    return result["run"]
+
+
+def _step_run_answer(task, run) -> dict[str, Any]:
+    """What run_next_step answers: the run, the step and its output ref, the task."""
+    task.refresh_from_db()
+    out: dict[str, Any] = {
+        "ran": run.ran,
+        "detail": run.detail,
+        "rule": run.rule,
+        "step": None,
+        "task": {
+            "id": task.pk,
+            "status": task.status,
+            "steps_done": task.steps_done,
+            "steps_total": task.steps_total,
+            "uri": _uri("task", task.pk),
+        },
+    }
+    step = run.step
+    if step is not None:
+        output = step.output
+        out["step"] = {
+            "id": step.pk,
+            "position": step.position,
+            "title": step.title,
+            "status": step.status,
+            "error": step.error,
+            "artifact_class": step.artifact_class,
+            "output": None
+            if output is None
+            else {
+                "id": output.pk,
+                "sha256": output.sha256,
+                "artifact_class": output.artifact_class,
+                "media_type": output.media_type,
+                "title": output.title,
+                "size": output.size,
+                "uri": _uri("artifact", output.pk),
+                **_excerpt(output),
+            },
+        }
+    return out
+
+
 def build_server() -> PippaMCPServer:
     """Return the MCP server with every tool and resource registered."""
     server = PippaMCPServer(
@@ -520,9 +598,6 @@ def build_server() -> PippaMCPServer:
         )
         await ctx.report_progress(done, total, label)
 
-        result: dict[str, Any] = {}
-        finished = anyio.Event()
-
         def step_and_release():
             try:
                 return step_run(task=task, worker_id=worker_id)
@@ -532,76 +607,11 @@ def build_server() -> PippaMCPServer:
                 except DatabaseError:
                     log.warning("lease of task %s left to expire", task.pk)
 
-        async def work():
-            try:
-                result["run"] = await _in_thread(step_and_release)
-            except BaseException as exc:  # handed to the caller below
-                result["error"] = exc
-            finally:
-                finished.set()
-
-        started = time.monotonic()
-        beats = 0
-        async with anyio.create_task_group() as group:
-            group.start_soon(work)
-            while not finished.is_set():
-                with anyio.move_on_after(PROGRESS_INTERVAL):
-                    await finished.wait()
-                if not finished.is_set():
-                    beats += 1
-                    # Progress must grow: creep towards the next whole step.
-                    await ctx.report_progress(
-                        done + 1 - 1 / (beats + 1),
-                        total,
-                        f"{label} (still running, {time.monotonic() - started:.0f}s)",
-                    )
-        if "error" in result:
-            raise result["error"]
-        run = result["run"]
+        run = await _with_heartbeats(ctx, step_and_release, done, total, label)
         if run.lease_busy:
             raise ToolError(run.detail)
 
-        def answer():
-            task.refresh_from_db()
-            out: dict[str, Any] = {
-                "ran": run.ran,
-                "detail": run.detail,
-                "rule": run.rule,
-                "step": None,
-                "task": {
-                    "id": task.pk,
-                    "status": task.status,
-                    "steps_done": task.steps_done,
-                    "steps_total": task.steps_total,
-                    "uri": _uri("task", task.pk),
-                },
-            }
-            step = run.step
-            if step is not None:
-                output = step.output
-                out["step"] = {
-                    "id": step.pk,
-                    "position": step.position,
-                    "title": step.title,
-                    "status": step.status,
-                    "error": step.error,
-                    "artifact_class": step.artifact_class,
-                    "output": None
-                    if output is None
-                    else {
-                        "id": output.pk,
-                        "sha256": output.sha256,
-                        "artifact_class": output.artifact_class,
-                        "media_type": output.media_type,
-                        "title": output.title,
-                        "size": output.size,
-                        "uri": _uri("artifact", output.pk),
-                        **_excerpt(output),
-                    },
-                }
-            return out
-
-        out = await _in_thread(answer)
+        out = await _in_thread(_step_run_answer, task, run)
         # Progress only ever grows, so a call that ran nothing sends no second one.
         if out["task"]["steps_done"] > done:
             await ctx.report_progress(
