@@ -15,14 +15,20 @@ from typing import Annotated, Any, Literal
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    StreamingHttpResponse,
+    UnreadablePostError,
+)
 from ninja import Field, NinjaAPI, Query, Router, Schema, Status
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer
-from pydantic import ConfigDict
+from pydantic import ConfigDict, field_validator
 
 from api.services import token_authenticate
-from artifacts.store import BlobMissing, BlobTooLarge, default_store
+from artifacts.store import BlobIncomplete, BlobMissing, BlobTooLarge, default_store
 from council.selectors import (
     context_for,
     round_get_for_user,
@@ -30,7 +36,9 @@ from council.selectors import (
     turn_context_bytes,
     turn_get_for_user,
 )
+from pippa_site import throttle
 from pippa_site.errors import LeaseConflict, PippaError
+from pippa_site.text import json_check, text_check
 from tasks import actions, lease, plan, services
 from tasks.documents import (
     artifact_get,
@@ -47,6 +55,7 @@ from tasks.resume import resume_context
 
 ERR_AUTH = "missing, unknown or revoked API token (send Authorization: Bearer <token>)"
 ERR_BODY_TOO_LARGE = "request body too large: the limit is {limit} bytes"
+ERR_UPLOAD_CUT = "the upload was cut off before its end; nothing was stored"
 ERR_EMPTY_UPLOAD = "the upload is empty: send the artifact's bytes as the request body"
 ERR_BLOB_MISSING = "artifact {id} has lost its payload (the blob is missing)"
 ERR_INVALID = "invalid request: {reasons}"
@@ -60,11 +69,27 @@ BrainName = Literal[tuple(Brain.values)]  # type: ignore[valid-type]
 
 
 class BearerToken(HttpBearer):
+    """A token acts as its own user only, staff or not: every endpoint reaches
+    the token owner's conversations, tasks and artifacts, nobody else's.
+
+    Failed tokens count against the client's address with the login policy
+    (``pippa_site.throttle``); a locked-out address gets 429.
+    """
+
     def authenticate(self, request: HttpRequest, token: str):
+        if throttle.api_token_locked_out(request):
+            _fail(429, throttle.ERR_API_LOCKED.format(minutes=_cooloff_minutes()))
         user = token_authenticate(raw=token)
-        if user is not None:
-            request.user = user
+        if user is None:
+            throttle.api_token_failed(request)
+            return None
+        throttle.api_token_succeeded(request)
+        request.user = user
         return user
+
+
+def _cooloff_minutes() -> int:
+    return int(settings.AXES_COOLOFF_TIME.total_seconds() // 60)
 
 
 api = NinjaAPI(
@@ -72,7 +97,11 @@ api = NinjaAPI(
     version="1",
     description=(
         "Durable task state for brains outside the process: plans, steps run by "
-        "the executor, resume context, artifacts and the council context."
+        "the executor, resume context, artifacts and the council context. "
+        "A token acts as its own user only, staff or not: every endpoint reaches "
+        "the token owner's conversations, tasks and artifacts, and another "
+        "user's answers 404 exactly like one that does not exist. Failed tokens "
+        "are throttled per address with the login policy (429 when locked out)."
     ),
     urls_namespace="api",
     auth=BearerToken(),
@@ -152,9 +181,20 @@ class Error(Schema):
     )
 
 
-class StepIn(Schema):
+class InSchema(Schema):
+    """A request body: unknown fields refused, every text checked by the one
+    rule (``pippa_site.text``): NUL and unpaired surrogates are a 422 that
+    names the field, on SQLite and PostgreSQL alike."""
+
     model_config = ConfigDict(extra="forbid")
 
+    @field_validator("*", mode="after")
+    @classmethod
+    def _storable_text(cls, value, info):
+        return json_check(value, field=info.field_name)
+
+
+class StepIn(InSchema):
     title: Annotated[str, Field(min_length=1, max_length=300)]
     tool: Annotated[str, Field(min_length=1, max_length=100)]
     args: dict[str, Any] = Field(default_factory=dict)
@@ -170,15 +210,11 @@ class PlanStepIn(StepIn):
     )
 
 
-class ConversationIn(Schema):
-    model_config = ConfigDict(extra="forbid")
-
+class ConversationIn(InSchema):
     title: Annotated[str, Field(min_length=1, max_length=300)]
 
 
-class TaskIn(Schema):
-    model_config = ConfigDict(extra="forbid")
-
+class TaskIn(InSchema):
     title: Annotated[str, Field(min_length=1, max_length=300)]
     steps: Annotated[list[StepIn], Field(min_length=1, max_length=MAX_STEPS)]
     brain: BrainName = "scripted"
@@ -189,21 +225,15 @@ class NewTaskIn(TaskIn):
     conversation_title: Annotated[str, Field(min_length=1, max_length=300)]
 
 
-class PlanIn(Schema):
-    model_config = ConfigDict(extra="forbid")
-
+class PlanIn(InSchema):
     steps: Annotated[list[PlanStepIn], Field(min_length=1, max_length=MAX_STEPS)]
 
 
-class BrainIn(Schema):
-    model_config = ConfigDict(extra="forbid")
-
+class BrainIn(InSchema):
     brain: BrainName
 
 
-class WorkerIn(Schema):
-    model_config = ConfigDict(extra="forbid")
-
+class WorkerIn(InSchema):
     worker: Annotated[
         str,
         Field(
@@ -295,7 +325,7 @@ def conversation_create(request: HttpRequest, payload: ConversationIn):
 
 @conversations.get("", response=list[ConversationOut])
 def conversation_list(request: HttpRequest):
-    qs = Conversation.objects.for_user(request.user).order_by("-updated_at")[:200]
+    qs = Conversation.objects.owned_by(request.user).order_by("-updated_at")[:200]
     return [conversation_payload(c) for c in qs]
 
 
@@ -458,6 +488,7 @@ def task_artifact_upload(
         _fail(400, ERR_EMPTY_UPLOAD)
     sources = artifacts_get(user=request.user, artifact_ids=source_refs)
     media_type = (request.content_type or "application/octet-stream")[:255]
+    text_check(media_type, field="Content-Type")
     try:
         artifact = services.task_artifact_upload(
             task=task,
@@ -468,9 +499,16 @@ def task_artifact_upload(
             title=title,
             source_ids=[s.pk for s in sources],
             max_bytes=limit,
+            expected_size=declared,
         )
     except BlobTooLarge:
         _fail(413, ERR_BODY_TOO_LARGE.format(limit=limit))
+    except BlobIncomplete as exc:
+        _fail(400, str(exc))
+    except (UnreadablePostError, OSError):
+        # The client went away mid-body; nothing was stored. If it can still
+        # read, it learns so.
+        _fail(400, ERR_UPLOAD_CUT)
     return Status(201, artifact_payload(artifact))
 
 
@@ -551,14 +589,16 @@ def council_context(
     Earlier turns' text and ``artifact_refs[]`` (refs, never payloads); read an
     artifact's bytes with GET /artifacts/{id}/content. Read-only.
     """
-    council_round = round_get_for_user(user=request.user, round_id=round_id)
+    council_round = round_get_for_user(
+        user=request.user, round_id=round_id, staff=False
+    )
     return context_for(council_round=council_round, participant_id=participant_id)
 
 
 @council.get("/turns/{turn_id}/context", response={200: dict[str, Any], **NOT_FOUND})
 def council_turn_context(request: HttpRequest, turn_id: int):
     """The context document that turn's speaker received, as it was stored."""
-    turn = turn_get_for_user(user=request.user, turn_id=turn_id)
+    turn = turn_get_for_user(user=request.user, turn_id=turn_id, staff=False)
     return json.loads(turn_context_bytes(turn=turn))
 
 

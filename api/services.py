@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from api.models import ApiToken
 from pippa_site.errors import Invalid
+from pippa_site.text import text_check, title_clean
 
 TOKEN_PREFIX = "pip_"
 PREFIX_CHARS = 12
@@ -34,8 +35,13 @@ def token_hash(raw: str) -> str:
 
 
 def token_create(*, user, name: str) -> NewToken:
-    """Create a token for ``user``; return the row and the raw token (shown once)."""
-    name = (name or "").strip()
+    """Create a token for ``user``; return the row and the raw token (shown once).
+
+    A name the databases cannot store is refused (``TextError``, a 400);
+    bidi controls are dropped from it.
+    """
+    text_check(name or "", field="token name")
+    name = title_clean(name or "").strip()
     if not name or len(name) > 100:
         raise TokenError(ERR_TOKEN_NAME)
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import (
     require_GET,
     require_http_methods,
@@ -65,3 +66,16 @@ def token_revoke_view(request: HttpRequest, token_id: int) -> HttpResponse:
     else:
         messages.success(request, MSG_REVOKED.format(name=token.name))
     return redirect("tokens:list")
+
+
+ERR_API_NOT_FOUND = (
+    "no such API endpoint: {path} (the schema is at /api/v1/openapi.json)"
+)
+
+
+@csrf_exempt
+def api_not_found(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+    """Unknown paths under /api/ answer as the API does: JSON, 404."""
+    return JsonResponse(
+        {"detail": ERR_API_NOT_FOUND.format(path=request.path[:200])}, status=404
+    )

@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from artifacts.models import Artifact, ArtifactSource
+from pippa_site.text import CleanTitlesMixin
 from tasks.admin import actor_for
 from tasks.models import Event, Step, TaskArtifact
 
@@ -93,10 +94,11 @@ class SourceInline(admin.TabularInline):
 
 
 @admin.register(Artifact)
-class ArtifactAdmin(admin.ModelAdmin):
+class ArtifactAdmin(CleanTitlesMixin, admin.ModelAdmin):
     list_display = [
         "id",
         "title",
+        "owner",
         "artifact_class",
         "media_type",
         "size_shown",
@@ -107,11 +109,13 @@ class ArtifactAdmin(admin.ModelAdmin):
     ]
     list_display_links = ["id", "title"]
     list_filter = ["artifact_class", "integrity", "media_type"]
-    search_fields = ["title", "^sha256"]
-    search_help_text = "Search titles, or the start of a sha256."
+    search_fields = ["title", "^sha256", "owner__username"]
+    search_help_text = "Search titles, owners, or the start of a sha256."
     ordering = ["-id"]
+    list_select_related = ["owner"]
     fields = [
         "title",
+        "owner",
         "sha256",
         "size",
         "media_type",

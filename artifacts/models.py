@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Length
@@ -24,11 +25,24 @@ class Integrity(models.TextChoices):
 
 
 class Artifact(models.Model):
-    """A stored payload: metadata and a sha256 ref; the bytes live in the blob store."""
+    """An owner's row over a blob: metadata and a sha256 ref.
+
+    The blob store is global and deduplicated; the row is not. Two owners who
+    store the same bytes get two rows over one blob, and the title, media
+    type, class, meta, integrity and lineage of each belong to its owner
+    alone (docs/ownership.md).
+    """
 
     Integrity = Integrity
 
-    sha256 = models.CharField(max_length=64, unique=True)
+    # NO ACTION at the database: a user's rows leave through the GC when the
+    # user's conversations are deleted (tasks.signals), never by a cascade.
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.DO_NOTHING,
+        related_name="artifacts",
+    )
+    sha256 = models.CharField(max_length=64)
     size = models.BigIntegerField()
     media_type = models.CharField(max_length=255, default="application/octet-stream")
     artifact_class = models.PositiveSmallIntegerField(
@@ -53,6 +67,11 @@ class Artifact(models.Model):
 
     class Meta:
         constraints = [
+            # "These bytes are already stored for this owner": one row per
+            # owner and sha (artifact_insert's ON CONFLICT target).
+            models.UniqueConstraint(
+                fields=["owner", "sha256"], name="artifacts_artifact_owner_sha_uniq"
+            ),
             # The blob store refuses anything else; the row must agree.
             models.CheckConstraint(
                 condition=Exact(Length("sha256"), 64),
@@ -71,6 +90,8 @@ class Artifact(models.Model):
             ),
         ]
         indexes = [
+            # Blob GC and the doctor: does a row of any owner still name this sha?
+            models.Index(fields=["sha256"], name="artifacts_artifact_sha256"),
             # Admin and doctor filters: damaged artifacts.
             models.Index(
                 fields=["integrity"],

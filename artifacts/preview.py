@@ -162,7 +162,8 @@ def preview_render(*, artifact: Artifact) -> Artifact | None:
     1. Not a widget: return None and record nothing.
     2. A preview already recorded and still intact: return it (idempotent;
        content addressing makes the same widget the same row). One whose
-       blob is missing or damaged is rendered again.
+       blob is missing or damaged is rendered again. Only a preview of the
+       widget's owner counts.
     3. Read the widget blob; render it in the capped subprocess.
     4. On success store the PNG as a class-4 artifact whose ``source_refs``
        names the widget, and record ``status: ok`` on the widget.
@@ -172,7 +173,9 @@ def preview_render(*, artifact: Artifact) -> Artifact | None:
         return None
     current = preview_status(artifact)
     if current.get("status") == STATUS_OK:
-        existing = Artifact.objects.filter(pk=current.get("artifact_id")).first()
+        existing = Artifact.objects.filter(
+            pk=current.get("artifact_id"), owner_id=artifact.owner_id
+        ).first()
         if existing is not None and default_store().verify(existing.sha256):
             return existing
         # A recorded preview whose PNG is gone or damaged is rendered again;
@@ -187,7 +190,10 @@ def preview_render(*, artifact: Artifact) -> Artifact | None:
         _record(artifact, {"status": STATUS_FAILED, "reason": result.reason})
         return None
     title = f"Preview of {artifact.title}" if artifact.title else "Widget preview"
+    # The widget's owner owns its preview: the same PNG from another owner's
+    # look-alike widget is that owner's own row over the same blob.
     preview = artifact_store(
+        owner=artifact.owner_id,
         data=result.png,
         media_type=PREVIEW_MEDIA_TYPE,
         artifact_class=ArtifactClass.RENDER,
@@ -219,4 +225,6 @@ def preview_artifact_for(artifact: Artifact) -> Artifact | None:
     status = preview_status(artifact)
     if status.get("status") != STATUS_OK:
         return None
-    return Artifact.objects.filter(pk=status.get("artifact_id")).first()
+    return Artifact.objects.filter(
+        pk=status.get("artifact_id"), owner_id=artifact.owner_id
+    ).first()

@@ -1,16 +1,16 @@
 """Reads of artifacts that span apps: who may see one, its lineage, its owners.
 
-Visibility rule (CONTRACT.md): a user sees an artifact when one of their
-conversations keeps it (a task link, a step output or a council turn link), or
-when an artifact they see that way was derived from it (lineage sources, to any
-depth). Staff see every artifact. Everyone else gets a 404, never a 403, so ids
-of other people's artifacts reveal nothing.
+Visibility rule (docs/ownership.md): every artifact row has one owner, and a
+user sees the rows they own; lineage joins only one owner's rows, so the
+sources and derived artifacts of a row are the owner's too. On the dashboard
+staff see every row (as they see every conversation there); the API and every
+write that names an artifact (``source_refs``, a council citation) use the
+owner's rows only. Everyone else gets a 404, never a 403, so ids of other
+people's artifacts reveal nothing.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from django.db import connection
@@ -18,88 +18,36 @@ from django.http import Http404
 
 from artifacts.models import Artifact, ArtifactSource
 
-# Lineage chains are short (data -> widget -> preview); the cap only bounds work.
-MAX_LINEAGE_DEPTH = 32
-MAX_TREE_NODES = 200
-
 ERR_NOT_FOUND = "No such artifact."
-
+MAX_TREE_NODES = 200
 # Media types whose bytes are text a person or a model can read as source.
 TEXT_MEDIA_PREFIXES = ("text/", "image/svg+xml", "application/json", "application/xml")
 
 
-@functools.cache
-def _kept_sql(count: int) -> str:
-    """One statement: does a task link, step output or turn link of a user keep any?
-
-    Hand-written because every preview <img> on the dashboard runs it: the
-    equivalent ORM query with three ``Exists`` costs more to build than to run.
-    """
-    from council.models import CouncilRound, Turn, TurnArtifact
-    from tasks.models import Conversation, Step, Task, TaskArtifact
-
-    q = connection.ops.quote_name
-    conv, task = q(Conversation._meta.db_table), q(Task._meta.db_table)
-    marks = ", ".join(["%s"] * count)
-    return (
-        f"SELECT 1 FROM {q(TaskArtifact._meta.db_table)} l"
-        f" JOIN {task} t ON t.id = l.task_id JOIN {conv} c ON c.id = t.conversation_id"
-        f" WHERE l.artifact_id IN ({marks}) AND c.owner_id = %s"
-        f" UNION ALL SELECT 1 FROM {q(TurnArtifact._meta.db_table)} l"
-        f" JOIN {q(Turn._meta.db_table)} tn ON tn.id = l.turn_id"
-        f" JOIN {q(CouncilRound._meta.db_table)} r ON r.id = tn.round_id"
-        f" JOIN {conv} c ON c.id = r.conversation_id"
-        f" WHERE l.artifact_id IN ({marks}) AND c.owner_id = %s"
-        f" UNION ALL SELECT 1 FROM {q(Step._meta.db_table)} s"
-        f" JOIN {task} t ON t.id = s.task_id JOIN {conv} c ON c.id = t.conversation_id"
-        f" WHERE s.output_id IN ({marks}) AND c.owner_id = %s"
-        " LIMIT 1"
-    )
+def _visible(user, *, staff: bool):
+    if not getattr(user, "is_authenticated", False):
+        return Artifact.objects.none()
+    if staff and user.is_staff:
+        return Artifact.objects.all()
+    return Artifact.objects.filter(owner_id=user.pk)
 
 
-def _kept_by_user(*, user, artifact_ids: Iterable[int]) -> bool:
-    ids = [int(i) for i in artifact_ids]
-    if not ids:
-        return False
-    params = [*ids, user.pk] * 3
-    with connection.cursor() as cursor:
-        cursor.execute(_kept_sql(len(ids)), params)
-        return cursor.fetchone() is not None
-
-
-def artifact_user_may_see(*, user, artifact_id: int) -> bool:
+def artifact_user_may_see(*, user, artifact_id: int, staff: bool = True) -> bool:
     """Return whether ``user`` may see the artifact (see the module docstring).
 
-    Walks up the lineage from the artifact to what was derived from it, one
-    query per level, until something the user keeps is found.
+    ``staff=False`` asks for the user's own rows whoever they are: what an
+    API token or a write may name.
     """
-    if not getattr(user, "is_authenticated", False):
-        return False
-    if user.is_staff:
-        return Artifact.objects.filter(pk=artifact_id).exists()
-    seen: set[int] = set()
-    frontier = {int(artifact_id)}
-    for _ in range(MAX_LINEAGE_DEPTH):
-        if _kept_by_user(user=user, artifact_ids=frontier):
-            return True
-        seen |= frontier
-        frontier = (
-            set(
-                ArtifactSource.objects.filter(source_id__in=frontier).values_list(
-                    "artifact_id", flat=True
-                )
-            )
-            - seen
-        )
-        if not frontier:
-            return False
-    return False
+    return _visible(user, staff=staff).filter(pk=artifact_id).exists()
 
 
-def artifact_get_for_user(*, user, artifact_id: int) -> Artifact:
+def artifact_get_for_user(*, user, artifact_id: int, staff: bool = True) -> Artifact:
     """Return the artifact if ``user`` may see it; raise Http404 otherwise."""
     # Raw by primary key: every payload, preview and 304 answer starts here, and
-    # building the ORM query costs more than running it.
+    # building the ORM query costs more than running it. The owner check is on
+    # the row itself.
+    if not getattr(user, "is_authenticated", False):
+        raise Http404(ERR_NOT_FOUND)
     found = list(
         Artifact.objects.raw(
             f"SELECT * FROM {connection.ops.quote_name(Artifact._meta.db_table)} "
@@ -108,11 +56,11 @@ def artifact_get_for_user(*, user, artifact_id: int) -> Artifact:
         )
     )
     artifact = found[0] if found else None
-    if artifact is None or not getattr(user, "is_authenticated", False):
+    if artifact is None or not (
+        artifact.owner_id == user.pk or (staff and user.is_staff)
+    ):
         raise Http404(ERR_NOT_FOUND)
-    if user.is_staff or artifact_user_may_see(user=user, artifact_id=artifact.pk):
-        return artifact
-    raise Http404(ERR_NOT_FOUND)
+    return artifact
 
 
 @dataclass
@@ -128,17 +76,19 @@ def _tree(
     """Sources (``up``) or derived artifacts of ``root``, nested, bounded."""
     if depth >= 6:
         return []
+    # Lineage joins one owner's rows; the filter only keeps it so.
     if up:
-        links = ArtifactSource.objects.filter(artifact=root).select_related("source")
+        links = ArtifactSource.objects.filter(
+            artifact=root, source__owner_id=root.owner_id
+        ).select_related("source")
         related = [link.source for link in links]
     else:
-        links = ArtifactSource.objects.filter(source=root).select_related("artifact")
+        links = ArtifactSource.objects.filter(
+            source=root, artifact__owner_id=root.owner_id
+        ).select_related("artifact")
         related = [link.artifact for link in links]
     nodes = []
     for item in related:
-        # Sources of a visible artifact are visible; derived ones may not be.
-        if not up and not artifact_user_may_see(user=user, artifact_id=item.pk):
-            continue
         if budget[0] <= 0:
             nodes.append(LineageNode(item, truncated=True))
             break

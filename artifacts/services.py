@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import BinaryIO
 
 from django.db import connection, transaction
@@ -13,6 +14,7 @@ from django.utils import timezone
 from artifacts.models import Artifact, ArtifactClass, ArtifactSource
 from artifacts.store import BlobStore, PutResult, check_sha, default_store
 from pippa_site.errors import Invalid
+from pippa_site.text import title_clean
 
 ERR_BAD_CLASS = "artifact class must be 1, 2, 3 or 4"
 ERR_UNKNOWN_SOURCE = "a source artifact does not exist"
@@ -60,6 +62,7 @@ def blob_put(
     stream: Iterable[bytes] | None = None,
     file: BinaryIO | None = None,
     max_bytes: int | None = None,
+    expected_size: int | None = None,
     store: BlobStore | None = None,
 ) -> PutResult:
     """Write payload bytes to the blob store (exactly one of data/stream/file)."""
@@ -70,11 +73,125 @@ def blob_put(
         return store.put_bytes(data)
     if file is not None:
         return store.put_file(file, max_bytes=max_bytes)
-    return store.put_stream(stream, max_bytes=max_bytes)
+    return store.put_stream(stream, max_bytes=max_bytes, expected_size=expected_size)
+
+
+@dataclass(frozen=True)
+class Inserted:
+    id: int
+    created: bool
+
+
+def _owner_pk(owner) -> int:
+    pk = getattr(owner, "pk", owner)
+    if pk is None:
+        raise TypeError("an artifact needs an owner (a saved user or a user id)")
+    return int(pk)
+
+
+def sources_check(*, owner_id: int, source_ids: Iterable[int]) -> list[int]:
+    """Return the distinct source ids, all of them the owner's rows.
+
+    A source that is another owner's row is refused exactly like one that
+    does not exist: lineage never joins two owners, and the error tells
+    nothing about other people's ids.
+    """
+    try:
+        ids = [int(s) for s in dict.fromkeys(source_ids)]
+    except (TypeError, ValueError):
+        raise ArtifactError(ERR_UNKNOWN_SOURCE) from None
+    if ids:
+        found = Artifact.objects.filter(pk__in=ids, owner_id=owner_id).count()
+        if found != len(ids):
+            raise ArtifactError(ERR_UNKNOWN_SOURCE)
+    return ids
+
+
+def artifact_insert(
+    *,
+    owner_id: int,
+    sha256: str,
+    size: int,
+    media_type: str,
+    artifact_class: int,
+    title: str = "",
+    meta: dict | None = None,
+    source_ids: Sequence[int] = (),
+) -> Inserted:
+    """Create (or find) the owner's row for a blob already on disk: the one
+    writer of artifact rows, for the executor, the API, the council, previews,
+    the admin and the demo alike.
+
+    The rule for bytes already stored: **for this owner**, the existing row is
+    reused as it is (its title, media type, class and meta stand) and only
+    the new lineage edges are added; another owner's row over the same blob is
+    never touched, read or linked. Every source must be the owner's row.
+
+    Runs inside the caller's transaction when there is one (the executor's
+    hot path: a few plain statements, no savepoint), under the per-sha
+    ``blob_guard`` so a GC cannot unlink the blob before this row commits.
+    """
+    artifact_class = _check_class(artifact_class)
+    meta = meta or {}
+    meta_json = json.dumps(meta, default=str)
+    if len(meta_json) > MAX_META_CHARS:
+        raise ArtifactError(ERR_META_TOO_LARGE)
+    check_sha(sha256)
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    table = connection.ops.quote_name(Artifact._meta.db_table)
+    edges = connection.ops.quote_name(ArtifactSource._meta.db_table)
+    json_mark = "CAST(%s AS jsonb)" if connection.vendor == "postgresql" else "%s"
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+        blob_guard(sha256)
+        # GC unlinks a blob only under the same guard after re-checking that no
+        # row names it, so a blob seen here stays until this row commits.
+        if not default_store().exists(sha256):
+            raise BlobVanished(ERR_BLOB_VANISHED)
+        cursor.execute(
+            f"INSERT INTO {table} (owner_id, sha256, size, media_type, "
+            f"artifact_class, title, meta, integrity, verified_at, created_at) "
+            f"VALUES (%s, %s, %s, %s, %s, %s, {json_mark}, %s, %s, %s) "
+            f"ON CONFLICT (owner_id, sha256) DO NOTHING RETURNING id",
+            [
+                owner_id,
+                sha256,
+                size,
+                title_clean(media_type)[:255] or "application/octet-stream",
+                artifact_class,
+                title_clean(title)[:300],
+                meta_json,
+                Artifact.Integrity.OK,
+                now,
+                now,
+            ],
+        )
+        row = cursor.fetchone()
+        created = row is not None
+        if not created:
+            cursor.execute(
+                f"SELECT id FROM {table} WHERE owner_id = %s AND sha256 = %s",
+                [owner_id, sha256],
+            )
+            row = cursor.fetchone()
+        pk = row[0]
+        sources = [
+            s
+            for s in sources_check(owner_id=owner_id, source_ids=source_ids)
+            if s != pk
+        ]
+        if sources:
+            cursor.execute(
+                f"INSERT INTO {edges} (artifact_id, source_id, position) VALUES "
+                + ", ".join(["(%s, %s, %s)"] * len(sources))
+                + " ON CONFLICT (artifact_id, source_id) DO NOTHING",
+                [x for i, sid in enumerate(sources) for x in (pk, sid, i)],
+            )
+    return Inserted(id=pk, created=created)
 
 
 def artifact_record(
     *,
+    owner,
     put: PutResult,
     media_type: str,
     artifact_class: int,
@@ -82,62 +199,26 @@ def artifact_record(
     meta: dict | None = None,
     source_ids: Sequence[int] = (),
 ) -> Artifact:
-    """Create (or find, by sha) the row for a blob that is already on disk.
-
-    Content addressing dedups: the same bytes stored twice give one row, and
-    the first writer's class and title stand.
-    """
-
-    artifact_class = _check_class(artifact_class)
-    meta = meta or {}
-    if len(json.dumps(meta, default=str)) > MAX_META_CHARS:
-        raise ArtifactError(ERR_META_TOO_LARGE)
-    check_sha(put.sha256)
+    """Return the owner's row for a blob already on disk (``artifact_insert``)."""
     with transaction.atomic():
-        blob_guard(put.sha256)
-        # GC unlinks a blob only under the same guard after re-checking that no
-        # row names it, so a blob seen here stays until this row commits.
-        if not default_store().exists(put.sha256):
-            raise BlobVanished(ERR_BLOB_VANISHED)
-        artifact, created = Artifact.objects.get_or_create(
+        inserted = artifact_insert(
+            owner_id=_owner_pk(owner),
             sha256=put.sha256,
-            defaults={
-                "size": put.size,
-                "media_type": media_type[:255] or "application/octet-stream",
-                "artifact_class": artifact_class,
-                "title": title[:300],
-                "meta": meta,
-                "integrity": Artifact.Integrity.OK,
-                "verified_at": timezone.now(),
-            },
+            size=put.size,
+            media_type=media_type,
+            artifact_class=artifact_class,
+            title=title,
+            meta=meta,
+            source_ids=source_ids,
         )
-        source_ids = [
-            int(s) for s in dict.fromkeys(source_ids) if int(s) != artifact.pk
-        ]
-        if source_ids:
-            found = set(
-                Artifact.objects.filter(pk__in=source_ids).values_list("pk", flat=True)
-            )
-            if len(found) != len(source_ids):
-                raise ArtifactError(ERR_UNKNOWN_SOURCE)
-            have = set(
-                ArtifactSource.objects.filter(artifact=artifact).values_list(
-                    "source_id", flat=True
-                )
-            )
-            ArtifactSource.objects.bulk_create(
-                [
-                    ArtifactSource(artifact=artifact, source_id=sid, position=i)
-                    for i, sid in enumerate(source_ids)
-                    if sid not in have
-                ]
-            )
-    artifact._created = created  # for callers that log dedup
+        artifact = Artifact.objects.get(pk=inserted.id)
+    artifact._created = inserted.created  # for callers that log dedup
     return artifact
 
 
 def artifact_store(
     *,
+    owner,
     data: bytes | None = None,
     stream: Iterable[bytes] | None = None,
     file: BinaryIO | None = None,
@@ -152,13 +233,15 @@ def artifact_store(
 
     1. Validate what can be validated before any I/O.
     2. Write the blob (temp, fsync, rename, fsync dir).
-    3. Create or find the row. A crash between 2 and 3 leaves an unreferenced
-       blob, which the doctor sweeps after its grace period.
+    3. Create or find the owner's row. A crash between 2 and 3 leaves an
+       unreferenced blob, which the doctor sweeps after its grace period.
     """
     _check_class(artifact_class)
+    owner = _owner_pk(owner)
     put = blob_put(data=data, stream=stream, file=file, max_bytes=max_bytes)
     record = functools.partial(
         artifact_record,
+        owner=owner,
         media_type=media_type,
         artifact_class=artifact_class,
         title=title,

@@ -29,6 +29,7 @@ CHUNK = 1024 * 1024
 ERR_BAD_SHA = "not a sha256: expected 64 lowercase hex characters"
 ERR_MISSING = "no blob with that sha"
 ERR_TOO_LARGE = "payload exceeds the size limit"
+ERR_INCOMPLETE = "received {got} of the {expected} bytes declared; nothing was stored"
 
 
 class BlobError(Exception):
@@ -45,6 +46,10 @@ class BlobMissing(BlobError, FileNotFoundError):
 
 class BlobTooLarge(BlobError, ValueError):
     pass
+
+
+class BlobIncomplete(BlobError, ValueError):
+    """The stream ended before the size it declared: nothing was stored."""
 
 
 @dataclass(frozen=True)
@@ -136,11 +141,18 @@ class BlobStore:
         return self.put_stream(iter(lambda: fh.read(CHUNK), b""), max_bytes=max_bytes)
 
     def put_stream(
-        self, chunks: Iterable[bytes], *, max_bytes: int | None = None
+        self,
+        chunks: Iterable[bytes],
+        *,
+        max_bytes: int | None = None,
+        expected_size: int | None = None,
     ) -> PutResult:
         """Store the concatenation of ``chunks``; hold at most one chunk in memory.
 
         1. Stream into a temp file in ``tmp/`` (same filesystem), hashing as it goes.
+           With ``expected_size`` (an upload's Content-Length), any other
+           count is ``BlobIncomplete``: a body cut short is never stored.
+           Whatever goes wrong, the temp file goes with it.
         2. fsync the temp file.
         3. If a blob of that sha exists, drop the temp file (dedup).
         4. Otherwise rename it onto its final name and fsync the folder(s).
@@ -157,8 +169,16 @@ class BlobStore:
                     size += len(chunk)
                     if max_bytes is not None and size > max_bytes:
                         raise BlobTooLarge(ERR_TOO_LARGE)
+                    if expected_size is not None and size > expected_size:
+                        raise BlobIncomplete(
+                            ERR_INCOMPLETE.format(got=size, expected=expected_size)
+                        )
                     digest.update(chunk)
                     out.write(chunk)
+                if expected_size is not None and size != expected_size:
+                    raise BlobIncomplete(
+                        ERR_INCOMPLETE.format(got=size, expected=expected_size)
+                    )
                 out.flush()
                 if self.fsync:
                     os.fsync(out.fileno())

@@ -70,6 +70,7 @@ def _task_with(conversation, *, steps: int, events: int, outputs: int) -> Task:
     )
     artifacts = [
         artifact_store(
+            owner=conversation.owner_id,
             data=(f"row {i}: " + "price,volume\n" * 40).encode(),
             media_type="text/csv",
             artifact_class=ArtifactClass.FETCH,

@@ -62,6 +62,7 @@ def _build(
         rows = Artifact.objects.bulk_create(
             [
                 Artifact(
+                    owner=user,
                     sha256=p.sha256,
                     size=p.size,
                     media_type="text/plain",

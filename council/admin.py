@@ -13,6 +13,7 @@ from django.db.models import Count
 from django.template.defaultfilters import truncatechars
 
 from council.models import CouncilRound, Participant, Turn, TurnArtifact
+from pippa_site.text import CleanTitlesMixin
 
 
 class NoAddDeleteMixin:
@@ -59,7 +60,7 @@ class TurnArtifactInline(NoAddDeleteMixin, admin.TabularInline):
 
 
 @admin.register(CouncilRound)
-class CouncilRoundAdmin(NoAddDeleteMixin, admin.ModelAdmin):
+class CouncilRoundAdmin(CleanTitlesMixin, NoAddDeleteMixin, admin.ModelAdmin):
     list_display = [
         "number",
         "topic",
@@ -96,7 +97,7 @@ class CouncilRoundAdmin(NoAddDeleteMixin, admin.ModelAdmin):
 
 
 @admin.register(Participant)
-class ParticipantAdmin(NoAddDeleteMixin, admin.ModelAdmin):
+class ParticipantAdmin(CleanTitlesMixin, NoAddDeleteMixin, admin.ModelAdmin):
     list_display = ["name", "brain", "round", "position"]
     list_select_related = ["round"]
     list_filter = ["brain"]

@@ -22,10 +22,11 @@ ERR_CONTEXT_MISSING = "The stored context of this turn is missing."
 ERR_NO_PARTICIPANTS = "this council round has no participants"
 
 
-def round_get_for_user(*, user, round_id: int) -> CouncilRound:
-    """Return the round if ``user`` owns its conversation (staff: any); else 404."""
+def round_get_for_user(*, user, round_id: int, staff: bool = True) -> CouncilRound:
+    """Return the round if ``user`` owns its conversation (staff: any, unless
+    ``staff=False`` as for API tokens); else 404."""
     rounds = CouncilRound.objects.select_related("conversation")
-    if not user.is_staff:
+    if not (staff and user.is_staff):
         rounds = rounds.filter(conversation__owner=user)
     council_round = rounds.filter(pk=round_id).first()
     if council_round is None:
@@ -33,9 +34,9 @@ def round_get_for_user(*, user, round_id: int) -> CouncilRound:
     return council_round
 
 
-def turn_get_for_user(*, user, turn_id: int) -> Turn:
+def turn_get_for_user(*, user, turn_id: int, staff: bool = True) -> Turn:
     turns = Turn.objects.select_related("round", "round__conversation", "participant")
-    if not user.is_staff:
+    if not (staff and user.is_staff):
         turns = turns.filter(round__conversation__owner=user)
     turn = turns.filter(pk=turn_id).first()
     if turn is None:

@@ -28,6 +28,7 @@ from artifacts.selectors import artifact_user_may_see
 from artifacts.services import artifact_store
 from council.models import CouncilRound, Participant, Turn, TurnArtifact
 from pippa_site.errors import Invalid
+from pippa_site.text import TextError, text_check, title_clean
 from tasks.models import Brain, Conversation
 
 CONTEXT_SCHEMA = "pippa.council.context/1"
@@ -52,6 +53,14 @@ class CouncilError(Invalid):
     """A council request that cannot be (400 at a door)."""
 
 
+def _text_check(*values: str) -> None:
+    try:
+        for value in values:
+            text_check(value or "")
+    except TextError as exc:
+        raise CouncilError(str(exc)) from None
+
+
 def brain_label(brain: str) -> str:
     """Return the display name of a brain ("claude" -> "Claude"); others as given."""
     try:
@@ -70,7 +79,9 @@ def round_start(
     """Start the next round of a conversation with (name, brain) participants."""
     if not participants:
         raise CouncilError(ERR_NO_PARTICIPANTS)
-    names = [name.strip()[:100] for name, _ in participants]
+    _text_check(topic, *(f"{name}{brain}" for name, brain in participants))
+    topic = title_clean(topic)
+    names = [title_clean(name).strip()[:100] for name, _ in participants]
     if len(set(names)) != len(names) or not all(names):
         raise CouncilError(ERR_DUPLICATE_PARTICIPANT)
     # Lock the conversation row so two starts cannot pick the same number.
@@ -234,6 +245,7 @@ def context_bytes(context: dict) -> bytes:
 
 def widget_store(
     *,
+    owner,
     data: bytes,
     media_type: str = "image/svg+xml",
     title: str = "",
@@ -249,6 +261,7 @@ def widget_store(
     if len(data) > MAX_WIDGET_BYTES:
         raise CouncilError(ERR_WIDGET_TOO_LARGE)
     widget = artifact_store(
+        owner=owner,
         data=data,
         media_type=media_type,
         artifact_class=ArtifactClass.RENDER,
@@ -285,16 +298,18 @@ def turn_add(
     """
     if participant.round_id != council_round.pk:
         raise CouncilError(ERR_WRONG_ROUND)
+    _text_check(text, widget_title, widget_media_type)
     if not text.strip() and widget is None:
         raise CouncilError(ERR_EMPTY_TURN)
     owner = council_round.conversation.owner
     cite_ids = list(dict.fromkeys(int(c) for c in cites))
     for cite_id in cite_ids:
-        if not artifact_user_may_see(user=owner, artifact_id=cite_id):
+        if not artifact_user_may_see(user=owner, artifact_id=cite_id, staff=False):
             raise CouncilError(ERR_UNKNOWN_CITE)
     produced: list[Artifact] = []
     if widget is not None:
         widget_artifact, preview = widget_store(
+            owner=owner,
             data=widget,
             media_type=widget_media_type,
             title=widget_title,
@@ -326,6 +341,7 @@ def _turn_commit(
     order = (last or 0) + 1
     context = serialize_branch_context(council_round, participant, before_order=order)
     context_artifact = artifact_store(
+        owner=council_round.conversation.owner_id,
         data=context_bytes(context),
         media_type=CONTEXT_MEDIA_TYPE,
         artifact_class=ArtifactClass.SNAPSHOT,

@@ -392,7 +392,7 @@ def build_server() -> PippaMCPServer:
         from tasks.documents import conversation_payload
         from tasks.models import Conversation
 
-        rows = Conversation.objects.for_user(current_user()).order_by("-updated_at")
+        rows = Conversation.objects.owned_by(current_user()).order_by("-updated_at")
         return json.loads(
             json.dumps([conversation_payload(c) for c in rows[:200]], default=str)
         )

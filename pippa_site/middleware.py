@@ -1,15 +1,24 @@
-"""Response compression for text only.
+"""Site middleware: response compression for text only, and the text guard.
 
-Pages, fragments and JSON compress well and are sent often (a live task page
-polls); PNG previews and other payloads are already compressed or are bytes
-the client downloads as they are, and their strong ETag must stay strong so a
-repeat view is a plain 304.
+Compression: pages, fragments and JSON compress well and are sent often (a live
+task page polls); PNG previews and other payloads are already compressed or are
+bytes the client downloads as they are, and their strong ETag must stay strong
+so a repeat view is a plain 304.
+
+Text guard: refuse text no database here can store, at the door, for every
+page. ``pippa_site.text`` holds the rule; ``TextGuardMiddleware`` applies it to
+what every request carries as text: the path, the query string and form
+fields. The JSON API's bodies are checked by its schemas with the same rule. A
+refusal is a 400 that says why (JSON under /api/), the same on SQLite and
+PostgreSQL, instead of a 500 on one and stored bytes on the other.
 """
 
 from __future__ import annotations
 
-from django.http import FileResponse, HttpRequest, HttpResponse
+from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
 from django.middleware.gzip import GZipMiddleware
+
+from pippa_site.text import ERR_BAD_TEXT, text_refused
 
 COMPRESSIBLE_TYPES = (
     "text/html",
@@ -32,3 +41,35 @@ class TextGZipMiddleware(GZipMiddleware):
         if content_type not in COMPRESSIBLE_TYPES:
             return response
         return super().process_response(request, response)
+
+
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+def _refused_field(request: HttpRequest) -> str | None:
+    if text_refused(request.path):
+        return "the address"
+    for key, values in request.GET.lists():
+        if text_refused(key) or any(text_refused(v) for v in values):
+            return f"query parameter {key!r}"
+    if request.method == "POST" and request.content_type in FORM_TYPES:
+        for key, values in request.POST.lists():
+            if text_refused(key) or any(
+                isinstance(v, str) and text_refused(v) for v in values
+            ):
+                return f"form field {key!r}"
+    return None
+
+
+class TextGuardMiddleware:
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        field = _refused_field(request)
+        if field is None:
+            return self.get_response(request)
+        message = ERR_BAD_TEXT.format(field=field.capitalize())
+        if request.path.startswith("/api/"):
+            return JsonResponse({"detail": message}, status=400)
+        return HttpResponse(message, status=400, content_type="text/plain")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 from django.utils.csp import CSP
@@ -81,7 +82,8 @@ CSRF_COOKIE_SECURE = HTTPS
 SECURE_HSTS_SECONDS = 31536000 if HTTPS else 0
 SECURE_HSTS_INCLUDE_SUBDOMAINS = HTTPS
 SECURE_HSTS_PRELOAD = HTTPS
-if env_bool("PIPPA_BEHIND_PROXY"):
+PIPPA_BEHIND_PROXY = env_bool("PIPPA_BEHIND_PROXY")
+if PIPPA_BEHIND_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
@@ -97,6 +99,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_htmx",
+    "axes",
     "artifacts",
     "tasks",
     "council",
@@ -123,6 +126,9 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "pippa_site.middleware.TextGuardMiddleware",
+    # Last, as django-axes asks: it turns a lockout into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "pippa_site.urls"
@@ -211,9 +217,23 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 
 # Django's database sessions and ModelBackend, reading per request in plain SQL
-# (pippa_site/auth.py).
+# (pippa_site/auth.py); django-axes first, which throttles the dashboard and
+# admin logins alike (the API's bearer tokens use the same counters:
+# pippa_site.throttle).
 SESSION_ENGINE = "pippa_site.auth"
-AUTHENTICATION_BACKENDS = ["pippa_site.auth.UserBackend"]
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "pippa_site.auth.UserBackend",
+]
+AXES_FAILURE_LIMIT = env_int("PIPPA_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("PIPPA_LOGIN_COOLOFF_MINUTES", 15))
+# A name tried from one address: a stranger guessing Dad's password locks only
+# that pair, not Dad on his own machine.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "pippa_site.throttle.lockout_response"
+AXES_CLIENT_IP_CALLABLE = "pippa_site.throttle.client_ip"
+AXES_VERBOSE = False
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
 
+from api import views as api_views
 from api.api import api
 from pippa_mcp.views import mcp_endpoint
 
@@ -17,6 +18,8 @@ urlpatterns = [
     # Streamable HTTP MCP; both spellings, since a POST cannot follow a slash redirect.
     path("mcp/", mcp_endpoint, name="mcp"),
     path("mcp", mcp_endpoint),
+    # Anything else under the API answers in the API's own words (JSON 404).
+    re_path(r"^api/", api_views.api_not_found),
     path("settings/tokens/", include("api.urls")),
     path("", include("dashboard.urls")),
 ]

@@ -19,6 +19,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from pippa_site.errors import PippaError
+from pippa_site.text import CleanTitlesMixin
 from tasks.actions import (
     step_resolve,
     step_resolve_options,
@@ -142,7 +143,7 @@ class NeedsReviewFilter(admin.SimpleListFilter):
 
 
 @admin.register(Conversation)
-class ConversationAdmin(admin.ModelAdmin):
+class ConversationAdmin(CleanTitlesMixin, admin.ModelAdmin):
     list_display = ["title", "owner", "task_count", "round_count", "updated_at"]
     list_select_related = ["owner"]
     list_filter = ["owner"]
@@ -316,7 +317,7 @@ def _resolve_link(step: Step) -> str:
 
 
 @admin.register(Task)
-class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
+class TaskAdmin(CleanTitlesMixin, RepairPermissionMixin, admin.ModelAdmin):
     list_display = [
         "id",
         "title",
@@ -614,7 +615,7 @@ class TaskAdmin(RepairPermissionMixin, admin.ModelAdmin):
 
 
 @admin.register(Step)
-class StepAdmin(RepairPermissionMixin, admin.ModelAdmin):
+class StepAdmin(CleanTitlesMixin, RepairPermissionMixin, admin.ModelAdmin):
     # Status and the repair link first: they are what an operator scans for.
     list_display = [
         "id",

@@ -22,7 +22,7 @@ ERR_NO_ARTIFACT = "artifact {id} not found (or not yours)"
 
 
 def conversation_get_for_user(*, user, conversation_id: int) -> Conversation:
-    found = Conversation.objects.for_user(user).filter(pk=conversation_id).first()
+    found = Conversation.objects.owned_by(user).filter(pk=conversation_id).first()
     if found is None:
         raise Http404(ERR_NO_CONVERSATION.format(id=conversation_id))
     return found
@@ -30,7 +30,7 @@ def conversation_get_for_user(*, user, conversation_id: int) -> Conversation:
 
 def task_get_for_user(*, user, task_id: int) -> Task:
     found = (
-        Task.objects.filter(conversation__in=Conversation.objects.for_user(user))
+        Task.objects.filter(conversation__in=Conversation.objects.owned_by(user))
         .filter(pk=task_id)
         .first()
     )
@@ -40,9 +40,9 @@ def task_get_for_user(*, user, task_id: int) -> Task:
 
 
 def artifact_get(*, user, artifact_id: int) -> Artifact:
-    """``artifacts.selectors.artifact_get_for_user`` with an API-worded 404."""
+    """The user's own artifact (staff too see only their own), with an API-worded 404."""
     try:
-        return artifact_get_for_user(user=user, artifact_id=artifact_id)
+        return artifact_get_for_user(user=user, artifact_id=artifact_id, staff=False)
     except Http404:
         raise Http404(ERR_NO_ARTIFACT.format(id=artifact_id)) from None
 

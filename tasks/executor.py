@@ -44,8 +44,12 @@ from django.utils import timezone
 
 from artifacts.gc import blobs_unlink_after_commit
 from artifacts.models import Artifact, ArtifactClass, ArtifactSource
-from artifacts.preview import WIDGET_MEDIA_TYPES, preview_render
-from artifacts.services import ERR_BLOB_VANISHED, BlobVanished, blob_guard_key
+from artifacts.preview import WIDGET_MEDIA_TYPES
+from artifacts.services import (
+    BlobVanished,
+    artifact_insert,
+    sources_check,
+)
 from artifacts.store import default_store
 from tasks.crashpoints import crashpoint
 from tasks.faults import fault_reason, retry_delay
@@ -61,7 +65,7 @@ from tasks.lease import (
     lease_unreserve,
     parse_dt,
 )
-from tasks.models import Event, LinkRole, Step, Task, TaskArtifact
+from tasks.models import Conversation, Event, LinkRole, Step, Task, TaskArtifact
 from tasks.resume import (
     ADOPT,
     CALL_AGAIN,
@@ -71,7 +75,7 @@ from tasks.resume import (
     envelope_read,
     uncertain_decide,
 )
-from tasks.services import events_insert
+from tasks.services import events_insert, task_widget_preview
 from tasks.tools import ToolContext, ToolResult, files_root, tool_get
 
 log = logging.getLogger("pippa.executor")
@@ -119,6 +123,8 @@ class _StepRow:
     attempts: int
     max_attempts: int
     generation: int
+    # The conversation's owner: the owner of every artifact row this step writes.
+    owner_id: int
     next_attempt_at: Any = None
 
     @property
@@ -144,30 +150,12 @@ class _StepRow:
 
 # -- SQL of the hot path ------------------------------------------------------
 
+T_TASK = Task._meta.db_table
+T_CONV = Conversation._meta.db_table
 T_STEP = Step._meta.db_table
 T_LINK = TaskArtifact._meta.db_table
 T_ART = Artifact._meta.db_table
 T_SRC = ArtifactSource._meta.db_table
-
-
-_ARTIFACT_COLUMNS = (
-    f"INSERT INTO {T_ART} (sha256, size, media_type, artifact_class, title, meta, "
-    f"integrity, verified_at, created_at) "
-)
-_ARTIFACT_INSERT = {
-    "postgresql": _ARTIFACT_COLUMNS
-    + "SELECT %s, %s, %s, %s, %s, CAST(%s AS jsonb), 'ok', %s, %s "
-    "FROM (SELECT pg_advisory_xact_lock(%s)) AS guard "
-    "ON CONFLICT (sha256) DO NOTHING RETURNING id",
-}
-
-
-def _artifact_insert_sql() -> str:
-    return _ARTIFACT_INSERT.get(
-        connection.vendor,
-        _ARTIFACT_COLUMNS + "VALUES (%s, %s, %s, %s, %s, %s, 'ok', %s, %s) "
-        "ON CONFLICT (sha256) DO NOTHING RETURNING id",
-    )
 
 
 def _dt(value):
@@ -182,10 +170,12 @@ def _loads(value: Any) -> Any:
 
 def _next_step(cursor, task_id: int) -> _StepRow | None:
     cursor.execute(
-        f"SELECT id, position, title, status, tool, args, artifact_class, side_effects, "
-        f"attempts, max_attempts, generation, next_attempt_at FROM {T_STEP} "
-        f"WHERE task_id = %s "
-        f"AND status NOT IN ('done', 'skipped') ORDER BY position LIMIT 1",
+        f"SELECT s.id, s.position, s.title, s.status, s.tool, s.args, "
+        f"s.artifact_class, s.side_effects, s.attempts, s.max_attempts, "
+        f"s.generation, c.owner_id, s.next_attempt_at FROM {T_STEP} s "
+        f"JOIN {T_TASK} t ON t.id = s.task_id JOIN {T_CONV} c ON c.id = t.conversation_id "
+        f"WHERE s.task_id = %s AND s.status NOT IN ('done', 'skipped') "
+        f"ORDER BY s.position LIMIT 1",
         [task_id],
     )
     row = cursor.fetchone()
@@ -204,7 +194,8 @@ def _next_step(cursor, task_id: int) -> _StepRow | None:
         attempts=row[8],
         max_attempts=row[9],
         generation=row[10],
-        next_attempt_at=parse_dt(row[11]),
+        owner_id=row[11],
+        next_attempt_at=parse_dt(row[12]),
     )
 
 
@@ -541,7 +532,11 @@ def _persist_blob(row: _StepRow, default_media: str, output: _Output) -> dict[st
     if output.rel_path:
         payload["path"] = output.rel_path
     if result.source_ids:
-        payload["source_ids"] = [int(x) for x in result.source_ids][:50]
+        # Lineage joins only the owner's rows: a source that is not one of
+        # them fails the attempt here, before anything is recorded.
+        payload["source_ids"] = sources_check(
+            owner_id=row.owner_id, source_ids=list(result.source_ids)[:50]
+        )
     return payload
 
 
@@ -736,43 +731,16 @@ def _finish(
     if payload.get("path"):
         meta["path"] = payload["path"]
     with transaction.atomic(), connection.cursor() as cursor:
-        # Same guard as artifact_record: a GC cannot unlink this blob between
-        # the check and the commit of the row that names it (on PostgreSQL the
-        # INSERT takes blob_guard's advisory lock itself; SQLite's write lock
-        # is held since BEGIN IMMEDIATE).
-        params = [
-            payload["sha"],
-            payload["size"],
-            payload.get("media_type") or "application/octet-stream",
-            row.artifact_class,
-            payload.get("title", "")[:300],
-            json.dumps(meta, default=str),
-            _dt(now),
-            _dt(now),
-        ]
-        if connection.vendor == "postgresql":
-            params.append(blob_guard_key(payload["sha"]))
-        cursor.execute(_artifact_insert_sql(), params)
-        found = cursor.fetchone()
-        if found is None:
-            cursor.execute(
-                f"SELECT id FROM {T_ART} WHERE sha256 = %s", [payload["sha"]]
-            )
-            found = cursor.fetchone()
-        if not default_store().exists(payload["sha"]):
-            raise BlobVanished(ERR_BLOB_VANISHED)
-        artifact_id = found[0]
-        sources = [s for s in payload.get("source_ids") or [] if s != artifact_id]
-        if sources:
-            values = ", ".join(["(%s, %s, %s)"] * len(sources))
-            params: list[Any] = []
-            for i, sid in enumerate(sources):
-                params += [artifact_id, sid, i]
-            cursor.execute(
-                f"INSERT INTO {T_SRC} (artifact_id, source_id, position) VALUES {values} "
-                f"ON CONFLICT (artifact_id, source_id) DO NOTHING",
-                params,
-            )
+        artifact_id = artifact_insert(
+            owner_id=row.owner_id,
+            sha256=payload["sha"],
+            size=payload["size"],
+            media_type=payload.get("media_type") or "application/octet-stream",
+            artifact_class=row.artifact_class,
+            title=payload.get("title", ""),
+            meta=meta,
+            source_ids=payload.get("source_ids") or (),
+        ).id
         cursor.execute(
             f"INSERT INTO {T_LINK} (artifact_id, task_id, step_id, role, created_at) "
             f"VALUES (%s, %s, %s, %s, %s) ON CONFLICT (task_id, artifact_id, role) DO NOTHING",
@@ -832,28 +800,19 @@ def _finish(
 
 
 def outcome_preview(outcome: StepOutcome) -> None:
-    """Render a widget output's PNG preview and let the task keep it.
+    """Render a widget output's PNG preview after its result committed.
 
-    Runs after the step's result is committed: a preview is a view of the
-    output, never part of it (rendering takes up to seconds, and must not
-    hold the task's row or SQLite's write lock). It fails closed (the reason
-    is recorded on the widget), and a crash here only leaves a widget without
-    a picture, which the admin's re-render action fixes.
+    ``tasks.services.task_widget_preview`` does it, the same function the API
+    uses for an uploaded widget: a preview is a view of the output, never part
+    of it (rendering takes up to seconds, and must not hold the task's row or
+    SQLite's write lock); it fails closed with the reason on the widget.
     """
     artifact = outcome.artifact
     if not artifact or artifact.get("media_type") not in WIDGET_MEDIA_TYPES:
         return
-    try:
-        preview = preview_render(artifact=Artifact.objects.get(pk=artifact["id"]))
-        if preview is not None:
-            TaskArtifact.objects.get_or_create(
-                task_id=outcome.task_id,
-                artifact=preview,
-                role=LinkRole.PERSISTED,
-                defaults={"step_id": outcome.step_id},
-            )
-    except Exception:  # noqa: BLE001 - a preview never fails the step
-        log.exception("preview of artifact %s failed", artifact["id"])
+    task_widget_preview(
+        artifact_id=artifact["id"], task_id=outcome.task_id, step_id=outcome.step_id
+    )
 
 
 def _resolve_uncertain(row: _StepRow, worker_id: str) -> StepOutcome:
@@ -987,4 +946,7 @@ def _row_of(step: Step) -> _StepRow:
         attempts=step.attempts,
         max_attempts=step.max_attempts,
         generation=step.generation,
+        owner_id=Conversation.objects.filter(tasks__pk=step.task_id)
+        .values_list("owner_id", flat=True)
+        .get(),
     )

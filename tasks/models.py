@@ -32,8 +32,13 @@ class Brain(models.TextChoices):
 
 class ConversationQuerySet(models.QuerySet):
     def for_user(self, user) -> ConversationQuerySet:
+        """What the dashboard shows ``user``: their own, or everything to staff."""
         if user.is_staff:
             return self
+        return self.filter(owner=user)
+
+    def owned_by(self, user) -> ConversationQuerySet:
+        """The user's own conversations, staff or not: what an API token reaches."""
         return self.filter(owner=user)
 
     def delete(self):

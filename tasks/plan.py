@@ -12,6 +12,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from pippa_site.errors import Conflict, Invalid
+from pippa_site.text import TextError, json_check, text_check, title_clean
 from tasks.models import Conversation, Event, Step, Task
 from tasks.services import conversation_create, events_append
 from tasks.tools import ToolNotFound, tool_get
@@ -67,7 +68,7 @@ FINISHED = (Step.Status.DONE, Step.Status.SKIPPED)
 def _clean_step(raw: Any, n: int) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise PlanError(ERR_STEP_NOT_DICT.format(n=n))
-    title = str(raw.get("title") or "").strip()
+    title = title_clean(str(raw.get("title") or "")).strip()
     if not title:
         raise PlanError(ERR_NO_TITLE.format(n=n))
     try:
@@ -77,6 +78,11 @@ def _clean_step(raw: Any, n: int) -> dict[str, Any]:
     args = raw.get("args") or {}
     if not isinstance(args, dict):
         raise PlanError(ERR_ARGS_NOT_DICT.format(n=n))
+    try:
+        text_check(str(raw.get("title") or ""), field=f"step {n}: title")
+        json_check(args, field=f"step {n}: args")
+    except TextError as exc:
+        raise PlanError(str(exc)) from None
     try:
         encoded = json.dumps(args, allow_nan=False)
     except (TypeError, ValueError):
@@ -130,6 +136,10 @@ def task_create(
         raise PlanError(ERR_NO_STEPS)
     if len(steps) > MAX_STEPS:
         raise PlanError(ERR_TOO_MANY_STEPS)
+    try:
+        text_check(title, field="title")
+    except TextError as exc:
+        raise PlanError(str(exc)) from None
     for n, raw in enumerate(steps, start=1):
         claimed = _claimed_status(raw, n)
         if claimed is not None and claimed != Step.Status.PENDING:
@@ -138,7 +148,7 @@ def task_create(
     now = timezone.now()
     task = Task.objects.create(
         conversation=conversation,
-        title=(title.strip() or "Untitled task")[:300],
+        title=(title_clean(title).strip() or "Untitled task")[:300],
         brain=brain or "scripted",
         status=Task.Status.QUEUED if queue else Task.Status.PAUSED,
         steps_total=len(cleaned),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,10 +19,13 @@ from artifacts.gc import (
 )
 from artifacts.keepers import conversation_artifact_ids
 from artifacts.models import Artifact
-from artifacts.services import _check_class, artifact_record, blob_put
+from artifacts.services import _check_class, artifact_record, blob_put, sources_check
 from pippa_site.errors import Invalid, NotFound
+from pippa_site.text import text_check, title_clean
 from tasks.crashpoints import crashpoint
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
+
+log = logging.getLogger("pippa.tasks")
 
 ERR_EVENT_DATA_TOO_LARGE = "event data must stay small (refs and sizes, not payloads)"
 ERR_NO_TASK = "no such task"
@@ -32,8 +36,40 @@ class TaskNotFound(NotFound):
     pass
 
 
+def task_widget_preview(
+    *, artifact_id: int, task_id: int, step_id: int | None = None
+) -> Artifact | None:
+    """Render a widget's PNG preview after its row committed; the task keeps it.
+
+    The executor (a step's widget output) and the API (an uploaded widget)
+    both call this, and the council's ``widget_store`` calls the same
+    ``preview_render``. A preview is a view of the widget, never part of it:
+    it fails closed (``preview_render`` records the reason on the widget),
+    and a crash here leaves only a widget without a picture, which the
+    admin's re-render action fixes.
+    """
+    from artifacts.preview import preview_render
+
+    try:
+        preview = preview_render(artifact=Artifact.objects.get(pk=artifact_id))
+        if preview is not None:
+            TaskArtifact.objects.get_or_create(
+                task_id=task_id,
+                artifact=preview,
+                role=TaskArtifact.Role.PERSISTED,
+                defaults={"step_id": step_id},
+            )
+        return preview
+    except Exception:  # noqa: BLE001 - a preview never fails what it shows
+        log.exception("preview of artifact %s failed", artifact_id)
+        return None
+
+
 def conversation_create(*, owner, title: str) -> Conversation:
-    return Conversation.objects.create(owner=owner, title=title[:300])
+    """Create a conversation; a title the databases cannot store is refused
+    (``TextError``) and bidi controls are dropped from it."""
+    text_check(title, field="title")
+    return Conversation.objects.create(owner=owner, title=title_clean(title)[:300])
 
 
 def _next_seqs(task_id: int, count: int) -> int:
@@ -193,26 +229,37 @@ def task_artifact_upload(
     source_ids=(),
     step_id: int | None = None,
     max_bytes: int | None = None,
+    expected_size: int | None = None,
 ):
     """Store an uploaded payload as an artifact that ``task`` persisted.
 
-    1. Check the step belongs to the task, before any I/O.
-    2. Stream the body into the blob store (at most one chunk in memory);
-       over ``max_bytes`` raises ``BlobTooLarge`` and leaves no blob.
-    3. In one transaction: the artifact row (dedup by sha: an existing row is
-       reused as it is, lineage included), its lineage and the task link. A failure here leaves at worst an unreferenced blob,
-       which the doctor sweeps ("write before show").
+    All or nothing:
+
+    1. Check the step and the sources (each one of the task owner's rows),
+       before any I/O.
+    2. Stream the body into the blob store (at most one chunk in memory).
+       Over ``max_bytes`` raises ``BlobTooLarge``; fewer or more bytes than
+       ``expected_size`` (the declared Content-Length: a client gone
+       mid-body) raise ``BlobIncomplete``; a read error raises as it is.
+       Each leaves no blob and no temp file.
+    3. In one transaction: the owner's row (``artifact_insert``: bytes the
+       owner already stored keep that row as it is), its lineage and the task
+       link. A crash here leaves at worst an unreferenced blob, which the
+       doctor sweeps ("write before show").
+    4. After the commit, a widget gets its PNG preview exactly as a step's
+       widget output does (``task_widget_preview``).
     """
+    from artifacts.preview import WIDGET_MEDIA_TYPES
+
     _check_class(artifact_class)
+    owner_id = task.conversation.owner_id
     if step_id is not None and not Step.objects.filter(pk=step_id, task=task).exists():
         raise UploadError(ERR_BAD_STEP.format(id=step_id, task=task.pk))
-    put = blob_put(stream=stream, max_bytes=max_bytes)
+    source_ids = sources_check(owner_id=owner_id, source_ids=source_ids)
+    put = blob_put(stream=stream, max_bytes=max_bytes, expected_size=expected_size)
     with transaction.atomic():
-        # Content addressing: bytes stored before keep their first writer's
-        # class, title and lineage; an upload never edits a shared row.
-        if Artifact.objects.filter(sha256=put.sha256).exists():
-            source_ids = ()
         artifact = artifact_record(
+            owner=owner_id,
             put=put,
             media_type=media_type,
             artifact_class=artifact_class,
@@ -226,6 +273,9 @@ def task_artifact_upload(
             role=TaskArtifact.Role.PERSISTED,
             defaults={"step_id": step_id},
         )
+    if artifact.media_type in WIDGET_MEDIA_TYPES:
+        task_widget_preview(artifact_id=artifact.pk, task_id=task.pk, step_id=step_id)
+        artifact.refresh_from_db(fields=["meta"])
     return artifact
 
 

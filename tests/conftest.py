@@ -145,11 +145,17 @@ def make_task(make_conversation):
 
 
 @pytest.fixture
-def make_artifact():
+def make_artifact(make_user):
+    """Store an artifact; its owner is ``owner=`` or one default user per test."""
     counter = {"n": 0}
+    default_owner = []
 
     def make(**kwargs):
         counter["n"] += 1
+        if "owner" not in kwargs:
+            if not default_owner:
+                default_owner.append(make_user(username="artifact-owner"))
+            kwargs["owner"] = default_owner[0]
         kwargs.setdefault("data", f"payload {counter['n']}".encode())
         kwargs.setdefault("media_type", "text/plain")
         kwargs.setdefault("artifact_class", ArtifactClass.SNAPSHOT)

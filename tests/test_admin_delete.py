@@ -85,7 +85,7 @@ def test_the_delete_page_shows_the_same_removed_and_kept_preview_as_the_service(
     assert f"kept, {kept.reason}" in body
     assert f"task “{shared['keeper_task'].title}”" in kept.reason
     for record in preview.removed_artifacts:
-        assert f"Artifact {record.id} — {record.title}" in body
+        assert f"Artifact {record.id} — <bdi>{record.title}</bdi>" in body
     assert "Yes, I’m sure" in body
     assert Conversation.objects.filter(pk=first.pk).exists()
 

@@ -122,14 +122,19 @@ def test_status_and_class_values_are_checked_by_the_database(model, fields, make
 
 
 @pytest.mark.django_db
-def test_artifact_sha_is_unique_and_class_checked():
-    Artifact.objects.create(sha256="a" * 64, size=1, artifact_class=1)
+def test_artifact_sha_is_unique_per_owner_and_class_checked(make_user):
+    alice, bob = make_user(), make_user()
+    Artifact.objects.create(owner=alice, sha256="a" * 64, size=1, artifact_class=1)
     with pytest.raises(IntegrityError), transaction.atomic():
-        Artifact.objects.create(sha256="a" * 64, size=1, artifact_class=1)
+        Artifact.objects.create(owner=alice, sha256="a" * 64, size=1, artifact_class=1)
+    # Another owner's row over the same bytes is allowed: rows are owned.
+    Artifact.objects.create(owner=bob, sha256="a" * 64, size=1, artifact_class=1)
     with pytest.raises(IntegrityError), transaction.atomic():
-        Artifact.objects.create(sha256="b" * 64, size=1, artifact_class=0)
+        Artifact.objects.create(sha256="c" * 64, size=1, artifact_class=1)
     with pytest.raises(IntegrityError), transaction.atomic():
-        Artifact.objects.create(sha256="short", size=1, artifact_class=1)
+        Artifact.objects.create(owner=alice, sha256="b" * 64, size=1, artifact_class=0)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Artifact.objects.create(owner=alice, sha256="short", size=1, artifact_class=1)
 
 
 @pytest.mark.django_db

@@ -396,7 +396,7 @@ def test_the_blob_store_fixture_is_this_tests_own(blob_store, settings):
     assert str(blob_store.root) == str(settings.BLOB_DIR)
 
 
-def test_uploading_bytes_that_exist_reuses_the_row_without_editing_its_lineage(
+def test_uploading_bytes_another_user_stored_makes_their_own_row_and_edits_nothing(
     make_api_client,
 ):
     owner, other = make_api_client(), make_api_client()
@@ -413,13 +413,30 @@ def test_uploading_bytes_that_exist_reuses_the_row_without_editing_its_lineage(
         b"<svg>same bytes</svg>",
     )
     assert again.status_code == 201
-    assert again.json()["id"] == created["id"]
-    assert again.json()["artifact_class"] == 4
+    assert again.json()["id"] != created["id"]
+    assert again.json()["artifact_class"] == 3
+    assert again.json()["source_refs"] == [their_source]
+    assert again.json()["sha256"] == created["sha256"]
+    assert Artifact.objects.get(pk=created["id"]).artifact_class == 4
     assert list(
         ArtifactSource.objects.filter(artifact_id=created["id"]).values_list(
             "source_id", flat=True
         )
     ) == [source]
+
+
+def test_uploading_bytes_the_owner_stored_reuses_the_owners_row_as_it_is(
+    api_client,
+):
+    task = new_task(api_client)
+    url = upload_url(task["id"], artifact_class=4, title="first")
+    created = api_client.upload(url, b"<svg>mine</svg>").json()
+    again = api_client.upload(
+        upload_url(task["id"], artifact_class=3, title="second"), b"<svg>mine</svg>"
+    )
+    assert again.status_code == 201
+    assert again.json()["id"] == created["id"]
+    assert (again.json()["artifact_class"], again.json()["title"]) == (4, "first")
 
 
 def test_there_is_no_cdn_backed_docs_page(client):

@@ -71,10 +71,13 @@ def test_gc_plan_writes_nothing(make_artifact):
 def test_gc_plan_batches_its_in_lists_for_many_candidates(make_task):
     """Over BATCH candidates take several IN lists, never one per artifact."""
     n = BATCH * 2 + 7
-    rows = Artifact.objects.bulk_create(
-        [Artifact(sha256=f"{i:064x}", size=0) for i in range(n)]
-    )
     task = make_task()
+    rows = Artifact.objects.bulk_create(
+        [
+            Artifact(owner=task.conversation.owner, sha256=f"{i:064x}", size=0)
+            for i in range(n)
+        ]
+    )
     TaskArtifact.objects.bulk_create(
         [TaskArtifact(task=task, artifact=a) for a in rows[::2]]
     )
@@ -145,7 +148,12 @@ def test_blobs_unlink_spares_a_sha_stored_again_meanwhile(blob_store, make_artif
     shas = [gone.sha256, back.sha256]
     Artifact.objects.filter(pk=gone.pk).delete()
     Artifact.objects.filter(pk=back.pk).delete()
-    artifact_store(data=b"stored again", media_type="text/plain", artifact_class=3)
+    artifact_store(
+        owner=gone.owner,
+        data=b"stored again",
+        media_type="text/plain",
+        artifact_class=3,
+    )
 
     removed = blobs_unlink(shas=shas, store=blob_store)
 

@@ -199,6 +199,12 @@ GENERATED = {
 }
 
 
+def _owner():
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.get_or_create(username="widget-owner")[0]
+
+
 def _assert_fails_closed(widget: Artifact, preview, reason_words: str) -> None:
     assert preview is None
     state = widget.meta["preview"]
@@ -217,7 +223,9 @@ def test_hostile_corpus_file_is_stored_with_a_failed_preview_and_touches_nothing
 ):
     data = _fill((CORPUS / name).read_bytes(), canary, listener)
 
-    widget, preview = widget_store(data=data, media_type=_media_type(name), title=name)
+    widget, preview = widget_store(
+        owner=_owner(), data=data, media_type=_media_type(name), title=name
+    )
 
     _assert_fails_closed(widget, preview, EXPECTED[name])
     assert canary.close() is False, "the render opened the canary file"
@@ -236,7 +244,7 @@ def test_generated_hostile_widget_is_stored_with_a_failed_preview(
 ):
     data, words = GENERATED[name]
 
-    widget, preview = widget_store(data=data, title=name)
+    widget, preview = widget_store(owner=_owner(), data=data, title=name)
 
     _assert_fails_closed(widget, preview, words)
     assert canary.close() is False
@@ -250,7 +258,7 @@ def test_a_render_that_would_run_long_is_cut_at_a_time_cap_and_fails_closed():
     slow = SVG_OPEN + b'<text x="0" y="20" font-size="1">' + b"x" * 400_000
     slow += b"</text></svg>"
 
-    widget, preview = widget_store(data=slow, title="slow")
+    widget, preview = widget_store(owner=_owner(), data=slow, title="slow")
 
     # Whichever fires first on a loaded machine: the CPU or the wall clock cap.
     _assert_fails_closed(widget, preview, "")
@@ -340,7 +348,7 @@ def test_a_benign_widget_still_renders_next_to_the_hostile_ones(canary, listener
         + b"</svg>"
     )
 
-    widget, preview = widget_store(data=ok, title="benign")
+    widget, preview = widget_store(owner=_owner(), data=ok, title="benign")
 
     assert preview is not None
     assert preview.media_type == "image/png"

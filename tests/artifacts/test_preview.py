@@ -24,9 +24,19 @@ WIDE_SVG = (
 )
 
 
+def _owner():
+    from django.contrib.auth import get_user_model
+
+    return get_user_model().objects.get_or_create(username="widget-owner")[0]
+
+
 def _widget(data: bytes = WIDE_SVG, media_type: str = "image/svg+xml") -> Artifact:
     return artifact_store(
-        data=data, media_type=media_type, artifact_class=ArtifactClass.RENDER, title="w"
+        owner=_owner(),
+        data=data,
+        media_type=media_type,
+        artifact_class=ArtifactClass.RENDER,
+        title="w",
     )
 
 
@@ -72,7 +82,9 @@ def test_rendering_the_same_widget_again_reuses_its_preview(monkeypatch):
 
 @pytest.mark.django_db
 def test_an_artifact_that_is_not_a_widget_gets_no_preview_and_no_record():
-    text = artifact_store(data=b"hello", media_type="text/plain", artifact_class=3)
+    text = artifact_store(
+        owner=_owner(), data=b"hello", media_type="text/plain", artifact_class=3
+    )
     assert preview_render(artifact=text) is None
     text.refresh_from_db()
     assert "preview" not in text.meta
@@ -90,6 +102,7 @@ def test_a_widget_whose_blob_is_gone_records_a_failed_preview():
 @pytest.mark.django_db
 def test_a_failed_preview_keeps_other_metadata_of_the_widget():
     widget = artifact_store(
+        owner=_owner(),
         data=b"<svg",
         media_type="image/svg+xml",
         artifact_class=4,

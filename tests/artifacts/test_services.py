@@ -14,41 +14,54 @@ MARKER = "PAYLOAD-MARKER-7f3c2b"
 
 
 @pytest.mark.django_db
-def test_storing_the_same_bytes_twice_gives_one_row_and_one_blob():
-    a = artifact_store(data=b"abc", media_type="text/plain", artifact_class=2)
-    b = artifact_store(data=b"abc", media_type="text/plain", artifact_class=2)
+def test_storing_the_same_bytes_twice_gives_one_row_and_one_blob(user):
+    a = artifact_store(
+        owner=user, data=b"abc", media_type="text/plain", artifact_class=2
+    )
+    b = artifact_store(
+        owner=user, data=b"abc", media_type="text/plain", artifact_class=2
+    )
     assert a.pk == b.pk
     assert Artifact.objects.count() == 1
     assert len(list(default_store().iter_shas())) == 1
 
 
 @pytest.mark.django_db
-def test_the_blob_exists_before_the_row_points_at_it(monkeypatch):
+def test_the_blob_exists_before_the_row_points_at_it(monkeypatch, user):
+    from artifacts import services
+
     seen = {}
-    real_get_or_create = Artifact.objects.get_or_create
+    real_insert = services.artifact_insert
 
     def spy(**kwargs):
         seen["blob_on_disk"] = default_store().exists(kwargs["sha256"])
-        return real_get_or_create(**kwargs)
+        return real_insert(**kwargs)
 
-    monkeypatch.setattr(Artifact.objects, "get_or_create", spy)
-    artifact_store(data=b"write before show", media_type="text/plain", artifact_class=3)
+    monkeypatch.setattr(services, "artifact_insert", spy)
+    artifact_store(
+        owner=user, data=b"write before show", media_type="text/plain", artifact_class=3
+    )
     assert seen == {"blob_on_disk": True}
 
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("bad", [0, 5, "x", None])
-def test_an_invalid_class_is_refused_before_anything_is_written(bad):
+def test_an_invalid_class_is_refused_before_anything_is_written(bad, user):
     with pytest.raises(ArtifactError, match="class must be"):
-        artifact_store(data=b"x", media_type="text/plain", artifact_class=bad)
+        artifact_store(
+            owner=user, data=b"x", media_type="text/plain", artifact_class=bad
+        )
     assert not Artifact.objects.exists()
     assert list(default_store().iter_shas()) == []
 
 
 @pytest.mark.django_db
-def test_source_refs_record_lineage_and_unknown_sources_are_refused():
-    base = artifact_store(data=b"closes", media_type="text/csv", artifact_class=2)
+def test_source_refs_record_lineage_and_unknown_sources_are_refused(user):
+    base = artifact_store(
+        owner=user, data=b"closes", media_type="text/csv", artifact_class=2
+    )
     chart = artifact_store(
+        owner=user,
         data=b"<svg/>",
         media_type="image/svg+xml",
         artifact_class=4,
@@ -58,15 +71,25 @@ def test_source_refs_record_lineage_and_unknown_sources_are_refused():
     assert list(base.derived.all()) == [chart]
     with pytest.raises(ArtifactError, match="source"):
         artifact_store(
-            data=b"y", media_type="text/plain", artifact_class=4, source_ids=[99999]
+            owner=user,
+            data=b"y",
+            media_type="text/plain",
+            artifact_class=4,
+            source_ids=[99999],
         )
 
 
 @pytest.mark.django_db
-def test_verify_marks_missing_and_corrupt_blobs():
-    ok = artifact_store(data=b"fine", media_type="text/plain", artifact_class=1)
-    gone = artifact_store(data=b"gone", media_type="text/plain", artifact_class=1)
-    bad = artifact_store(data=b"bad", media_type="text/plain", artifact_class=1)
+def test_verify_marks_missing_and_corrupt_blobs(user):
+    ok = artifact_store(
+        owner=user, data=b"fine", media_type="text/plain", artifact_class=1
+    )
+    gone = artifact_store(
+        owner=user, data=b"gone", media_type="text/plain", artifact_class=1
+    )
+    bad = artifact_store(
+        owner=user, data=b"bad", media_type="text/plain", artifact_class=1
+    )
     store = default_store()
     store.unlink(gone.sha256)
     path = store.path(bad.sha256)
@@ -79,12 +102,13 @@ def test_verify_marks_missing_and_corrupt_blobs():
 
 
 @pytest.mark.django_db
-def test_no_column_of_any_table_holds_payload_text(make_task):
+def test_no_column_of_any_table_holds_payload_text(make_task, user):
     """Store a payload with a marker through every write path; scan every text column."""
     from tasks.services import event_append
 
     payload = (MARKER + " ") * 200
     art = artifact_store(
+        owner=user,
         data=payload.encode(),
         media_type="text/plain",
         artifact_class=ArtifactClass.SNAPSHOT,
@@ -119,7 +143,9 @@ def test_no_column_of_any_table_holds_payload_text(make_task):
 
 
 @pytest.mark.django_db
-def test_a_blob_collected_between_its_write_and_its_row_is_refused_not_half_recorded():
+def test_a_blob_collected_between_its_write_and_its_row_is_refused_not_half_recorded(
+    user,
+):
     from artifacts.gc import blobs_unlink
     from artifacts.services import BlobVanished, artifact_record, blob_put
 
@@ -127,12 +153,14 @@ def test_a_blob_collected_between_its_write_and_its_row_is_refused_not_half_reco
     # A concurrent GC finds no row naming the sha and unlinks the file.
     assert blobs_unlink(shas=[put.sha256], store=default_store()) == 1
     with pytest.raises(BlobVanished, match="send it again"):
-        artifact_record(put=put, media_type="text/plain", artifact_class=3)
+        artifact_record(owner=user, put=put, media_type="text/plain", artifact_class=3)
     assert not Artifact.objects.filter(sha256=put.sha256).exists()
 
 
 @pytest.mark.django_db
-def test_artifact_store_writes_the_bytes_again_when_gc_took_them_meanwhile(monkeypatch):
+def test_artifact_store_writes_the_bytes_again_when_gc_took_them_meanwhile(
+    monkeypatch, user
+):
     from artifacts import services
     from artifacts.gc import blobs_unlink
 
@@ -147,7 +175,9 @@ def test_artifact_store_writes_the_bytes_again_when_gc_took_them_meanwhile(monke
         return result
 
     monkeypatch.setattr(services, "blob_put", put_then_collected)
-    art = artifact_store(data=b"raced", media_type="text/plain", artifact_class=3)
+    art = artifact_store(
+        owner=user, data=b"raced", media_type="text/plain", artifact_class=3
+    )
     assert len(calls) == 2
     assert default_store().verify(art.sha256)
 

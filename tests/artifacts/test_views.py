@@ -26,7 +26,10 @@ def owned(make_conversation, make_task, make_artifact, user):
     conversation = make_conversation(owner=user, title="Mine")
     task = make_task(conversation=conversation, title="Fetch closes")
     artifact = make_artifact(
-        title="Closes", media_type="text/csv", artifact_class=ArtifactClass.FETCH
+        owner=user,
+        title="Closes",
+        media_type="text/csv",
+        artifact_class=ArtifactClass.FETCH,
     )
     task.artifact_links.create(artifact=artifact)
     return task, artifact
@@ -63,7 +66,9 @@ def test_detail_badge_names_each_class_in_words(
     dad_client, owned, make_artifact, artifact_class, word
 ):
     task, _ = owned
-    artifact = make_artifact(artifact_class=artifact_class)
+    artifact = make_artifact(
+        owner=task.conversation.owner, artifact_class=artifact_class
+    )
     task.artifact_links.create(artifact=artifact)
     page = dad_client.get(reverse("artifacts:detail", args=[artifact.pk])).content
     assert f'<span class="cls cls-{artifact_class}"'.encode() in page
@@ -111,7 +116,10 @@ def test_detail_shows_lineage_as_nested_lists_both_ways(
 ):
     task, data = owned
     widget, preview = widget_store(
-        data=SVG, title="Chart of closes", source_ids=[data.pk]
+        owner=task.conversation.owner,
+        data=SVG,
+        title="Chart of closes",
+        source_ids=[data.pk],
     )
     task.artifact_links.create(artifact=widget)
     task.artifact_links.create(artifact=preview)
@@ -135,8 +143,8 @@ def test_detail_shows_lineage_as_nested_lists_both_ways(
 @pytest.mark.django_db
 def test_detail_of_a_widget_shows_its_preview_image_or_why_it_failed(dad_client, owned):
     task, _ = owned
-    good, _ = widget_store(data=SVG, title="good")
-    bad, _ = widget_store(data=b"<svg", title="bad")
+    good, _ = widget_store(owner=task.conversation.owner, data=SVG, title="good")
+    bad, _ = widget_store(owner=task.conversation.owner, data=b"<svg", title="bad")
     task.artifact_links.create(artifact=good)
     task.artifact_links.create(artifact=bad)
     page = dad_client.get(reverse("artifacts:detail", args=[good.pk])).content.decode()
@@ -148,7 +156,7 @@ def test_detail_of_a_widget_shows_its_preview_image_or_why_it_failed(dad_client,
 @pytest.mark.django_db
 def test_source_of_an_svg_is_a_sandboxed_nosniff_download(dad_client, owned):
     task, _ = owned
-    widget, _ = widget_store(data=SVG)
+    widget, _ = widget_store(owner=task.conversation.owner, data=SVG)
     task.artifact_links.create(artifact=widget)
 
     response = dad_client.get(reverse("artifacts:source", args=[widget.pk]))
@@ -166,7 +174,9 @@ def test_source_of_an_svg_is_a_sandboxed_nosniff_download(dad_client, owned):
 def test_source_of_html_is_a_download_too(dad_client, owned):
     task, _ = owned
     page, _ = widget_store(
-        data=b"<html><body>" + SVG + b"</body></html>", media_type="text/html"
+        owner=task.conversation.owner,
+        data=b"<html><body>" + SVG + b"</body></html>",
+        media_type="text/html",
     )
     task.artifact_links.create(artifact=page)
     response = dad_client.get(reverse("artifacts:source", args=[page.pk]))
@@ -177,7 +187,7 @@ def test_source_of_html_is_a_download_too(dad_client, owned):
 @pytest.mark.django_db
 def test_preview_is_an_inline_png_and_a_repeat_is_not_modified(dad_client, owned):
     task, _ = owned
-    widget, preview = widget_store(data=SVG)
+    widget, preview = widget_store(owner=task.conversation.owner, data=SVG)
     task.artifact_links.create(artifact=widget)
     url = reverse("artifacts:preview", args=[widget.pk])
 
@@ -202,7 +212,7 @@ def test_preview_of_an_artifact_without_one_is_404(dad_client, owned):
 @pytest.mark.django_db
 def test_source_text_page_shows_the_svg_escaped_never_as_markup(dad_client, owned):
     task, _ = owned
-    widget, _ = widget_store(data=SVG)
+    widget, _ = widget_store(owner=task.conversation.owner, data=SVG)
     task.artifact_links.create(artifact=widget)
 
     page = dad_client.get(
@@ -258,12 +268,11 @@ def test_staff_see_every_artifact(client, make_user, owned):
 
 
 @pytest.mark.django_db
-def test_a_source_of_a_kept_artifact_is_visible_through_lineage(
+def test_a_user_sees_their_own_rows_and_their_lineage_and_nobody_else_does(
     user, make_user, make_artifact, make_conversation
 ):
-    raw = make_artifact(title="raw")
-    middle = make_artifact(title="middle", source_ids=[raw.pk])
-    widget, _ = widget_store(data=SVG, source_ids=[middle.pk])
+    raw = make_artifact(owner=user, title="raw")
+    middle = make_artifact(owner=user, title="middle", source_ids=[raw.pk])
     council_round = round_start(
         conversation=make_conversation(owner=user),
         topic="t",
@@ -274,25 +283,29 @@ def test_a_source_of_a_kept_artifact_is_visible_through_lineage(
         participant=council_round.participants.get(),
         text="",
         widget=SVG,
+        widget_source_ids=[middle.pk],
     )
+    widget = Artifact.objects.get(owner=user, media_type="image/svg+xml")
 
     assert artifact_get_for_user(user=user, artifact_id=raw.pk) == raw
     assert artifact_user_may_see(user=user, artifact_id=middle.pk)
-    assert not artifact_user_may_see(user=make_user(), artifact_id=raw.pk)
-    orphan = make_artifact(title="nobody keeps me")
-    assert not artifact_user_may_see(user=user, artifact_id=orphan.pk)
-    assert widget.pk  # the widget itself is kept by the turn
+    assert list(widget.sources.all()) == [middle]
+    stranger = make_user()
+    for artifact in (raw, middle, widget):
+        assert not artifact_user_may_see(user=stranger, artifact_id=artifact.pk)
 
 
 @pytest.mark.django_db
-def test_detail_hides_derived_artifacts_kept_only_by_someone_else(
-    dad_client, owned, make_artifact, make_task, make_user, make_conversation
+def test_another_user_cannot_derive_from_an_artifact_that_is_not_theirs(
+    dad_client, owned, make_artifact, make_user
 ):
+    from artifacts.services import ArtifactError
+
     _, data = owned
-    theirs = make_artifact(title="Their secret chart", source_ids=[data.pk])
-    make_task(conversation=make_conversation(owner=make_user())).artifact_links.create(
-        artifact=theirs
-    )
+    with pytest.raises(ArtifactError, match="source artifact does not exist"):
+        make_artifact(
+            owner=make_user(), title="Their secret chart", source_ids=[data.pk]
+        )
     page = dad_client.get(reverse("artifacts:detail", args=[data.pk])).content
     assert b"Their secret chart" not in page
     assert b"Nothing was derived from it." in page

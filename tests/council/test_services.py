@@ -154,7 +154,11 @@ def test_the_next_participant_receives_earlier_turns_text_and_full_artifact_refs
 @pytest.mark.django_db
 def test_a_widgets_own_sources_appear_in_its_source_refs(council, make_artifact):
     council_round, ada, grace, _ = council
-    data = make_artifact(title="risk scores", media_type="text/csv")
+    data = make_artifact(
+        owner=council_round.conversation.owner,
+        title="risk scores",
+        media_type="text/csv",
+    )
     turn_add(
         council_round=council_round,
         participant=ada,

@@ -80,8 +80,8 @@ def check_invariants(task_ids: list[int] | None = None) -> None:
     """Assert what must hold after any crash and resume.
 
     - event sequences are gap-free per task;
-    - a done step has an output whose blob is intact and whose sha is the one
-      its last ``payload_persisted`` named;
+    - a done step has an output of its task's owner whose blob is intact and
+      whose sha is the one its last ``payload_persisted`` named;
     - steps_done/steps_total agree with the step rows;
     - a step never has two ``tool_call_started`` without a close or a lease
       change (taken / taken over / released) in between;
@@ -91,7 +91,7 @@ def check_invariants(task_ids: list[int] | None = None) -> None:
     store = default_store()
     tasks = (
         Task.objects.all() if task_ids is None else Task.objects.filter(pk__in=task_ids)
-    )
+    ).select_related("conversation")
     for task in tasks:
         events = list(
             Event.objects.filter(task=task)
@@ -133,9 +133,11 @@ def check_invariants(task_ids: list[int] | None = None) -> None:
                 "step_retried",
             ):
                 open_by_step[step_id] = False
+        owner_id = task.conversation.owner_id
         for s in steps:
             if s.status == "done":
                 assert s.output is not None
+                assert s.output.owner_id == owner_id, f"step {s.pk}: another's row"
                 assert store.verify(s.output.sha256), f"step {s.pk}: blob damaged"
                 if s.pk in last_payload and not task.branched_from_id:
                     assert s.output.sha256 == last_payload[s.pk]

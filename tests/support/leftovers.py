@@ -10,7 +10,8 @@ It checks, independently of the code under test:
 
 - every row id the conversations had (tasks, steps, events, task links, rounds,
   participants, turns, turn links) is gone;
-- no row anywhere has a missing parent (the foreign-keys-off bug's orphans);
+- no row anywhere has a missing parent (the foreign-keys-off bug's orphans),
+  and no link, step output or lineage edge joins two owners;
 - no artifact is left that nothing alive keeps (a live task link, step output
   or turn link, or being a source of a kept artifact);
 - the blob folder holds exactly one intact file per artifact row and no temp
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.conf import settings
+from django.db.models import F
 
 from artifacts.models import Artifact, ArtifactSource, PendingUnlink
 from council.models import CouncilRound, Participant, Turn, TurnArtifact
@@ -131,6 +133,19 @@ def _orphans() -> dict[str, int]:
         ),
         "lineage edges without source": ArtifactSource.objects.exclude(
             source_id__in=artifacts
+        ),
+        # Rows are their owner's: nothing may join two owners.
+        "task links to another owner's artifact": TaskArtifact.objects.exclude(
+            artifact__owner_id=F("task__conversation__owner_id")
+        ),
+        "step outputs of another owner": Step.objects.filter(
+            output__isnull=False
+        ).exclude(output__owner_id=F("task__conversation__owner_id")),
+        "turn links to another owner's artifact": TurnArtifact.objects.exclude(
+            artifact__owner_id=F("turn__round__conversation__owner_id")
+        ),
+        "lineage edges between two owners": ArtifactSource.objects.exclude(
+            source__owner_id=F("artifact__owner_id")
         ),
     }
     return {label: qs.count() for label, qs in checks.items()}
@@ -251,12 +266,14 @@ def conversation_with_everything(*, owner, title: str = "Everything") -> tuple:
     tag = uuid.uuid4().hex
     conversation = Conversation.objects.create(owner=owner, title=title)
     closes = artifact_store(
+        owner=owner,
         data=f"date,close\n2025-01-02,100 {tag}".encode(),
         media_type="text/csv",
         artifact_class=ArtifactClass.FETCH,
         title="daily closes",
     )
     chart = artifact_store(
+        owner=owner,
         data=f"<svg>chart {tag}</svg>".encode(),
         media_type="image/svg+xml",
         artifact_class=ArtifactClass.RENDER,
@@ -293,6 +310,7 @@ def conversation_with_everything(*, owner, title: str = "Everything") -> tuple:
     claude = Participant.objects.create(round=council_round, name="claude")
     kimi = Participant.objects.create(round=council_round, name="kimi", position=1)
     svg = artifact_store(
+        owner=owner,
         data=f"<svg>widget {tag}</svg>".encode(),
         media_type="image/svg+xml",
         artifact_class=ArtifactClass.RENDER,
@@ -300,6 +318,7 @@ def conversation_with_everything(*, owner, title: str = "Everything") -> tuple:
         source_ids=[chart.pk],
     )
     png = artifact_store(
+        owner=owner,
         data=f"PNG preview {tag}".encode(),
         media_type="image/png",
         artifact_class=ArtifactClass.RENDER,

@@ -38,6 +38,7 @@ def add_steps(
         output = None
         if is_done:
             output = artifact_store(
+                owner=task.conversation.owner_id,
                 data=payload or f"result of step {position}\n".encode(),
                 media_type=media_type,
                 artifact_class=artifact_class,

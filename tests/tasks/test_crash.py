@@ -14,6 +14,8 @@ import subprocess
 
 import pytest
 
+from artifacts.models import Artifact
+from artifacts.services import artifact_store
 from tasks.crashpoints import BOUNDARIES
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
@@ -104,6 +106,15 @@ def worker(subprocess_env, python_exe, tmp_path):
     return start
 
 
+def fetch_bytes(step: Step) -> bytes:
+    """What ``test.fetch`` returns for this step (its stable payload)."""
+    from tests.support.tools import _payload
+
+    ctx = type("Ctx", (), {"task_id": step.task_id, "step_id": step.pk})()
+    ctx.generation = step.generation
+    return _payload(ctx, 256, stable=True)
+
+
 def wait(proc, timeout=120):
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, err
@@ -112,7 +123,7 @@ def wait(proc, timeout=120):
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("boundary", BOUNDARIES)
 def test_a_worker_killed_at_a_boundary_is_resumed_by_class_rule(
-    boundary, make_conversation, worker
+    boundary, make_conversation, make_user, worker
 ):
     conversation = make_conversation()
     tasks = {
@@ -121,6 +132,21 @@ def test_a_worker_killed_at_a_boundary_is_resumed_by_class_rule(
         )
         for position in CLASS_AT
     }
+    # Another owner already stored the bytes each fetch step will produce,
+    # described differently: the resumed steps must still write their own
+    # owner's rows, and never touch the other owner's.
+    other = make_user()
+    theirs = [
+        artifact_store(
+            owner=other,
+            data=fetch_bytes(Step.objects.get(task=task, position=1)),
+            media_type="text/html",
+            artifact_class=3,
+            title="someone else's copy",
+        )
+        for task in tasks.values()
+    ]
+    theirs_before = [(a.pk, a.title, a.artifact_class, a.media_type) for a in theirs]
     # One killed worker per class (the crashed step is that class's position).
     killed = [
         worker(task.pk, crashpoint=f"{boundary}:{position}", name=f"doomed-{position}")
@@ -170,7 +196,15 @@ def test_a_worker_killed_at_a_boundary_is_resumed_by_class_rule(
         if held[task.pk]:
             takeover = Event.objects.get(task=task, kind="lease_taken_over")
             assert takeover.data["previous_owner"] == f"worker:doomed-{position}"
+        fetched = steps[1].output
+        assert fetched.owner_id == conversation.owner_id
+        assert (fetched.artifact_class, fetched.media_type) == (2, "text/plain")
+        assert fetched.sha256 in {a.sha256 for a in theirs}
     check_invariants([t.pk for t in tasks.values()])
+    assert [
+        (a.pk, a.title, a.artifact_class, a.media_type)
+        for a in Artifact.objects.filter(owner=other).order_by("pk")
+    ] == theirs_before
 
 
 @pytest.mark.django_db(transaction=True)

@@ -175,6 +175,7 @@ def test_an_artifact_named_as_a_source_by_a_survivor_is_kept(
     conversation, artifacts = conversation_with_everything(owner=user)
     # A derived artifact made elsewhere, kept by another conversation's task.
     summary = artifact_store(
+        owner=user,
         data=b"summary of the closes",
         media_type="text/plain",
         artifact_class=ArtifactClass.RENDER,
@@ -205,6 +206,7 @@ def test_a_lineage_chain_is_collected_to_its_fixed_point(
     for i in range(6):
         chain.append(
             artifact_store(
+                owner=user,
                 data=f"level {i}".encode(),
                 media_type="text/plain",
                 artifact_class=ArtifactClass.RENDER,

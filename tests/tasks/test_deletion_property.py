@@ -1,6 +1,10 @@
 """Property: random worlds, random deletions through random doors; the artifacts
 that survive are exactly those a small reference model of the rule keeps, and
-nothing is orphaned, unowned or missing its blob."""
+nothing is orphaned, unowned or missing its blob.
+
+Two users share bytes: every artifact of the world is the same bytes for both
+owners, so each owner has its own row over one shared blob. Deleting one
+owner's conversations never removes a blob the other still names."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from hypothesis import strategies as st
 
 from artifacts.models import Artifact, ArtifactClass, ArtifactSource
 from artifacts.services import artifact_store
+from artifacts.store import default_store
 from council.models import CouncilRound, Participant, Turn, TurnArtifact
 from tasks.models import Conversation, Step, Task, TaskArtifact
 from tasks.services import conversation_delete, event_append
@@ -73,22 +78,26 @@ def worlds(draw) -> World:
     return World(owners, sources, tasks, turns, deletions)
 
 
-def reference_survivors(world: World, deleted: set[int]) -> set[int]:
-    """The rule as a global closure: live refs keep artifacts, kept artifacts
-    keep their sources; everything else is gone."""
-    roots = {
-        a for c, refs in world.tasks + world.turns if c not in deleted for a, _ in refs
-    }
-    kept, stack = set(), list(roots)
+def reference_survivors(world: World, deleted: set[int]) -> set[tuple[int, int]]:
+    """The rule as a closure within each owner: live refs keep that owner's
+    rows, kept rows keep their sources; everything else is gone.
+    Returns {(artifact index, owner index)}."""
+    kept: set[tuple[int, int]] = set()
+    stack = [
+        (a, world.owners[c])
+        for c, refs in world.tasks + world.turns
+        if c not in deleted
+        for a, _ in refs
+    ]
     while stack:
-        a = stack.pop()
-        if a not in kept:
-            kept.add(a)
-            stack.extend(world.sources[a])
+        a, owner = stack.pop()
+        if (a, owner) not in kept:
+            kept.add((a, owner))
+            stack.extend((s, owner) for s in world.sources[a])
     return kept
 
 
-def build(world: World) -> tuple[list, list[Conversation], dict[int, int]]:
+def build(world: World) -> tuple[list, list[Conversation], dict]:
     users = [
         get_user_model().objects.create_user(f"p{i}-{uuid.uuid4().hex[:8]}")
         for i in range(2)
@@ -99,22 +108,25 @@ def build(world: World) -> tuple[list, list[Conversation], dict[int, int]]:
     ]
     exists = reference_survivors(world, deleted=set())
     tag = uuid.uuid4().hex
-    ids: dict[int, int] = {}
-    for i in range(len(world.sources)):
-        if i in exists:
-            ids[i] = artifact_store(
-                data=f"artifact {i} {tag}".encode(),
-                media_type="text/plain",
-                artifact_class=ArtifactClass.RENDER,
-            ).pk
-    for i, sources in enumerate(world.sources):
-        for s in sources:
-            if i in ids:  # a kept artifact's sources are kept, hence exist
-                ArtifactSource.objects.get_or_create(
-                    artifact_id=ids[i], source_id=ids[s]
-                )
+    ids: dict[tuple[int, int], int] = {}
+    for a, owner in sorted(exists):
+        # The same bytes for both owners: one blob, one row each.
+        ids[(a, owner)] = artifact_store(
+            owner=users[owner],
+            data=f"artifact {a} {tag}".encode(),
+            media_type="text/plain",
+            artifact_class=ArtifactClass.RENDER,
+            title=f"owner {owner}'s artifact {a}",
+        ).pk
+    for a, owner in ids:
+        for s in world.sources[a]:
+            # A kept row's sources are kept, hence exist for the same owner.
+            ArtifactSource.objects.get_or_create(
+                artifact_id=ids[(a, owner)], source_id=ids[(s, owner)]
+            )
     for c, refs in world.tasks:
         task = Task.objects.create(conversation=convs[c], title="t")
+        owner = world.owners[c]
         for position, (a, kind) in enumerate(refs):
             if kind == "output":
                 step = Step.objects.create(
@@ -123,14 +135,14 @@ def build(world: World) -> tuple[list, list[Conversation], dict[int, int]]:
                     title="s",
                     tool="t",
                     status="done",
-                    output_id=ids[a],
+                    output_id=ids[(a, owner)],
                 )
                 event_append(
                     task_id=task.pk, step_id=step.pk, kind="tool_result_persisted"
                 )
             else:
                 TaskArtifact.objects.get_or_create(
-                    task=task, artifact_id=ids[a], role=kind
+                    task=task, artifact_id=ids[(a, owner)], role=kind
                 )
     rounds: dict[int, CouncilRound] = {}
     for order, (c, refs) in enumerate(world.turns):
@@ -141,7 +153,9 @@ def build(world: World) -> tuple[list, list[Conversation], dict[int, int]]:
         who = Participant.objects.create(round=rounds[c], name=f"brain{order}")
         turn = Turn.objects.create(round=rounds[c], participant=who, order=order)
         for a, role in refs:
-            TurnArtifact.objects.get_or_create(turn=turn, artifact_id=ids[a], role=role)
+            TurnArtifact.objects.get_or_create(
+                turn=turn, artifact_id=ids[(a, world.owners[c])], role=role
+            )
     return users, convs, ids
 
 
@@ -195,6 +209,12 @@ def check_world(world: World, capture) -> None:
             }
             assert {r.id for r in report.kept_artifacts} <= {ids[a] for a in after}
         deleted.add(c)
-        expected = {ids[a] for a in reference_survivors(world, deleted)}
+        survivors = reference_survivors(world, deleted)
+        expected = {ids[key] for key in survivors}
         assert set(Artifact.objects.values_list("pk", flat=True)) == expected
+        # A blob stays exactly while some owner's surviving row names it.
+        shas = dict(Artifact.objects.values_list("pk", "sha256"))
+        named = {shas[ids[key]] for key in survivors}
+        on_disk = {sha for sha, _ in default_store().iter_shas()}
+        assert on_disk == named
         assert_no_leftovers()

@@ -210,6 +210,46 @@ def test_blob_files_that_nothing_names_or_records_wait_out_the_grace_period(
 
 
 @pytest.mark.django_db
+def test_two_owners_sharing_bytes_keep_the_blob_through_a_delete_crash_and_repair(
+    user, make_user, blob_store, monkeypatch
+):
+    """Bob stored the same bytes as every artifact of Alice's conversation.
+    Alice's conversation goes; a crash skips the unlink; the doctor repairs.
+    Bob's rows and their blobs stay through all of it."""
+    from artifacts.services import artifact_store
+
+    conversation, artifacts = conversation_with_everything(owner=user)
+    bob = make_user(username="bob")
+    bobs = {
+        name: artifact_store(
+            owner=bob,
+            data=blob_store.get(a.sha256),
+            media_type="text/plain",
+            artifact_class=3,
+            title=f"Bob's {name}",
+        )
+        for name, a in artifacts.items()
+    }
+    bob_task = Task.objects.create(
+        conversation=Conversation.objects.create(owner=bob, title="b"), title="b"
+    )
+    TaskArtifact.objects.bulk_create(
+        [TaskArtifact(task=bob_task, artifact=a) for a in bobs.values()]
+    )
+    monkeypatch.setattr(gc, "blobs_unlink_after_commit", lambda **kwargs: None)
+
+    conversation_delete(conversation_id=conversation.pk)
+
+    assert find_leftovers() == []  # every file is still named by Bob's rows
+    code, report, _ = doctor("--repair", "--grace-seconds=0")
+    assert code == 0
+    assert found(report) == {}
+    assert {a.pk for a in Artifact.objects.all()} == {a.pk for a in bobs.values()}
+    assert all(blob_store.verify(a.sha256) for a in bobs.values())
+    assert_no_leftovers()
+
+
+@pytest.mark.django_db
 def test_stale_temp_files_are_swept_and_fresh_ones_are_left_for_their_writer(
     blob_store,
 ):

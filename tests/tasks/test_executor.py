@@ -627,7 +627,7 @@ def test_a_widget_that_cannot_be_rendered_still_finishes_its_step(
     def boom(**kwargs):
         raise RuntimeError("renderer crashed")
 
-    monkeypatch.setattr("tasks.executor.preview_render", boom)
+    monkeypatch.setattr("artifacts.preview.preview_render", boom)
     task = demo_task()
     run_task(task.pk)
     task.refresh_from_db()

@@ -53,7 +53,7 @@ def test_the_confirmation_lists_what_goes_and_what_stays_before_anything_is_remo
 
     body = response.content.decode()
     assert response.status_code == 200
-    assert "Delete “Old study”?" in body
+    assert "Delete “<bdi>Old study</bdi>”?" in body
     counts = preview.removed_counts()
     assert counts["tasks"] == 1
     assert "<dt>conversation</dt><dd>1</dd>" in body
