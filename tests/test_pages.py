@@ -172,7 +172,7 @@ def test_an_artifact_page_has_the_full_trail_through_its_task(
     ]
     assert f'href="{conversation.get_absolute_url()}"' in body
     assert f'href="{task.get_absolute_url()}"' in body
-    assert f'<span aria-current="page">{artifact.title}</span>' in body
+    assert f'<span aria-current="page"><bdi>{artifact.title}</bdi></span>' in body
     source = dad_client.get(reverse("artifacts:source_text", args=[artifact.pk]))
     assert _crumbs(source.content.decode())[-2:] == [artifact.title, "Source"]
 
@@ -288,7 +288,7 @@ def test_revoking_a_token_asks_first_and_keeps_it_until_confirmed(dad_client, us
     page = dad_client.get(url)
     body = page.content.decode()
     assert page.status_code == 200
-    assert "Revoke the token “laptop”?" in body
+    assert "Revoke the token “<bdi>laptop</bdi>”?" in body
     assert "refused from its next request on" in body
     assert "Cancel, keep it" in body
     assert ApiToken.objects.get(pk=new.token.pk).revoked_at is None

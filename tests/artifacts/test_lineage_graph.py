@@ -40,20 +40,36 @@ def test_sources_are_drawn_above_and_derived_artifacts_below_with_arrows(
     dad_client, task, make_artifact
 ):
     closes = _kept(
-        task, make_artifact(title="Closes", artifact_class=ArtifactClass.FETCH)
+        task,
+        make_artifact(
+            owner=task.conversation.owner,
+            title="Closes",
+            artifact_class=ArtifactClass.FETCH,
+        ),
     )
     news = _kept(
-        task, make_artifact(title="News", artifact_class=ArtifactClass.SNAPSHOT)
+        task,
+        make_artifact(
+            owner=task.conversation.owner,
+            title="News",
+            artifact_class=ArtifactClass.SNAPSHOT,
+        ),
     )
     chart = _kept(
         task,
         make_artifact(
+            owner=task.conversation.owner,
             title="Chart",
             artifact_class=ArtifactClass.RENDER,
             source_ids=[closes.pk, news.pk],
         ),
     )
-    png = _kept(task, make_artifact(title="Chart PNG", source_ids=[chart.pk]))
+    png = _kept(
+        task,
+        make_artifact(
+            owner=task.conversation.owner, title="Chart PNG", source_ids=[chart.pk]
+        ),
+    )
     page = dad_client.get(reverse("artifacts:detail", args=[chart.pk])).content.decode()
     svg = _svg(page)
     links = {
@@ -82,15 +98,25 @@ def test_sources_are_drawn_above_and_derived_artifacts_below_with_arrows(
 
 
 def test_an_artifact_without_lineage_has_no_picture(dad_client, task, make_artifact):
-    alone = _kept(task, make_artifact(title="Alone"))
+    alone = _kept(task, make_artifact(owner=task.conversation.owner, title="Alone"))
     page = dad_client.get(reverse("artifacts:detail", args=[alone.pk])).content.decode()
     assert "lineage-svg" not in page
     assert "No sources: this artifact was not derived from another." in page
 
 
 def test_hostile_titles_are_escaped_in_the_picture(dad_client, task, make_artifact):
-    source = _kept(task, make_artifact(title='<script>alert("x")</script>'))
-    derived = _kept(task, make_artifact(title="Made from it", source_ids=[source.pk]))
+    source = _kept(
+        task,
+        make_artifact(
+            owner=task.conversation.owner, title='<script>alert("x")</script>'
+        ),
+    )
+    derived = _kept(
+        task,
+        make_artifact(
+            owner=task.conversation.owner, title="Made from it", source_ids=[source.pk]
+        ),
+    )
     page = dad_client.get(
         reverse("artifacts:detail", args=[derived.pk])
     ).content.decode()
@@ -99,12 +125,22 @@ def test_hostile_titles_are_escaped_in_the_picture(dad_client, task, make_artifa
     assert "&lt;script&gt;alert(&quot;x&quot;)" in svg
 
 
-def test_a_derived_artifact_none_of_yours_keeps_is_not_drawn(
-    dad_client, task, make_artifact
+def test_another_users_artifact_cannot_derive_from_yours_so_is_never_drawn(
+    dad_client, task, make_artifact, make_user
 ):
-    mine = _kept(task, make_artifact(title="Mine"))
-    make_artifact(title="Nobody keeps this", source_ids=[mine.pk])
-    kept = _kept(task, make_artifact(title="Kept child", source_ids=[mine.pk]))
+    from artifacts.services import ArtifactError
+
+    mine = _kept(task, make_artifact(owner=task.conversation.owner, title="Mine"))
+    with pytest.raises(ArtifactError):
+        make_artifact(
+            owner=make_user(), title="Nobody keeps this", source_ids=[mine.pk]
+        )
+    kept = _kept(
+        task,
+        make_artifact(
+            owner=task.conversation.owner, title="Kept child", source_ids=[mine.pk]
+        ),
+    )
     svg = _svg(
         dad_client.get(reverse("artifacts:detail", args=[mine.pk])).content.decode()
     )
@@ -116,9 +152,14 @@ def test_a_derived_artifact_none_of_yours_keeps_is_not_drawn(
 def test_a_wide_lineage_draws_a_few_boxes_and_says_how_many_more(
     user, task, make_artifact
 ):
-    root = _kept(task, make_artifact(title="Root"))
+    root = _kept(task, make_artifact(owner=task.conversation.owner, title="Root"))
     for i in range(MAX_PER_ROW + 7):
-        _kept(task, make_artifact(title=f"child {i}", source_ids=[root.pk]))
+        _kept(
+            task,
+            make_artifact(
+                owner=task.conversation.owner, title=f"child {i}", source_ids=[root.pk]
+            ),
+        )
     graph = lineage_graph(
         artifact=root, lineage=artifact_lineage(artifact=root, user=user)
     )

@@ -369,7 +369,7 @@ def test_a_stale_or_hostile_if_none_match_gets_the_bytes(dad_client, owned, head
 @pytest.mark.django_db
 def test_another_user_holding_the_right_etag_still_gets_404(client, make_user, owned):
     task, artifact = owned
-    widget, preview = widget_store(data=SVG)
+    widget, preview = widget_store(owner=task.conversation.owner, data=SVG)
     task.artifact_links.create(artifact=widget)
     client.force_login(make_user())
     for name, target, sha in (
@@ -388,7 +388,7 @@ def test_a_repeat_view_of_a_preview_reads_neither_the_preview_row_nor_its_blob(
     dad_client, owned
 ):
     task, _ = owned
-    widget, preview = widget_store(data=SVG)
+    widget, preview = widget_store(owner=task.conversation.owner, data=SVG)
     task.artifact_links.create(artifact=widget)
     url = reverse("artifacts:preview", args=[widget.pk])
     with CaptureQueriesContext(connection) as first:
@@ -408,7 +408,7 @@ def test_a_repeat_view_of_a_preview_reads_neither_the_preview_row_nor_its_blob(
 @pytest.mark.django_db
 def test_a_png_preview_is_sent_uncompressed_with_its_strong_etag(dad_client, owned):
     task, _ = owned
-    widget, preview = widget_store(data=SVG)
+    widget, preview = widget_store(owner=task.conversation.owner, data=SVG)
     task.artifact_links.create(artifact=widget)
     response = dad_client.get(
         reverse("artifacts:preview", args=[widget.pk]),

@@ -69,7 +69,7 @@ def test_round_page_shows_turns_in_order_with_names_brains_text_and_previews(
     assert "Gemini" in page
     assert f'src="/artifacts/{widget.pk}/preview.png"' in page
     assert f'href="/artifacts/{widget.pk}/source/text"' in page
-    assert f"artifact {widget.pk} (Risk map)" in page  # Grace's citation
+    assert f"artifact {widget.pk} (<bdi>Risk map</bdi>)" in page  # Grace's citation
 
 
 @pytest.mark.django_db
@@ -86,7 +86,7 @@ def test_round_page_folds_each_turns_context_and_links_to_it(dad_client, council
     page = dad_client.get(council_round.get_absolute_url()).content.decode()
     grace_section = page[page.index('id="turn-2"') :]
     context_url = reverse("council:turn_context_page", args=[grace_turn.pk])
-    assert "Context Grace received" in grace_section
+    assert "Context <bdi>Grace</bdi> received" in grace_section
     assert f'hx-get="{context_url}"' in grace_section
     assert f'href="{context_url}"' in grace_section  # works without script too
     assert '<mark class="ref">' not in page  # no context text until opened
@@ -112,7 +112,7 @@ def test_an_opened_context_shows_its_refs_highlighted_each_artifact_named_once(
     )
     assert "<header" not in fragment  # a fragment, no page chrome
     page = dad_client.get(url).content.decode()
-    assert 'aria-current="page">Context received<' in page
+    assert 'aria-current="page"><bdi>Context received</bdi><' in page
     assert f'href="{council_round.get_absolute_url()}#turn-3"' in page
 
 

@@ -17,7 +17,7 @@ import pytest
 from artifacts.models import Artifact
 from artifacts.services import artifact_store
 from tasks.crashpoints import BOUNDARIES
-from tasks.models import Event, Step, Task
+from tasks.models import Event, Step, Task, TaskArtifact
 from tasks.plan import task_create
 from tasks.tools import tools_load
 from tests.conftest import REPO
@@ -135,10 +135,10 @@ def test_a_worker_killed_at_a_boundary_is_resumed_by_class_rule(
     # Another owner already stored the bytes each fetch step will produce,
     # described differently: the resumed steps must still write their own
     # owner's rows, and never touch the other owner's.
-    other = make_user()
+    stranger = make_user()
     theirs = [
         artifact_store(
-            owner=other,
+            owner=stranger,
             data=fetch_bytes(Step.objects.get(task=task, position=1)),
             media_type="text/html",
             artifact_class=3,
@@ -147,6 +147,12 @@ def test_a_worker_killed_at_a_boundary_is_resumed_by_class_rule(
         for task in tasks.values()
     ]
     theirs_before = [(a.pk, a.title, a.artifact_class, a.media_type) for a in theirs]
+    their_task = Task.objects.create(
+        conversation=make_conversation(owner=stranger), title="theirs"
+    )
+    TaskArtifact.objects.bulk_create(
+        [TaskArtifact(task=their_task, artifact=a) for a in theirs]
+    )
     # One killed worker per class (the crashed step is that class's position).
     killed = [
         worker(task.pk, crashpoint=f"{boundary}:{position}", name=f"doomed-{position}")
@@ -203,7 +209,7 @@ def test_a_worker_killed_at_a_boundary_is_resumed_by_class_rule(
     check_invariants([t.pk for t in tasks.values()])
     assert [
         (a.pk, a.title, a.artifact_class, a.media_type)
-        for a in Artifact.objects.filter(owner=other).order_by("pk")
+        for a in Artifact.objects.filter(owner=stranger).order_by("pk")
     ] == theirs_before
 
 

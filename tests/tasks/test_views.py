@@ -192,8 +192,8 @@ def test_a_conversation_page_shows_its_tasks_and_council_rounds(
     assert '<progress value="2" max="5"' in body
     assert "claude" in body
     assert "needs review" in body
-    assert "Round 1: Which chart?" in body
-    assert "Ada (kimi)" in body
+    assert "Round 1: <bdi>Which chart?</bdi>" in body
+    assert "<bdi>Ada</bdi> (kimi)" in body
     assert "1 turn" in body
 
 

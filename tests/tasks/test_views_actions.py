@@ -94,7 +94,7 @@ def test_a_failed_step_says_what_happened_and_offers_retry_and_resolutions(
     task = _failed_search_task(conversation)
     assert task.status == Task.Status.FAILED
     body = dad_client.get(task.get_absolute_url()).content.decode()
-    assert "Step 2 needs you: Search the news" in body
+    assert "Step 2 needs you: <bdi>Search the news</bdi>" in body
     assert "the step failed after 1 of 1 attempt." in body
     assert "simulated outage" in body
     assert "It failed every attempt it was allowed." in body
