@@ -489,6 +489,12 @@ def _tool_output(row: _StepRow, result: Any, root: Path) -> _Output:
         )
     if not isinstance(result, ToolResult):
         raise TypeError("a tool must return a ToolResult, bytes or str")
+    if result.source_ids:
+        # Lineage joins only the owner's rows: a source that is not one of
+        # them is refused like an unknown id, before anything is stored.
+        result.source_ids = sources_check(
+            owner_id=row.owner_id, source_ids=list(result.source_ids)[:50]
+        )
     if row.artifact_class == ArtifactClass.FILE and result.path is not None:
         path = Path(result.path)
         if not path.is_absolute():
@@ -532,11 +538,7 @@ def _persist_blob(row: _StepRow, default_media: str, output: _Output) -> dict[st
     if output.rel_path:
         payload["path"] = output.rel_path
     if result.source_ids:
-        # Lineage joins only the owner's rows: a source that is not one of
-        # them fails the attempt here, before anything is recorded.
-        payload["source_ids"] = sources_check(
-            owner_id=row.owner_id, source_ids=list(result.source_ids)[:50]
-        )
+        payload["source_ids"] = [int(x) for x in result.source_ids]
     return payload
 
 

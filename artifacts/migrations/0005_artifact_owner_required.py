@@ -5,7 +5,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("artifacts", "0003_artifact_owner_split"),
+        ("artifacts", "0004_artifact_owner_split"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -6,8 +6,8 @@ first. After it, each owner who reaches a row (through a task link, a step
 output or a council turn link of one of their conversations, or as a lineage
 source of a row they reach) has a row of their own over the same blob:
 
-1. ``owner`` is added (nullable for now) and ``sha256`` loses its global
-   uniqueness (the blob store stays deduplicated; rows do not).
+1. 0003 added ``owner`` (nullable for now) and took away the global
+   uniqueness of ``sha256`` (the blob store stays deduplicated; rows do not).
 2. The owner with the smallest user id keeps the existing row (and its id);
    every other owner gets a copy, and their links, step outputs and turn
    links are moved onto it.
@@ -23,15 +23,15 @@ source of a row they reach) has a row of their own over the same blob:
 5. Rows that no owner reaches are what ``pippa_doctor --repair`` deletes
    anyway; they are deleted here (their blobs stay for the doctor's sweep).
 
-0004 then makes ``owner`` required and ``(owner, sha256)`` unique. The two
-steps are separate migrations so that PostgreSQL does not alter the table
-while the rows written here still have deferred foreign-key checks pending.
+0005 then makes ``owner`` required and ``(owner, sha256)`` unique. The three
+steps are separate migrations so that PostgreSQL never alters the table (nor
+builds the index Django defers to the end of a migration) while rows written
+here still have deferred foreign-key checks pending.
 """
 
 from collections import defaultdict
 
-from django.conf import settings
-from django.db import migrations, models
+from django.db import migrations
 
 
 def _reach(apps):
@@ -213,31 +213,11 @@ def split_rows_per_owner(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("artifacts", "0002_pending_unlink"),
+        ("artifacts", "0003_artifact_owner"),
         ("tasks", "0002_event_calls_started_index"),
         ("council", "0002_turnartifact_context_role"),
-        migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
-        migrations.AddField(
-            model_name="artifact",
-            name="owner",
-            field=models.ForeignKey(
-                null=True,
-                on_delete=models.deletion.DO_NOTHING,
-                related_name="artifacts",
-                to=settings.AUTH_USER_MODEL,
-            ),
-        ),
-        migrations.AlterField(
-            model_name="artifact",
-            name="sha256",
-            field=models.CharField(max_length=64),
-        ),
-        migrations.AddIndex(
-            model_name="artifact",
-            index=models.Index(fields=["sha256"], name="artifacts_artifact_sha256"),
-        ),
         migrations.RunPython(split_rows_per_owner, migrations.RunPython.noop),
     ]
