@@ -160,21 +160,21 @@ def test_the_doctors_release_leaves_a_lease_taken_since_its_check(make_conversat
 def test_an_operators_adopt_renders_the_widget_preview_after_the_commit(
     make_conversation, monkeypatch
 ):
-    import tasks.executor
+    import artifacts.preview
 
     task = task_create(conversation=make_conversation(), title="t", steps=WIDGET_PLAN)
     crash_at(task.pk, "after_payload:2")
     expire_lease(task.pk)
     chart = Step.objects.get(task=task, position=2)
     assert "adopt" in step_resolve_options(chart)
-    real = tasks.executor.preview_render
+    real = artifacts.preview.preview_render
     seen = []
 
     def watched(*, artifact):
         seen.append(connection.in_atomic_block)
         return real(artifact=artifact)
 
-    monkeypatch.setattr(tasks.executor, "preview_render", watched)
+    monkeypatch.setattr(artifacts.preview, "preview_render", watched)
 
     step_resolve(step=chart, action="adopt", actor="staff:dad")
 
