@@ -285,8 +285,11 @@ def _start_next(cursor, task_id: int, worker_id: str, lease: Lease) -> _StepRow 
         f"AND status = 'pending' AND attempts < max_attempts "
         f"AND (next_attempt_at IS NULL OR next_attempt_at <= %s) "
         f"RETURNING id, position, title, tool, args, artifact_class, side_effects, "
-        f"attempts, max_attempts, generation",
-        [now, task_id, now],
+        f"attempts, max_attempts, generation, "
+        # The owner's artifact rows receive the output (artifact_insert).
+        f"(SELECT c.owner_id FROM {T_TASK} t JOIN {T_CONV} c "
+        f"ON c.id = t.conversation_id WHERE t.id = %s)",
+        [now, task_id, now, task_id],
     )
     found = cursor.fetchone()
     if found is None:
@@ -304,6 +307,7 @@ def _start_next(cursor, task_id: int, worker_id: str, lease: Lease) -> _StepRow 
         attempts=found[7],
         max_attempts=found[8],
         generation=found[9],
+        owner_id=found[10],
     )
     events_insert(
         task_id=task_id,
