@@ -723,8 +723,24 @@ class StepAdmin(CleanTitlesMixin, RepairPermissionMixin, admin.ModelAdmin):
 
     @admin.action(permissions=["repair"], description="Start selected steps over")
     def retry_steps(self, request, queryset):
-
-        for step in queryset.select_related("task").order_by("task_id", "position"):
+        """Start steps over; a step with outside effects only after a page that
+        says the call goes out again (the dashboard asks the same)."""
+        steps = list(queryset.select_related("task").order_by("task_id", "position"))
+        outside = [step for step in steps if step.side_effects]
+        if outside and request.POST.get("confirm") != "yes":
+            return TemplateResponse(
+                request,
+                "admin/tasks/step/retry_confirmation.html",
+                {
+                    **self.admin_site.each_context(request),
+                    "opts": self.opts,
+                    "title": "Send these calls again?",
+                    "steps": steps,
+                    "outside": outside,
+                    "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+                },
+            )
+        for step in steps:
             try:
                 step_retry(step=step, actor=actor_for(request))
             except PippaError as exc:

@@ -61,6 +61,7 @@ tool_register("admintest_quote", _quote, artifact_class=ArtifactClass.SNAPSHOT)
 tool_register("admintest_closes", _closes, artifact_class=ArtifactClass.FETCH)
 tool_register("admintest_post", _post, side_effects=True)
 tool_register("admintest_broken", _broken, artifact_class=ArtifactClass.FETCH)
+tool_register("admintest_broken_post", _broken, side_effects=True)
 
 
 @pytest.fixture(autouse=True)
@@ -535,6 +536,40 @@ def test_retrying_a_done_step_is_refused_with_the_services_reason(
     expected = actions.ERR_NOT_RETRYABLE.format(position=1, status="done")
     assert f"Step {step.pk}: {expected}" in msgs
     assert _state(task) == before
+
+
+def test_starting_an_outside_effect_step_over_asks_first_and_changes_nothing_until_then(
+    staff_client, make_conversation
+):
+    task = task_create(
+        conversation=make_conversation(),
+        title="Send the note",
+        steps=_plan("admintest_broken_post", max_attempts=1),
+    )
+    executor.step(task_id=task.pk, worker_id=WORKER)
+    step = task.steps.get(position=1)
+    assert step.status == Step.Status.FAILED
+    before = _state(task)
+    response = staff_client.post(
+        reverse("admin:tasks_step_changelist"),
+        {"action": "retry_steps", "_selected_action": [step.pk]},
+    )
+    assert response.status_code == 200
+    assert b"does it again" in response.content
+    assert b"step 1 (admintest_broken_post)" in response.content
+    assert _state(task) == before  # nothing happened yet
+
+    response = staff_client.post(
+        reverse("admin:tasks_step_changelist"),
+        {"action": "retry_steps", "_selected_action": [step.pk], "confirm": "yes"},
+        follow=True,
+    )
+    assert tasks_admin.MSG_RETRIED.format(step=step.pk) in [
+        str(m) for m in get_messages(response.wsgi_request)
+    ]
+    step.refresh_from_db()
+    assert step.status == Step.Status.PENDING
+    assert step.generation == 1
 
 
 def test_retrying_from_the_admin_equals_calling_step_retry(
