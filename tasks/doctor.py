@@ -65,7 +65,7 @@ from tasks.resume import CLOSING_KINDS
 from tasks.services import event_append
 
 DEFAULT_GRACE_SECONDS = 3600
-CHUNK = 5000
+CHUNK = 20000
 SAMPLE = 10
 PROGRESS_EVERY = 2000
 
@@ -214,28 +214,34 @@ def _count(model, condition: str) -> tuple[int, list[int]]:
 
 
 def _delete_in_chunks(model, condition: str, label: str, total: int, progress) -> int:
-    """Delete matching rows a chunk per short transaction; return rows deleted.
+    """Delete matching rows a range of ids per short transaction; return rows deleted.
 
-    Set-based, and keyset-paged: each chunk starts past the last id the one
-    before removed, so no chunk scans again what earlier ones already passed.
+    Set-based, no row comes back to Python: each statement deletes the
+    matching rows among ``CHUNK`` consecutive ids (a primary-key range scan),
+    so a chunk never scans again what the ones before it passed and no
+    transaction holds the write lock for more than ``CHUNK`` rows.
     """
     table = _q(model)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT MIN(id), MAX(id) FROM {table}")
+        low, high = cursor.fetchone()
+    if low is None:
+        return 0
     deleted = 0
-    after = 0
-    while True:
+    start = low - 1
+    while start < high:
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(
-                f"DELETE FROM {table} WHERE id IN "
-                f"(SELECT x.id FROM {table} x WHERE x.id > %s AND {condition} "
-                f"ORDER BY x.id LIMIT {CHUNK}) RETURNING id",
-                [after],
+                f"DELETE FROM {table} AS x WHERE x.id > %s AND x.id <= %s "
+                f"AND {condition}",
+                [start, start + CHUNK],
             )
-            ids = [row[0] for row in cursor.fetchall()]
-        if not ids:
-            return deleted
-        deleted += len(ids)
-        after = max(ids)
-        progress(f"removed {deleted:,}/{total:,} {label}")
+            n = max(cursor.rowcount, 0)
+        start += CHUNK
+        if n:
+            deleted += n
+            progress(f"removed {deleted:,}/{total:,} {label}")
+    return deleted
 
 
 # -- blobs -------------------------------------------------------------------------
@@ -244,11 +250,16 @@ def _delete_in_chunks(model, condition: str, label: str, total: int, progress) -
 def _in_flight_payloads() -> set[str]:
     """Shas that a running step's ``payload_persisted`` names: an open envelope
     the next worker may adopt, however long its store was down."""
+    # From the few running steps to their events (the step index), not a
+    # scan of every event joined to its step (0.2 s on 100k events).
+    running = Step.objects.filter(status=Step.Status.RUNNING).values("id")
     return {
         sha
         for sha in Event.objects.filter(
-            kind=Event.Kind.PAYLOAD_PERSISTED, step__status=Step.Status.RUNNING
-        ).values_list("data__sha", flat=True)
+            kind=Event.Kind.PAYLOAD_PERSISTED, step_id__in=running
+        )
+        .order_by()
+        .values_list("data__sha", flat=True)
         if isinstance(sha, str)
     }
 
@@ -632,8 +643,8 @@ def _repair(run: _Run, before: dict, report: DoctorReport) -> dict[str, int]:
 def _repair_orphans(before: dict, progress: Progress) -> None:
     """Delete rows whose parent is gone, a chunk per short transaction.
 
-    Leaves first (orphan events before their orphan steps), each a keyset-
-    paged set delete. PostgreSQL runs FK actions row by row, so the cascade
+    Leaves first (orphan events before their orphan steps), each a set
+    delete by id range. PostgreSQL runs FK actions row by row, so the cascade
     from 13,750 orphan steps cost 2 s against 0.2 s for deleting their 98,159
     events directly; on SQLite the leaf deletes paged by id take 0.9 s
     against 1.6 s for the cascade (bench doctor group). Either way, rows

@@ -18,6 +18,7 @@ from django.utils import timezone
 from artifacts import gc
 from artifacts.models import Artifact
 from artifacts.store import BlobStore
+from tasks import doctor as doctor_module
 from tasks.doctor import ENVELOPE_OPEN_REASON, doctor_run
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 from tasks.services import conversation_delete
@@ -119,6 +120,27 @@ def test_orphans_of_a_foreign_keys_off_delete_are_found_and_repaired_in_one_run(
         a.sha256 for a in survivor_artifacts.values()
     }
     assert Event.objects.filter(task__conversation=survivor).count() == 6
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_repair_deletes_range_by_range_and_leaves_no_orphan_between_ranges(
+    user, monkeypatch
+):
+    """Ranges of three ids: orphans fall in many ranges, survivors between them."""
+    monkeypatch.setattr(doctor_module, "CHUNK", 3)
+    doomed = [conversation_with_everything(owner=user)[0] for _ in range(3)]
+    survivor, _ = conversation_with_everything(owner=user)
+    doomed.append(conversation_with_everything(owner=user)[0])
+    delete_with_foreign_keys_off([c.pk for c in doomed])
+
+    code, report, stderr = doctor("--repair", "--grace-seconds=0")
+
+    assert code == 0, remaining(report)
+    assert found(report)["orphan_events"] == 24
+    assert "removed 24/24 events whose task is gone" in stderr
+    assert_no_leftovers()
+    assert Event.objects.filter(task__conversation=survivor).count() == 6
+    assert Event.objects.count() == 6
 
 
 def insert_orphan_load(steps: int, events: int) -> None:
