@@ -2,24 +2,32 @@
 
 An artifact's sha, size, class and integrity are read-only: the bytes are the
 identity. Verification goes through ``artifacts.services.artifact_verify`` and
-re-rendering through ``artifacts.preview.preview_render``. Each action logs an
-``admin_action`` event, naming the staff user, on every task that keeps the
-artifact, and an admin history entry on the artifact itself.
+re-rendering through ``artifacts.preview.preview_render``, deletion through
+``artifacts.gc.artifacts_delete_unkept``. Each action is told to the apps
+that keep the artifact (``artifacts.keepers.note``: tasks log an
+``admin_action`` event naming the staff user) and leaves an admin history
+entry on the artifact itself.
 """
 
 from __future__ import annotations
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
 from django.template.defaultfilters import filesizeformat
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+from artifacts import keepers
+from artifacts.gc import (
+    ArtifactKept,
+    artifact_kept_by,
+    artifacts_delete_unkept,
+    gc_plan,
+    kept_refusals,
+)
 from artifacts.models import Artifact, ArtifactSource
+from pippa_site.actors import actor_for
 from pippa_site.text import CleanTitlesMixin
-from tasks.admin import actor_for
-from tasks.models import Event, Step, TaskArtifact
 
 MSG_VERIFIED = (
     "Verified {n} artifact(s): {ok} intact, {missing} missing, {corrupt} corrupt."
@@ -28,52 +36,6 @@ MSG_DAMAGED = "Damaged: {items}. They are marked; the doctor can repair or remov
 MSG_PREVIEW_OK = "Rendered the preview of artifact {id} (artifact {preview})."
 MSG_PREVIEW_FAILED = "Could not render the preview of artifact {id}: {reason}"
 MSG_NOT_A_WIDGET = "Artifact {id} is not a widget (SVG or HTML): it has no preview."
-MSG_DELETE_REFUSED = "Artifact {id} cannot be deleted: it is kept — {reasons}."
-
-
-def keep_reasons(artifact: Artifact) -> list[str]:
-    """Say, in plain words, what alive keeps this artifact (empty: nothing)."""
-    reasons = []
-    for link in (
-        TaskArtifact.objects.filter(artifact=artifact)
-        .select_related("task")
-        .order_by("task_id")[:20]
-    ):
-        reasons.append(f"{link.role} by task {link.task_id} “{link.task.title}”")
-    steps = list(
-        Step.objects.filter(output=artifact).values_list("task_id", "position")[:20]
-    )
-    reasons.extend(f"output of task {t} step {p}" for t, p in steps)
-    from council.models import TurnArtifact
-
-    for link in TurnArtifact.objects.filter(artifact=artifact).select_related("turn")[
-        :20
-    ]:
-        reasons.append(
-            f"{link.role} by council turn {link.turn.order} (round {link.turn.round_id})"
-        )
-    derived = list(
-        ArtifactSource.objects.filter(source=artifact).values_list(
-            "artifact_id", flat=True
-        )[:20]
-    )
-    reasons.extend(f"named as a source by artifact {d}" for d in derived)
-    return reasons
-
-
-def _log_on_tasks(*, artifact: Artifact, actor: str, action: str, **data) -> None:
-    """Append an admin_action event to every task that keeps the artifact."""
-    from tasks.services import event_append
-
-    task_ids = set(
-        TaskArtifact.objects.filter(artifact=artifact).values_list("task_id", flat=True)
-    ) | set(Step.objects.filter(output=artifact).values_list("task_id", flat=True))
-    for task_id in sorted(task_ids):
-        event_append(
-            task_id=task_id,
-            kind=Event.Kind.ADMIN_ACTION,
-            data={"action": action, "actor": actor, "artifact_id": artifact.pk, **data},
-        )
 
 
 class SourceInline(admin.TabularInline):
@@ -154,7 +116,7 @@ class ArtifactAdmin(CleanTitlesMixin, admin.ModelAdmin):
 
     @admin.display(description="kept by")
     def kept_by(self, obj):
-        reasons = keep_reasons(obj)
+        reasons = artifact_kept_by(obj)
         if not reasons:
             return "nothing alive (an orphan: the doctor may sweep it)"
         return format_html(
@@ -221,7 +183,7 @@ class ArtifactAdmin(CleanTitlesMixin, admin.ModelAdmin):
                 damaged.append(
                     f"artifact {artifact.pk} ({artifact.get_integrity_display()})"
                 )
-            _log_on_tasks(
+            keepers.note(
                 artifact=artifact,
                 actor=actor,
                 action="artifact_verify",
@@ -273,7 +235,7 @@ class ArtifactAdmin(CleanTitlesMixin, admin.ModelAdmin):
                     messages.SUCCESS,
                 )
                 result = {"preview": "ok", "preview_id": preview.pk}
-            _log_on_tasks(
+            keepers.note(
                 artifact=artifact, actor=actor, action="preview_render", **result
             )
             self.log_change(
@@ -282,30 +244,15 @@ class ArtifactAdmin(CleanTitlesMixin, admin.ModelAdmin):
 
     # -- deletion: refused while anything alive keeps the artifact --
 
-    def _refusals(self, artifacts, plan) -> list[str]:
-        kept = {r.id: r.reason for r in plan.keep}
-        refusals = []
-        for artifact in artifacts:
-            if artifact.pk in kept:
-                reasons = keep_reasons(artifact) or [kept[artifact.pk]]
-                refusals.append(
-                    MSG_DELETE_REFUSED.format(
-                        id=artifact.pk, reasons="; ".join(reasons)
-                    )
-                )
-        return refusals
-
     def get_deleted_objects(self, objs, request):
         """Plan with the GC rule (artifacts.gc.gc_plan); refuse kept artifacts.
 
         Sources that only the deleted artifacts kept go with them, as the
         rule says, and the page lists them.
         """
-        from artifacts.gc import gc_plan
-
         objs = list(objs)
         plan = gc_plan(candidate_ids=[a.pk for a in objs])
-        protected = self._refusals(objs, plan)
+        protected = kept_refusals(artifacts=objs, plan=plan)
         deleted = [
             f"Artifact {r.id}: {r.title or r.sha256[:12]} and its blob"
             for r in plan.remove
@@ -319,16 +266,7 @@ class ArtifactAdmin(CleanTitlesMixin, admin.ModelAdmin):
         self._delete_unkept(list(queryset))
 
     def _delete_unkept(self, artifacts) -> None:
-        """Delete artifacts nothing alive keeps: rows now, blobs after commit.
-
-        The plan is made again under lock (a link may have appeared since the
-        confirmation page); a kept artifact refuses the whole delete.
-        """
-        from artifacts.gc import artifacts_delete, gc_plan
-
-        with transaction.atomic():
-            plan = gc_plan(candidate_ids=[a.pk for a in artifacts], lock=True)
-            refusals = self._refusals(artifacts, plan)
-            if refusals:
-                raise PermissionDenied(" ".join(refusals))
-            artifacts_delete(records=plan.remove)
+        try:
+            artifacts_delete_unkept(artifacts=artifacts)
+        except ArtifactKept as exc:
+            raise PermissionDenied(str(exc)) from None

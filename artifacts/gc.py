@@ -1,18 +1,21 @@
 """Artifact garbage collection by lineage.
 
-The rule (DESIGN.md, "Deletion"): an artifact goes with the last live task
-that persisted it or points at it, unless a surviving artifact names it in
-``source_refs``. "Points at" means any ownership link (``TaskArtifact``, any
-role), a step's output ref, or a council turn link (``TurnArtifact``).
+The rule (docs/design.md, "Deletion and the artifact rule"): an artifact
+goes with the last live row that keeps it (a task's link, a step's output, a
+council turn's link), unless a surviving artifact names it in
+``source_refs``. What keeps an artifact is ``artifacts.keepers``: each app
+registers its keeping tables there, and this module names none of them.
 
-Two users:
+Its users:
 
 - ``conversation_delete`` plans the GC for the artifacts one conversation
   reaches (``gc_plan``) and deletes them (``artifacts_delete``), all inside
   its locked transaction. Only candidates reachable from that conversation are
   examined, never the whole table.
-- The doctor sweeps everything nothing alive keeps (``unowned_artifact_ids``),
+- The doctor sweeps everything nothing alive keeps (``unowned_artifacts``),
   whatever older code or a crash left behind.
+- The admin deletes artifacts by hand only when nothing keeps them
+  (``artifacts_delete_unkept``).
 
 Blob files go only after the commit (``transaction.on_commit``); the shas
 are first written to ``PendingUnlink`` in the same transaction, so a crash
@@ -31,9 +34,11 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
+from artifacts.keepers import Keeper, keepers, kept_by
 from artifacts.models import Artifact, ArtifactSource, PendingUnlink
 from artifacts.services import blob_guard
 from artifacts.store import BlobStore, default_store
+from pippa_site.errors import Conflict
 
 logger = logging.getLogger("pippa.gc")
 
@@ -42,14 +47,9 @@ logger = logging.getLogger("pippa.gc")
 BATCH = 500
 
 # Named by title (Dad knows his tasks by name, not by number).
-REASON_SHARED_TASK = "shared with task “{task}” in “{conversation}”"
-REASON_SHARED_STEP = "output of a step of task “{task}” in “{conversation}”"
-REASON_SHARED_TURN = "used by council turn {turn} in another conversation"
-REASON_DANGLING = (
-    "still linked from task {task}, which no longer exists "
-    "(pippa_doctor --repair clears such links)"
-)
 REASON_SOURCE = "named as a source by artifact {artifact}"
+# When a keeper has no words of its own for a parent.
+REASON_KEPT = "kept by {noun} {parent}"
 
 
 @dataclass(frozen=True)
@@ -115,69 +115,36 @@ def _lineage_closure(start: set[int]) -> set[int]:
 def _outside_keepers(
     ids: Sequence[int], leaving_conversation_id: int | None
 ) -> dict[int, str]:
-    """Return {artifact id: reason} for candidates a ref outside the leaving
-    conversation keeps: a task link, a step output or a council turn link.
+    """Return {artifact id: reason} for candidates a row outside the leaving
+    conversation keeps (any registered keeper: a task link, a step output, a
+    council turn link; the first keeper found gives the reason).
 
-    A link whose task is already gone (the old foreign-keys-off bug) still
+    A row whose parent is already gone (the old foreign-keys-off bug) still
     keeps the artifact: the database would refuse the delete anyway, and the
-    doctor is the one to clear such links.
+    doctor is the one to clear such rows (its keeper says so in words).
     """
-    from council.models import Turn, TurnArtifact
-    from tasks.models import Step, Task, TaskArtifact
-
-    links = TaskArtifact.objects.all()
-    steps = Step.objects.filter(output__isnull=False)
-    turn_links = TurnArtifact.objects.all()
-    if leaving_conversation_id is not None:
-        own_tasks = Task.objects.filter(conversation_id=leaving_conversation_id).values(
-            "pk"
-        )
-        own_turns = Turn.objects.filter(
-            round__conversation_id=leaving_conversation_id
-        ).values("pk")
-        links = links.exclude(task_id__in=own_tasks)
-        steps = steps.exclude(task_id__in=own_tasks)
-        turn_links = turn_links.exclude(turn_id__in=own_turns)
-
-    task_of: dict[int, tuple[str, int]] = {}
-    turn_of: dict[int, int] = {}
-    for chunk in batched(ids):
-        for artifact_id, task_id in links.filter(artifact_id__in=chunk).values_list(
-            "artifact_id", "task_id"
-        ):
-            task_of.setdefault(artifact_id, ("link", task_id))
-        for artifact_id, task_id in steps.filter(output_id__in=chunk).values_list(
-            "output_id", "task_id"
-        ):
-            task_of.setdefault(artifact_id, ("step", task_id))
-        for artifact_id, turn_id in turn_links.filter(
-            artifact_id__in=chunk
-        ).values_list("artifact_id", "turn_id"):
-            turn_of.setdefault(artifact_id, turn_id)
-
-    live_tasks: dict[int, tuple[str, str]] = {}
-    for chunk in batched(sorted({t for _, t in task_of.values()})):
-        for pk, title, conversation in Task.objects.filter(pk__in=chunk).values_list(
-            "pk", "title", "conversation__title"
-        ):
-            live_tasks[pk] = (title, conversation)
-
+    found: dict[int, tuple[Keeper, int]] = {}
+    for keeper in keepers():
+        rows = keeper.rows()
+        if leaving_conversation_id is not None:
+            rows = rows.exclude(**{keeper.conversation_id: leaving_conversation_id})
+        for chunk in batched(ids):
+            matched = rows.filter(**{f"{keeper.artifact_id}__in": chunk})
+            for artifact_id, parent_id in matched.values_list(
+                keeper.artifact_id, keeper.parent_id
+            ):
+                found.setdefault(artifact_id, (keeper, parent_id))
     reasons: dict[int, str] = {}
-    for artifact_id, turn_id in turn_of.items():
-        reasons[artifact_id] = REASON_SHARED_TURN.format(turn=turn_id)
-    for artifact_id, (kind, task_id) in task_of.items():
-        if task_id not in live_tasks:
-            reasons[artifact_id] = REASON_DANGLING.format(task=task_id)
-        elif kind == "link":
-            title, conversation = live_tasks[task_id]
-            reasons[artifact_id] = REASON_SHARED_TASK.format(
-                task=title, conversation=conversation
-            )
-        else:
-            title, conversation = live_tasks[task_id]
-            reasons[artifact_id] = REASON_SHARED_STEP.format(
-                task=title, conversation=conversation
-            )
+    for keeper in keepers():
+        parents = sorted({p for k, p in found.values() if k is keeper})
+        words: dict[int, str] = {}
+        for chunk in batched(parents):
+            words.update(keeper.shared(chunk))
+        for artifact_id, (k, parent_id) in found.items():
+            if k is keeper:
+                reasons[artifact_id] = words.get(
+                    parent_id, REASON_KEPT.format(noun=keeper.noun, parent=parent_id)
+                )
     return reasons
 
 
@@ -289,6 +256,51 @@ def artifacts_delete(
     return deleted
 
 
+class ArtifactKept(Conflict):
+    """An artifact something alive keeps cannot be deleted by hand."""
+
+
+ERR_KEPT = "Artifact {id} cannot be deleted: it is kept — {reasons}."
+
+
+def kept_refusals(*, artifacts: Sequence[Artifact], plan: GcPlan) -> list[str]:
+    """Say, for each artifact the plan keeps, what keeps it (empty: none is kept)."""
+    kept = {r.id: r.reason for r in plan.keep}
+    return [
+        ERR_KEPT.format(id=a.pk, reasons="; ".join(artifact_kept_by(a) or [kept[a.pk]]))
+        for a in artifacts
+        if a.pk in kept
+    ]
+
+
+def artifact_kept_by(artifact: Artifact) -> list[str]:
+    """Say, in plain words, what alive keeps this artifact (empty: nothing)."""
+    derived = ArtifactSource.objects.filter(source=artifact).values_list(
+        "artifact_id", flat=True
+    )
+    return [
+        *kept_by(artifact),
+        *(f"named as a source by artifact {d}" for d in derived[:20]),
+    ]
+
+
+@transaction.atomic
+def artifacts_delete_unkept(*, artifacts: Sequence[Artifact]) -> GcPlan:
+    """Delete artifacts nothing alive keeps: rows now, blobs after the commit.
+
+    The plan is made under lock (a link may have appeared since a person saw
+    the confirmation page); a kept artifact refuses the whole delete
+    (``ArtifactKept``, naming what keeps each). Sources only these kept go
+    with them, as the rule says.
+    """
+    plan = gc_plan(candidate_ids=[a.pk for a in artifacts], lock=True)
+    refusals = kept_refusals(artifacts=artifacts, plan=plan)
+    if refusals:
+        raise ArtifactKept(" ".join(refusals))
+    artifacts_delete(records=plan.remove)
+    return plan
+
+
 def blobs_unlink_after_commit(
     *, shas: Sequence[str], store: BlobStore | None = None
 ) -> None:
@@ -378,41 +390,29 @@ def blobs_unlink(
 def unowned_artifacts(*, created_before: datetime) -> list[tuple[int, str]]:
     """Return (id, sha256) of every artifact nothing alive keeps, oldest first.
 
-    Alive keepers: a task link, step output or turn link whose chain up to its
-    conversation is intact. Kept artifacts keep their sources (recursively).
+    Alive keepers: rows of a registered keeper (``artifacts.keepers``: a task
+    link, step output or turn link) whose chain up to its conversation is
+    intact. Kept artifacts keep their sources (recursively).
     Artifacts created after ``created_before`` count as kept: a writer may be
     between storing the artifact and linking it.
     """
-    from council.models import CouncilRound, Turn, TurnArtifact
-    from tasks.models import Conversation, Step, Task, TaskArtifact
-
     q = connection.ops.quote_name
     a = q(Artifact._meta.db_table)
     src = q(ArtifactSource._meta.db_table)
-    conv = q(Conversation._meta.db_table)
-    task = q(Task._meta.db_table)
-    step = q(Step._meta.db_table)
-    link = q(TaskArtifact._meta.db_table)
-    rnd = q(CouncilRound._meta.db_table)
-    turn = q(Turn._meta.db_table)
-    tlink = q(TurnArtifact._meta.db_table)
+    # Each keeper's rows whose chain up to their conversation is intact.
+    alive, alive_params = [], []
+    for keeper in keepers():
+        sql, params = (
+            keeper.alive().values_list(keeper.artifact_id).query.sql_with_params()
+        )
+        alive.append(sql)
+        alive_params.extend(params)
+    keeper_rows = "\n            UNION\n            ".join(alive)
     sql = f"""
         WITH RECURSIVE kept(id) AS (
             SELECT x.id FROM {a} x WHERE x.created_at >= %s
             UNION
-            SELECT l.artifact_id FROM {link} l
-              JOIN {task} t ON t.id = l.task_id
-              JOIN {conv} c ON c.id = t.conversation_id
-            UNION
-            SELECT s.output_id FROM {step} s
-              JOIN {task} t ON t.id = s.task_id
-              JOIN {conv} c ON c.id = t.conversation_id
-             WHERE s.output_id IS NOT NULL
-            UNION
-            SELECT tl.artifact_id FROM {tlink} tl
-              JOIN {turn} u ON u.id = tl.turn_id
-              JOIN {rnd} r ON r.id = u.round_id
-              JOIN {conv} c ON c.id = r.conversation_id
+            {keeper_rows}
             UNION
             SELECT e.source_id FROM {src} e JOIN kept k ON e.artifact_id = k.id
         )
@@ -423,13 +423,13 @@ def unowned_artifacts(*, created_before: datetime) -> list[tuple[int, str]]:
     cutoff = connection.ops.adapt_datetimefield_value(created_before)
     if connection.vendor != "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute(sql, [cutoff])
+            cursor.execute(sql, [cutoff, *alive_params])
             return [(row[0], row[1]) for row in cursor.fetchall()]
     # PostgreSQL guesses millions of rows for the recursive CTE and then spends
     # seconds JIT-compiling a query that runs in milliseconds.
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET LOCAL jit = off")
-        cursor.execute(sql, [cutoff])
+        cursor.execute(sql, [cutoff, *alive_params])
         return [(row[0], row[1]) for row in cursor.fetchall()]
 
 

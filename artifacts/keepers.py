@@ -2,28 +2,45 @@
 
 The artifacts app knows nothing of the tables above it. An app whose rows
 keep an artifact (a task's link, a step's output, a council turn's link)
-registers them here from its ``AppConfig.ready()``; the artifact rule
-(``artifacts.gc``), the doctor's sweep, a conversation's delete and the
-admin's "kept by" read the registry, so a new kind of keeper is one
-registration, not six edits.
+registers a ``Keeper`` here from its ``AppConfig.ready()``. The artifact rule
+(``artifacts.gc``: what a delete keeps and why, what the doctor sweeps), the
+owner listing on an artifact's page, a conversation's delete and the admin's
+"kept by" all read the registry, so a new kind of keeper is one registration.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import models
+from django.db.models import Exists, OuterRef
+
+
+@dataclass(frozen=True)
+class OwnerLink:
+    """A task or a council turn that keeps an artifact, as its page lists it."""
+
+    kind: str  # "task" or "turn"
+    role: str
+    obj: object  # a Task or a Turn
 
 
 @dataclass(frozen=True)
 class Keeper:
     """Rows of ``model`` keep the artifact their ``artifact`` field names.
 
-    ``parent`` is the row's owner one step up (a task, a turn), and
-    ``conversation`` the lookup from a row to its conversation
-    (``"task__conversation"``): an artifact is kept only while that chain is
-    alive. ``shared`` says, for a person, why a keeper in another
-    conversation keeps it (``{parent}`` is the parent's id).
+    - ``parent``: the row's owner one step up (a task, a turn), named ``noun``
+      in words; ``conversation``: the lookup from a row to its conversation
+      (``"task__conversation"``). A row keeps its artifact only while that
+      chain is alive.
+    - ``shared(parent_ids)``: why a keeper in another conversation keeps an
+      artifact, for each parent (a delete's preview; a parent already gone is
+      said to be gone).
+    - ``kept_by(artifact)``: a person's lines for the admin's "kept by".
+    - ``owners(artifact, user)``: the tasks or turns the artifact's page lists
+      (``None`` when another keeper of the same app lists them).
     """
 
     name: str
@@ -31,7 +48,10 @@ class Keeper:
     artifact: str
     parent: str
     conversation: str
-    shared: str
+    noun: str
+    shared: Callable[[list[int]], dict[int, str]]
+    kept_by: Callable[[Any], list[str]]
+    owners: Callable[[Any, Any], list[OwnerLink]] | None = None
 
     @property
     def artifact_id(self) -> str:
@@ -45,8 +65,33 @@ class Keeper:
     def conversation_id(self) -> str:
         return f"{self.conversation}_id"
 
+    def rows(self) -> models.QuerySet:
+        """Rows that name an artifact, unordered (they go into unions)."""
+        return self.model._default_manager.filter(
+            **{f"{self.artifact}__isnull": False}
+        ).order_by()
+
+    def alive(self) -> models.QuerySet:
+        """Rows whose chain up to their conversation is intact."""
+        conversation_model = _follow(self.model, self.conversation)
+        return self.rows().filter(
+            Exists(
+                conversation_model._default_manager.filter(
+                    pk=OuterRef(self.conversation_id)
+                )
+            )
+        )
+
+
+def _follow(model: type[models.Model], path: str) -> type[models.Model]:
+    """The model at the end of a ``a__b`` lookup path (without importing it)."""
+    for name in path.split("__"):
+        model = model._meta.get_field(name).related_model
+    return model
+
 
 _registry: dict[str, Keeper] = {}
+_notes: list[Callable[..., None]] = []
 
 
 def register(keeper: Keeper) -> None:
@@ -55,8 +100,22 @@ def register(keeper: Keeper) -> None:
 
 
 def keepers() -> tuple[Keeper, ...]:
-    """Every registered keeper, in registration order."""
+    """Every registered keeper, in registration order (the first one found
+    gives a kept artifact its reason)."""
     return tuple(_registry.values())
+
+
+def note_register(note: Callable[..., None]) -> None:
+    """Add a listener for ``note``: an app that logs what people do to an
+    artifact its rows keep (tasks: an event on each keeping task)."""
+    if note not in _notes:
+        _notes.append(note)
+
+
+def note(*, artifact, actor: str, action: str, **data) -> None:
+    """Tell every app that keeps ``artifact`` what a person did to it."""
+    for listener in _notes:
+        listener(artifact=artifact, actor=actor, action=action, **data)
 
 
 def conversation_artifact_ids(*, conversation_id: int) -> set[int]:
@@ -64,13 +123,24 @@ def conversation_artifact_ids(*, conversation_id: int) -> set[int]:
     found: set[int] = set()
     for keeper in keepers():
         found.update(
-            keeper.model.objects.filter(
-                **{
-                    keeper.conversation_id: conversation_id,
-                    f"{keeper.artifact}__isnull": False,
-                }
-            )
+            keeper.rows()
+            .filter(**{keeper.conversation_id: conversation_id})
             .values_list(keeper.artifact_id, flat=True)
             .distinct()
         )
     return found
+
+
+def kept_by(artifact) -> list[str]:
+    """Every registered keeper's lines for this artifact, in registry order."""
+    return [line for keeper in keepers() for line in keeper.kept_by(artifact)]
+
+
+def owners(*, artifact, user) -> list[OwnerLink]:
+    """The tasks and council turns that keep ``artifact``, as ``user`` sees them."""
+    return [
+        link
+        for keeper in keepers()
+        if keeper.owners is not None
+        for link in keeper.owners(artifact, user)
+    ]

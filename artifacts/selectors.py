@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from django.db import connection
 from django.http import Http404
 
+from artifacts import keepers
+from artifacts.keepers import OwnerLink
 from artifacts.models import Artifact, ArtifactSource
 
 ERR_NOT_FOUND = "No such artifact."
@@ -106,43 +108,10 @@ def artifact_lineage(*, artifact: Artifact, user) -> dict[str, list[LineageNode]
     }
 
 
-@dataclass(frozen=True)
-class OwnerLink:
-    kind: str  # "task" or "turn"
-    role: str
-    obj: object  # a Task or a Turn
-
-
 def artifact_owners(*, artifact: Artifact, user) -> list[OwnerLink]:
-    """Tasks and council turns that keep ``artifact``, limited to what ``user`` sees."""
-    from council.models import TurnArtifact
-    from tasks.models import Step, TaskArtifact
-
-    task_links = TaskArtifact.objects.filter(artifact=artifact).select_related(
-        "task", "task__conversation"
-    )
-    step_outputs = Step.objects.filter(output=artifact).select_related(
-        "task", "task__conversation"
-    )
-    turn_links = TurnArtifact.objects.filter(artifact=artifact).select_related(
-        "turn", "turn__participant", "turn__round", "turn__round__conversation"
-    )
-    if not user.is_staff:
-        task_links = task_links.filter(task__conversation__owner=user)
-        step_outputs = step_outputs.filter(task__conversation__owner=user)
-        turn_links = turn_links.filter(turn__round__conversation__owner=user)
-    owners: list[OwnerLink] = []
-    seen_tasks: set[int] = set()
-    for link in task_links.order_by("task_id", "role"):
-        owners.append(OwnerLink("task", link.role, link.task))
-        seen_tasks.add(link.task_id)
-    for step in step_outputs.order_by("task_id", "position"):
-        if step.task_id not in seen_tasks:
-            owners.append(OwnerLink("task", "step output", step.task))
-            seen_tasks.add(step.task_id)
-    for link in turn_links.order_by("turn__round_id", "turn__order"):
-        owners.append(OwnerLink("turn", link.get_role_display(), link.turn))
-    return owners
+    """Tasks and council turns that keep ``artifact``, limited to what ``user`` sees
+    (each keeping app lists its own, ``artifacts.keepers``)."""
+    return keepers.owners(artifact=artifact, user=user)
 
 
 def artifact_home(

@@ -18,6 +18,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from pippa_site.actors import actor_for
 from pippa_site.errors import PippaError
 from pippa_site.text import CleanTitlesMixin
 from tasks.actions import (
@@ -71,11 +72,6 @@ RERUN_OUTSIDE_EFFECTS = " " + OUTSIDE_RERUN
 admin.site.site_header = "Pippa Stateful admin"
 admin.site.site_title = "Pippa Stateful admin"
 admin.site.index_title = "Repair"
-
-
-def actor_for(request: HttpRequest) -> str:
-    """Return the actor string events carry for a staff user's action."""
-    return f"staff:{request.user.get_username()}"
 
 
 def _error_text(exc: Exception) -> str:

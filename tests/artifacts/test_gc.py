@@ -11,7 +11,6 @@ from django.utils import timezone
 
 from artifacts.gc import (
     BATCH,
-    REASON_DANGLING,
     ArtifactRecord,
     artifacts_delete,
     blobs_unlink,
@@ -20,6 +19,7 @@ from artifacts.gc import (
 )
 from artifacts.models import Artifact, ArtifactSource
 from artifacts.services import artifact_store
+from tasks.keeping import REASON_DANGLING
 from tasks.models import TaskArtifact
 
 
