@@ -731,58 +731,9 @@ def _finish(
     A widget's preview is rendered after that commit (``preview``), or by a
     caller inside a transaction of its own once that one commits.
     """
-    now = timezone.now()
-    meta = dict(payload.get("meta") or {})
-    meta.setdefault("tool", row.tool)
-    if payload.get("path"):
-        meta["path"] = payload["path"]
     with transaction.atomic(), connection.cursor() as cursor:
-        artifact_id = artifact_insert(
-            owner_id=row.owner_id,
-            sha256=payload["sha"],
-            size=payload["size"],
-            media_type=payload.get("media_type") or "application/octet-stream",
-            artifact_class=row.artifact_class,
-            title=payload.get("title", ""),
-            meta=meta,
-            source_ids=payload.get("source_ids") or (),
-        ).id
-        cursor.execute(
-            f"INSERT INTO {T_LINK} (artifact_id, task_id, step_id, role, created_at) "
-            f"VALUES (%s, %s, %s, %s, %s) ON CONFLICT (task_id, artifact_id, role) DO NOTHING",
-            [artifact_id, row.task_id, row.id, LinkRole.PERSISTED, _dt(now)],
-        )
-        cursor.execute(
-            f"UPDATE {T_STEP} SET status = 'done', output_id = %s, finished_at = %s, "
-            f"error = '' WHERE id = %s",
-            [artifact_id, _dt(now), row.id],
-        )
-        ref = {
-            "artifact_id": artifact_id,
-            "sha": payload["sha"],
-            "size": payload["size"],
-            "class": row.artifact_class,
-        }
-        entries = [
-            *(pre or []),
-            (
-                Event.Kind.TOOL_RESULT_PERSISTED,
-                row.id,
-                {**ref, "attempt": row.attempts},
-            ),
-        ]
-        _, done, total = lease_append(
-            cursor,
-            row.task_id,
-            worker_id,
-            entries,
-            extra_set=", steps_done = steps_done + 1",
-        )
-        task_status = Task.Status.RUNNING
-        if done >= total:
-            task_status = lease_close(
-                cursor, row.task_id, worker_id, Task.Status.DONE, []
-            )
+        artifact_id = _artifact_record(row, payload)
+        task_status = _step_done(cursor, row, worker_id, artifact_id, payload, pre)
     outcome = StepOutcome(
         task_id=row.task_id,
         task_status=task_status,
@@ -803,6 +754,65 @@ def _finish(
     if preview:
         outcome_preview(outcome)
     return outcome
+
+
+def _artifact_record(row: _StepRow, payload: dict[str, Any]) -> int:
+    """The task owner's artifact row for the persisted payload (reused if there)."""
+    meta = dict(payload.get("meta") or {})
+    meta.setdefault("tool", row.tool)
+    if payload.get("path"):
+        meta["path"] = payload["path"]
+    return artifact_insert(
+        owner_id=row.owner_id,
+        sha256=payload["sha"],
+        size=payload["size"],
+        media_type=payload.get("media_type") or "application/octet-stream",
+        artifact_class=row.artifact_class,
+        title=payload.get("title", ""),
+        meta=meta,
+        source_ids=payload.get("source_ids") or (),
+    ).id
+
+
+def _step_done(
+    cursor,
+    row: _StepRow,
+    worker_id: str,
+    artifact_id: int,
+    payload: dict[str, Any],
+    pre: list | None,
+) -> str:
+    """Link the output, mark the step done, log ``tool_result_persisted`` under
+    the lease; close the task when it was the last step. Return its status."""
+    now = _dt(timezone.now())
+    cursor.execute(
+        f"INSERT INTO {T_LINK} (artifact_id, task_id, step_id, role, created_at) "
+        f"VALUES (%s, %s, %s, %s, %s) ON CONFLICT (task_id, artifact_id, role) DO NOTHING",
+        [artifact_id, row.task_id, row.id, LinkRole.PERSISTED, now],
+    )
+    cursor.execute(
+        f"UPDATE {T_STEP} SET status = 'done', output_id = %s, finished_at = %s, "
+        f"error = '' WHERE id = %s",
+        [artifact_id, now, row.id],
+    )
+    result = {
+        "artifact_id": artifact_id,
+        "sha": payload["sha"],
+        "size": payload["size"],
+        "class": row.artifact_class,
+        "attempt": row.attempts,
+    }
+    entries = [*(pre or []), (Event.Kind.TOOL_RESULT_PERSISTED, row.id, result)]
+    _, done, total = lease_append(
+        cursor,
+        row.task_id,
+        worker_id,
+        entries,
+        extra_set=", steps_done = steps_done + 1",
+    )
+    if done < total:
+        return Task.Status.RUNNING
+    return lease_close(cursor, row.task_id, worker_id, Task.Status.DONE, [])
 
 
 def outcome_preview(outcome: StepOutcome) -> None:
