@@ -154,9 +154,11 @@ class RawExecutor:
         ).fetchone()
         row = db.execute(
             "SELECT id, position, title, status, tool, args, artifact_class, side_effects, "
-            "attempts, max_attempts, generation FROM tasks_step WHERE task_id = ? "
+            "attempts, max_attempts, generation, (SELECT c.owner_id FROM tasks_task t "
+            "JOIN tasks_conversation c ON c.id = t.conversation_id WHERE t.id = ?) "
+            "FROM tasks_step WHERE task_id = ? "
             "AND status NOT IN ('done', 'skipped') ORDER BY position LIMIT 1",
-            (task_id,),
+            (task_id, task_id),
         ).fetchone()
         if row is None:
             db.execute("COMMIT")
@@ -210,10 +212,12 @@ class RawExecutor:
         db.execute("BEGIN IMMEDIATE")
         now = self._now()
         found = db.execute(
-            "INSERT INTO artifacts_artifact (sha256, size, media_type, artifact_class, "
-            "title, meta, integrity, verified_at, created_at) VALUES (?, ?, ?, ?, ?, ?, "
-            "'ok', ?, ?) ON CONFLICT (sha256) DO NOTHING RETURNING id",
+            "INSERT INTO artifacts_artifact (owner_id, sha256, size, media_type, "
+            "artifact_class, title, meta, integrity, verified_at, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, 'ok', ?, ?) "
+            "ON CONFLICT (owner_id, sha256) DO NOTHING RETURNING id",
             (
+                row[11],
                 put.sha256,
                 put.size,
                 "text/plain",
