@@ -865,7 +865,9 @@ def _resolve_uncertain(row: _StepRow, worker_id: str) -> StepOutcome:
     if advice.action == CALL_AGAIN:
         with transaction.atomic(), connection.cursor() as cursor:
             pre = [(Event.Kind.UNCERTAIN_RESOLVED, row.id, note)]
-            if row.attempts >= row.max_attempts:
+            # An output the executor could not save (disk full, database
+            # gone) is not the tool failing: it does not use up the attempts.
+            if row.attempts >= row.max_attempts and not env.unsaved:
                 return _fail_exhausted(cursor, row, worker_id, pre)
             _start(cursor, row, worker_id, pre)
             crashpoint("before_started_commit")
