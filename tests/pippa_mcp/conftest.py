@@ -7,6 +7,7 @@ import socket
 import subprocess
 import time
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 from mcp import ClientSession
@@ -150,6 +151,26 @@ def error(result) -> str:
     assert result.is_error, result.content
     (block,) = result.content
     return block.text
+
+
+async def call(mcp: ClientSession, tool: str, args: dict) -> Any:
+    """Call ``tool`` and return its structured result; the call must succeed."""
+    return data(await mcp.call_tool(tool, args))
+
+
+async def task_create(
+    mcp: ClientSession,
+    *,
+    steps: list[dict] = PLAN,
+    title: str = "t",
+    conversation_title: str = "c",
+) -> dict:
+    """Create a task in a new conversation through ``create_task``; return it."""
+    return await call(
+        mcp,
+        "create_task",
+        {"title": title, "conversation_title": conversation_title, "steps": steps},
+    )
 
 
 def started_calls(log, step_id: int) -> list[dict]:

@@ -11,7 +11,14 @@ import pytest
 
 from artifacts.models import Artifact
 from tasks.models import Event, Step, Task
-from tests.pippa_mcp.conftest import PLAN, data, error, http_session
+from tests.pippa_mcp.conftest import (
+    PLAN,
+    call,
+    data,
+    error,
+    http_session,
+    task_create,
+)
 from tests.support.asyncrun import run_async
 from tests.support.executing import invocations
 
@@ -74,15 +81,8 @@ def test_a_task_is_created_and_run_step_by_step_with_progress(
 
     async def scenario():
         async with http_session(mcp_url, token_for(user)) as mcp:
-            task = data(
-                await mcp.call_tool(
-                    "create_task",
-                    {
-                        "title": "Chart PIPA",
-                        "conversation_title": "Closes",
-                        "steps": PLAN,
-                    },
-                )
+            task = await task_create(
+                mcp, title="Chart PIPA", conversation_title="Closes"
             )
             runs = []
             for _ in range(3):
@@ -96,7 +96,7 @@ def test_a_task_is_created_and_run_step_by_step_with_progress(
                         )
                     )
                 )
-            after = data(await mcp.call_tool("get_task", {"task_id": task["id"]}))
+            after = await call(mcp, "get_task", {"task_id": task["id"]})
             return task, runs, after
 
     task, runs, after = run(scenario)
@@ -116,9 +116,9 @@ def test_a_task_is_created_and_run_step_by_step_with_progress(
     ]
     assert progress[0][0] == (0, "running step 1 of 3: Fetch closes")
     assert progress[-1][-1] == (3, "step 3 is done")
-    for call in progress:
+    for reported in progress:
         # Within one call progress only grows.
-        values = [v for v, _ in call]
+        values = [v for v, _ in reported]
         assert values == sorted(set(values))
     assert Task.objects.get(pk=task["id"]).conversation.owner == user
     assert sum(invocations(tool_log).values()) == 3
@@ -129,12 +129,7 @@ def test_a_plan_rewrite_that_would_change_history_is_refused_and_changes_nothing
 ):
     async def scenario():
         async with http_session(mcp_url, token_for(user)) as mcp:
-            task = data(
-                await mcp.call_tool(
-                    "create_task",
-                    {"title": "t", "conversation_title": "c", "steps": PLAN},
-                )
-            )
+            task = await task_create(mcp)
             await mcp.call_tool("run_next_step", {"task_id": task["id"]})
             first, second, third = (s["id"] for s in task["steps"])
             refused = [
@@ -152,19 +147,18 @@ def test_a_plan_rewrite_that_would_change_history_is_refused_and_changes_nothing
                     [{"id": first, "status": "done"}, {"id": second, "status": "done"}],
                 )
             ]
-            kept = data(
-                await mcp.call_tool(
-                    "rewrite_plan",
-                    {
-                        "task_id": task["id"],
-                        "steps": [
-                            {"id": first, "status": "done"},
-                            {"id": second, "status": "pending"},
-                            {"title": "Summarise", "tool": "test.fetch"},
-                            {"id": third},
-                        ],
-                    },
-                )
+            kept = await call(
+                mcp,
+                "rewrite_plan",
+                {
+                    "task_id": task["id"],
+                    "steps": [
+                        {"id": first, "status": "done"},
+                        {"id": second, "status": "pending"},
+                        {"title": "Summarise", "tool": "test.fetch"},
+                        {"id": third},
+                    ],
+                },
             )
             return task, refused, kept
 
@@ -252,22 +246,16 @@ def test_another_users_token_sees_none_of_it(
 
     async def owner_scenario():
         async with http_session(mcp_url, token_for(user)) as mcp:
-            task = data(
-                await mcp.call_tool(
-                    "create_task",
-                    {"title": "t", "conversation_title": "mine", "steps": PLAN},
-                )
-            )
-            step = data(await mcp.call_tool("run_next_step", {"task_id": task["id"]}))
-            council = data(
-                await mcp.call_tool(
-                    "council_round_start",
-                    {
-                        "conversation_id": task["conversation_id"],
-                        "topic": "t",
-                        "participants": [{"name": "a"}],
-                    },
-                )
+            task = await task_create(mcp, conversation_title="mine")
+            step = await call(mcp, "run_next_step", {"task_id": task["id"]})
+            council = await call(
+                mcp,
+                "council_round_start",
+                {
+                    "conversation_id": task["conversation_id"],
+                    "topic": "t",
+                    "participants": [{"name": "a"}],
+                },
             )
             return task, step["step"]["output"]["id"], council
 
@@ -325,15 +313,10 @@ def test_another_users_token_sees_none_of_it(
 
     async def other_scenario():
         async with http_session(mcp_url, token_for(other), name="mallory") as mcp:
-            listed = data(await mcp.call_tool("list_conversations", {}))
+            listed = await call(mcp, "list_conversations", {})
             answers = [await mcp.call_tool(name, args) for name, args, _ in probes]
             missing = await mcp.call_tool("get_task", {"task_id": 10**9})
-            own = data(
-                await mcp.call_tool(
-                    "create_task",
-                    {"title": "t", "conversation_title": "theirs", "steps": PLAN},
-                )
-            )
+            own = await task_create(mcp, conversation_title="theirs")
             borrowed = await mcp.call_tool(
                 "artifact_store",
                 {
@@ -392,36 +375,29 @@ def test_a_council_widget_is_read_by_ref_as_image_and_as_source_by_the_next_clie
 
     async def first_speaker():
         async with http_session(mcp_url, token, name="claude-code") as mcp:
-            task = data(
-                await mcp.call_tool(
-                    "create_task",
-                    {"title": "t", "conversation_title": "Council", "steps": PLAN},
-                )
+            task = await task_create(mcp, conversation_title="Council")
+            council = await call(
+                mcp,
+                "council_round_start",
+                {
+                    "conversation_id": task["conversation_id"],
+                    "topic": "Is PIPA cheap?",
+                    "participants": [
+                        {"name": "Claude", "brain": "claude"},
+                        {"name": "Codex", "brain": "codex"},
+                    ],
+                },
             )
-            council = data(
-                await mcp.call_tool(
-                    "council_round_start",
-                    {
-                        "conversation_id": task["conversation_id"],
-                        "topic": "Is PIPA cheap?",
-                        "participants": [
-                            {"name": "Claude", "brain": "claude"},
-                            {"name": "Codex", "brain": "codex"},
-                        ],
-                    },
-                )
-            )
-            turn = data(
-                await mcp.call_tool(
-                    "council_turn_add",
-                    {
-                        "round_id": council["id"],
-                        "participant_id": council["participants"][0]["id"],
-                        "text": "Here is the chart.",
-                        "widget_svg": WIDGET,
-                        "widget_title": "PIPA chart",
-                    },
-                )
+            turn = await call(
+                mcp,
+                "council_turn_add",
+                {
+                    "round_id": council["id"],
+                    "participant_id": council["participants"][0]["id"],
+                    "text": "Here is the chart.",
+                    "widget_svg": WIDGET,
+                    "widget_title": "PIPA chart",
+                },
             )
             return council["id"], turn
 
@@ -430,9 +406,7 @@ def test_a_council_widget_is_read_by_ref_as_image_and_as_source_by_the_next_clie
     async def next_speaker():
         # Given only the round id: everything else comes from the context.
         async with http_session(mcp_url, token, name="codex-cli") as mcp:
-            context = data(
-                await mcp.call_tool("council_context", {"round_id": round_id})
-            )
+            context = await call(mcp, "council_context", {"round_id": round_id})
             (ref,) = context["turns"][0]["artifact_refs"]
             image = await mcp.call_tool(
                 "artifact_read",
@@ -469,36 +443,29 @@ def test_an_artifact_is_stored_with_class_and_source_refs_and_read_as_a_resource
 ):
     async def scenario():
         async with http_session(mcp_url, token_for(user)) as mcp:
-            task = data(
-                await mcp.call_tool(
-                    "create_task",
-                    {"title": "t", "conversation_title": "c", "steps": PLAN},
-                )
+            task = await task_create(mcp)
+            source = await call(
+                mcp,
+                "artifact_store",
+                {
+                    "task_id": task["id"],
+                    "content": "closes,1,2,3",
+                    "artifact_class": 2,
+                    "media_type": "text/csv",
+                    "title": "closes",
+                },
             )
-            source = data(
-                await mcp.call_tool(
-                    "artifact_store",
-                    {
-                        "task_id": task["id"],
-                        "content": "closes,1,2,3",
-                        "artifact_class": 2,
-                        "media_type": "text/csv",
-                        "title": "closes",
-                    },
-                )
-            )
-            derived = data(
-                await mcp.call_tool(
-                    "artifact_store",
-                    {
-                        "task_id": task["id"],
-                        "content": base64.b64encode(b"\x89PNG fake").decode(),
-                        "encoding": "base64",
-                        "artifact_class": 4,
-                        "media_type": "application/octet-stream",
-                        "source_refs": [source["id"]],
-                    },
-                )
+            derived = await call(
+                mcp,
+                "artifact_store",
+                {
+                    "task_id": task["id"],
+                    "content": base64.b64encode(b"\x89PNG fake").decode(),
+                    "encoding": "base64",
+                    "artifact_class": 4,
+                    "media_type": "application/octet-stream",
+                    "source_refs": [source["id"]],
+                },
             )
             empty = await mcp.call_tool(
                 "artifact_store",

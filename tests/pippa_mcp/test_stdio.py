@@ -17,7 +17,13 @@ from django.core.management import CommandError, call_command
 from mcp.shared.exceptions import MCPError
 
 from tasks.models import Conversation, Event, Step
-from tests.pippa_mcp.conftest import data, error, http_session, started_calls
+from tests.pippa_mcp.conftest import (
+    call,
+    error,
+    http_session,
+    started_calls,
+    task_create,
+)
 from tests.support.asyncrun import run_async
 from tests.support.executing import check_invariants, expire_lease, invocations
 
@@ -74,19 +80,12 @@ def test_a_server_killed_mid_step_is_resumed_by_a_client_with_another_name(
 
     async def until_killed():
         async with first() as mcp:
-            task = data(
-                await mcp.call_tool(
-                    "create_task",
-                    {
-                        "title": "Brief",
-                        "conversation_title": "PIPA",
-                        "steps": SLOW_PLAN,
-                    },
-                )
+            task = await task_create(
+                mcp, steps=SLOW_PLAN, title="Brief", conversation_title="PIPA"
             )
             for _ in range(2):
-                data(await mcp.call_tool("run_next_step", {"task_id": task["id"]}))
-            before = data(await mcp.call_tool("get_task", {"task_id": task["id"]}))
+                await call(mcp, "run_next_step", {"task_id": task["id"]})
+            before = await call(mcp, "get_task", {"task_id": task["id"]})
             slow = before["steps"][2]["id"]
             with anyio.CancelScope() as scope:
                 async with anyio.create_task_group() as group:
@@ -110,15 +109,13 @@ def test_a_server_killed_mid_step_is_resumed_by_a_client_with_another_name(
 
     async def resume(expire):
         async with second() as mcp:
-            context = data(await mcp.call_tool("resume_context", {"task_id": task_id}))
+            context = await call(mcp, "resume_context", {"task_id": task_id})
             busy = await mcp.call_tool("run_next_step", {"task_id": task_id})
             await anyio.to_thread.run_sync(expire, task_id)
             runs = []
             for _ in range(3):
-                runs.append(
-                    data(await mcp.call_tool("run_next_step", {"task_id": task_id}))
-                )
-            after = data(await mcp.call_tool("get_task", {"task_id": task_id}))
+                runs.append(await call(mcp, "run_next_step", {"task_id": task_id}))
+            after = await call(mcp, "get_task", {"task_id": task_id})
             return context, busy, runs, after
 
     context, busy, runs, after = run_async(resume, expire_lease)
@@ -150,12 +147,7 @@ def test_a_server_killed_after_a_snapshot_was_saved_adopts_it_on_resume(
         async with stdio_session(
             "--user", user.username, env={"PIPPA_CRASHPOINT": "after_payload"}
         ) as mcp:
-            task = data(
-                await mcp.call_tool(
-                    "create_task",
-                    {"title": "t", "conversation_title": "c", "steps": plan},
-                )
-            )
+            task = await task_create(mcp, steps=plan)
             try:
                 await mcp.call_tool("run_next_step", {"task_id": task["id"]})
             except MCPError as exc:
@@ -169,7 +161,7 @@ def test_a_server_killed_after_a_snapshot_was_saved_adopts_it_on_resume(
 
     async def resume():
         async with stdio_session("--user", user.username, name="codex-cli") as mcp:
-            return data(await mcp.call_tool("run_next_step", {"task_id": task_id}))
+            return await call(mcp, "run_next_step", {"task_id": task_id})
 
     ran = run_async(resume)
     assert ran["rule"] == "class3_adopt_snapshot"
@@ -185,7 +177,7 @@ def test_the_stdio_server_of_another_user_sees_none_of_it(
 
     async def scenario():
         async with stdio_session("--user", other.username) as mcp:
-            listed = data(await mcp.call_tool("list_conversations", {}))
+            listed = await call(mcp, "list_conversations", {})
             probe = await mcp.call_tool("get_task", {"task_id": task.pk})
             return listed, probe
 
