@@ -17,7 +17,6 @@ trivial view), so the baseline goes through exactly the same middleware.
 from __future__ import annotations
 
 import re
-import statistics
 import time
 from datetime import timedelta
 
@@ -31,7 +30,7 @@ from django.utils import timezone
 
 from artifacts.models import ArtifactClass
 from artifacts.services import artifact_store
-from bench.harness import Report
+from bench.harness import Report, median_ms
 from dashboard import selectors
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 
@@ -150,21 +149,7 @@ def _measure(client: Client, url: str, repeat: int, **headers) -> tuple[float, i
     # Read the count now: the next request clears the connection's query log.
     queries = len(ctx.captured_queries)
     assert response.status_code == 200, (url, response.status_code)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        client.get(url, headers=headers)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000, queries
-
-
-def _median_ms(client: Client, url: str, repeat: int, **headers) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        client.get(url, headers=headers)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
+    return median_ms(lambda: client.get(url, headers=headers), repeat), queries
 
 
 def run(report: Report) -> None:
@@ -241,7 +226,9 @@ def run(report: Report) -> None:
         with CaptureQueriesContext(connection) as ctx:
             idle = client.get(idle_url, headers=idle_headers)
         idle_q = len(ctx.captured_queries)
-        idle_ms = _median_ms(client, idle_url, repeat * 4, **idle_headers)
+        idle_ms = median_ms(
+            lambda: client.get(idle_url, headers=idle_headers), repeat * 4
+        )
         report.add(
             group="dashboard",
             figure=f"idle poll of a live task, nothing changed "

@@ -15,9 +15,9 @@ from __future__ import annotations
 import http.client
 import io
 import shutil
-import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 from django.conf import settings
@@ -30,7 +30,7 @@ from django.views.static import serve
 
 from artifacts.preview import CAPS, render_png
 from artifacts.store import default_store
-from bench.harness import Report
+from bench.harness import Report, interleaved_ms, median_ms
 from bench.server import collectstatic, gunicorn, server_env
 from council.demo import demo_round_load, risk_map_svg
 from council.services import (
@@ -85,15 +85,6 @@ def _in_process(svg: bytes, width: int, height: int) -> bytes:
     return out.getvalue()
 
 
-def _median_ms(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
-
-
 def _bench_render(report: Report, repeat: int) -> None:
     for label, svg, size in (
         ("small widget (risk map)", risk_map_svg(), (960, 657)),
@@ -101,12 +92,10 @@ def _bench_render(report: Report, repeat: int) -> None:
     ):
         result = render_png(data=svg, media_type="image/svg+xml")
         assert result.ok, result.reason
-        value = _median_ms(
+        value = median_ms(
             lambda svg=svg: render_png(data=svg, media_type="image/svg+xml"), repeat
         )
-        baseline = _median_ms(
-            lambda svg=svg, size=size: _in_process(svg, *size), repeat
-        )
+        baseline = median_ms(lambda svg=svg, size=size: _in_process(svg, *size), repeat)
         report.add(
             group="preview",
             figure=f"render {label}, {len(svg) / 1024:,.0f} KiB, cold subprocess",
@@ -146,30 +135,25 @@ def _bench_serve(report: Report, repeat: int) -> None:
         response = client.get(url)
         b"".join(response.streaming_content)
 
-    # Interleave so load swings hit both sides alike.
-    t_preview, t_static = [], []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        get(preview_url)
-        t_preview.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        get(static_url)
-        t_static.append(time.perf_counter() - start)
+    medians = interleaved_ms(
+        {"preview": lambda: get(preview_url), "static": lambda: get(static_url)},
+        repeat,
+    )
     report.add(
         group="preview",
         figure=f"GET cached preview PNG ({len(png) / 1024:,.0f} KiB, artifact {preview_id})",
-        value=statistics.median(t_preview) * 1000,
+        value=medians["preview"],
         baseline_name="static file, same size, same stack",
-        baseline=statistics.median(t_static) * 1000,
+        baseline=medians["static"],
         unit="ms",
         higher_is_better=False,
         target="(in-process; static needs no login)",
     )
-    trivial_ms = _median_ms(lambda: client.get("/bench-trivial/"), repeat)
+    trivial_ms = median_ms(lambda: client.get("/bench-trivial/"), repeat)
     report.add(
         group="preview",
         figure="GET cached preview PNG (owner check + blob)",
-        value=statistics.median(t_preview) * 1000,
+        value=medians["preview"],
         baseline_name="trivial logged-in view",
         baseline=trivial_ms,
         unit="ms",
@@ -177,7 +161,7 @@ def _bench_serve(report: Report, repeat: int) -> None:
         target="< 3x baseline",
     )
     etag = f'"{widget.meta["preview"]["sha256"]}"'
-    revalidate = _median_ms(
+    revalidate = median_ms(
         lambda: client.get(preview_url, headers={"If-None-Match": etag}),
         repeat,
     )
@@ -186,7 +170,7 @@ def _bench_serve(report: Report, repeat: int) -> None:
         figure="revalidate cached preview (ETag, 304), in-process",
         value=revalidate,
         baseline_name="static file, same size, same stack",
-        baseline=statistics.median(t_static) * 1000,
+        baseline=medians["static"],
         unit="ms",
         higher_is_better=False,
         target="(diagnostic)",
@@ -215,27 +199,29 @@ def _bench_serve_http(report: Report, repeat: int, dad, widget, png: bytes) -> N
         "get": (preview_url, cookie, 200),
         "304": (preview_url, etag, 304),
     }
-    times: dict[str, list[float]] = {name: [] for name in cases}
     with gunicorn(env) as port:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        for n in range(repeat + 5):
-            for name, (url, headers, status) in cases.items():
-                start = time.perf_counter()
-                conn.request("GET", url, headers=headers)
-                response = conn.getresponse()
-                body = response.read()
-                elapsed = time.perf_counter() - start
-                assert response.status == status, (url, response.status)
-                assert status == 304 or len(body) == len(png), (url, len(body))
-                if n >= 5:  # the first few warm both workers' imports and caches
-                    times[name].append(elapsed)
+
+        def fetch(url: str, headers: dict, status: int) -> None:
+            conn.request("GET", url, headers=headers)
+            response = conn.getresponse()
+            body = response.read()
+            assert response.status == status, (url, response.status)
+            assert status == 304 or len(body) == len(png), (url, len(body))
+
+        # The first few rounds warm both workers' imports and caches.
+        medians = interleaved_ms(
+            {name: partial(fetch, *case) for name, case in cases.items()},
+            repeat,
+            warmup=5,
+        )
         conn.close()
     shutil.rmtree(static_root, ignore_errors=True)
-    static_ms = statistics.median(times["static"]) * 1000
+    static_ms = medians["static"]
     report.add(
         group="preview",
         figure="repeat view of a cached preview (If-None-Match, 304) on gunicorn",
-        value=statistics.median(times["304"]) * 1000,
+        value=medians["304"],
         baseline_name="static file, same size, whitenoise on gunicorn",
         baseline=static_ms,
         unit="ms",
@@ -245,7 +231,7 @@ def _bench_serve_http(report: Report, repeat: int, dad, widget, png: bytes) -> N
     report.add(
         group="preview",
         figure=f"GET cached preview PNG ({len(png) / 1024:,.0f} KiB) on gunicorn",
-        value=statistics.median(times["get"]) * 1000,
+        value=medians["get"],
         baseline_name="static file, same size, whitenoise on gunicorn",
         baseline=static_ms,
         unit="ms",

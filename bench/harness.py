@@ -98,11 +98,25 @@ def fmt(x: float) -> str:
     return f"{x:.4f}"
 
 
-def median_time(fn: Callable[[], object], repeat: int = 5) -> float:
-    """Median wall time of ``fn`` over ``repeat`` runs, in seconds."""
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def median_ms(fn: Callable[[], object], repeat: int) -> float:
+    """Median wall time of ``fn`` over ``repeat`` calls, in milliseconds."""
+    return interleaved_ms({"fn": fn}, repeat)["fn"]
+
+
+def interleaved_ms(
+    fns: dict[str, Callable[[], object]], repeat: int, *, warmup: int = 0
+) -> dict[str, float]:
+    """Median wall time in milliseconds of each of ``fns``, called in turn.
+
+    Each round calls every function once, in order, so a swing in the machine's
+    load hits all of them alike. The first ``warmup`` rounds are not timed.
+    """
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for n in range(warmup + repeat):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            elapsed = time.perf_counter() - start
+            if n >= warmup:
+                times[name].append(elapsed)
+    return {name: statistics.median(t) * 1000 for name, t in times.items()}
