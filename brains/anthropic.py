@@ -16,8 +16,6 @@ import json
 from typing import Any
 
 from brains.base import (
-    ERR_SHAPE,
-    BrainError,
     BrainReply,
     HttpBrainAdapter,
     Message,
@@ -25,6 +23,7 @@ from brains.base import (
     ToolSpec,
     objects,
     parse_arguments,
+    shape_error,
 )
 
 
@@ -58,6 +57,12 @@ class AnthropicBrain(HttpBrainAdapter):
         )
         self.max_tokens = max_tokens
         self.api_version = api_version or settings.PIPPA_ANTHROPIC_VERSION
+
+    def endpoint(self) -> str:
+        return f"{self.base_url}/v1/messages"
+
+    def headers(self) -> dict[str, str]:
+        return {"x-api-key": self.api_key, "anthropic-version": self.api_version}
 
     def request_body(
         self, *, system: str, messages: list[Message], tools: list[ToolSpec]
@@ -117,7 +122,7 @@ class AnthropicBrain(HttpBrainAdapter):
     def parse_reply(self, data: dict[str, Any]) -> BrainReply:
         content = data.get("content")
         if data.get("type") == "error" or not isinstance(content, list):
-            raise BrainError(ERR_SHAPE.format(vendor=self.vendor, what="no content[]"))
+            raise shape_error(vendor=self.vendor, what="no content[]")
         texts, calls = [], []
         for block in objects(content, vendor=self.vendor, what="content"):
             kind = block.get("type")
@@ -125,10 +130,8 @@ class AnthropicBrain(HttpBrainAdapter):
                 texts.append(block.get("text") or "")
             elif kind == "tool_use":
                 if not block.get("id") or not block.get("name"):
-                    raise BrainError(
-                        ERR_SHAPE.format(
-                            vendor=self.vendor, what="tool_use without id or name"
-                        )
+                    raise shape_error(
+                        vendor=self.vendor, what="tool_use without id or name"
                     )
                 calls.append(
                     ToolCall(
@@ -145,13 +148,3 @@ class AnthropicBrain(HttpBrainAdapter):
             stop_reason=data.get("stop_reason") or "",
             usage=data.get("usage") or {},
         )
-
-    def complete(
-        self, *, system: str, messages: list[Message], tools: list[ToolSpec]
-    ) -> BrainReply:
-        data = self.http.post(
-            f"{self.base_url}/v1/messages",
-            self.request_body(system=system, messages=messages, tools=tools),
-            {"x-api-key": self.api_key, "anthropic-version": self.api_version},
-        )
-        return self.parse_reply(data)

@@ -154,15 +154,46 @@ class HttpBrainAdapter(BrainAdapter):
             vendor=self.vendor, timeout=timeout, retries=retries, backoff=backoff
         )
 
+    def complete(
+        self, *, system: str, messages: list[Message], tools: list[ToolSpec]
+    ) -> BrainReply:
+        data = self.http.post(
+            self.endpoint(),
+            self.request_body(system=system, messages=messages, tools=tools),
+            self.headers(),
+        )
+        return self.parse_reply(data)
+
+    @abstractmethod
+    def endpoint(self) -> str:
+        """Return the URL the chat request is POSTed to."""
+
+    @abstractmethod
+    def headers(self) -> dict[str, str]:
+        """Return the vendor's authentication (and version) headers."""
+
+    @abstractmethod
+    def request_body(
+        self, *, system: str, messages: list[Message], tools: list[ToolSpec]
+    ) -> dict[str, Any]:
+        """Return the vendor's JSON request for the neutral conversation."""
+
+    @abstractmethod
+    def parse_reply(self, data: dict[str, Any]) -> BrainReply:
+        """Return the neutral reply in the vendor's JSON answer, or refuse it."""
+
+
+def shape_error(*, vendor: str, what: str) -> BrainError:
+    """Return the error for an answer whose shape an adapter cannot read."""
+    return BrainError(ERR_SHAPE.format(vendor=vendor, what=what))
+
 
 def objects(value: Any, *, vendor: str, what: str) -> list[dict[str, Any]]:
     """Return ``value`` as a list of JSON objects (missing: empty), or refuse it."""
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-        raise BrainError(
-            ERR_SHAPE.format(vendor=vendor, what=f"{what} is not a list of objects")
-        )
+        raise shape_error(vendor=vendor, what=f"{what} is not a list of objects")
     return value
 
 
@@ -176,14 +207,12 @@ def parse_arguments(raw: Any, *, vendor: str) -> dict[str, Any]:
         try:
             value = json.loads(raw)
         except ValueError:
-            raise BrainError(
-                ERR_SHAPE.format(vendor=vendor, what="tool arguments are not JSON")
+            raise shape_error(
+                vendor=vendor, what="tool arguments are not JSON"
             ) from None
         if isinstance(value, dict):
             return value
-    raise BrainError(
-        ERR_SHAPE.format(vendor=vendor, what="tool arguments are not an object")
-    )
+    raise shape_error(vendor=vendor, what="tool arguments are not an object")
 
 
 class HttpJsonClient:
@@ -313,9 +342,7 @@ class HttpJsonClient:
         except ValueError:
             raise BrainError(ERR_NOT_JSON.format(vendor=self.vendor)) from None
         if not isinstance(value, dict):
-            raise BrainError(
-                ERR_SHAPE.format(vendor=self.vendor, what="not a JSON object")
-            )
+            raise shape_error(vendor=self.vendor, what="not a JSON object")
         return value
 
 

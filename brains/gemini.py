@@ -26,8 +26,6 @@ from typing import Any
 from urllib.parse import quote
 
 from brains.base import (
-    ERR_SHAPE,
-    BrainError,
     BrainReply,
     HttpBrainAdapter,
     Message,
@@ -35,6 +33,7 @@ from brains.base import (
     ToolSpec,
     objects,
     parse_arguments,
+    shape_error,
 )
 
 REPLAY_KEY = "gemini"
@@ -72,6 +71,13 @@ class GeminiBrain(HttpBrainAdapter):
             retries=retries,
             backoff=backoff,
         )
+
+    def endpoint(self) -> str:
+        model = quote(self.model, safe="")
+        return f"{self.base_url}/v1beta/models/{model}:generateContent"
+
+    def headers(self) -> dict[str, str]:
+        return {"x-goog-api-key": self.api_key}
 
     def request_body(
         self, *, system: str, messages: list[Message], tools: list[ToolSpec]
@@ -130,13 +136,11 @@ class GeminiBrain(HttpBrainAdapter):
             what = (
                 f"no candidates (blocked: {feedback})" if feedback else "no candidates"
             )
-            raise BrainError(ERR_SHAPE.format(vendor=self.vendor, what=what)) from None
+            raise shape_error(vendor=self.vendor, what=what) from None
         content = candidate.get("content") if isinstance(candidate, dict) else None
         if not isinstance(candidate, dict) or not isinstance(content or {}, dict):
-            raise BrainError(
-                ERR_SHAPE.format(
-                    vendor=self.vendor, what="candidates[0].content is not an object"
-                )
+            raise shape_error(
+                vendor=self.vendor, what="candidates[0].content is not an object"
             )
         parts = objects(
             (content or {}).get("parts"),
@@ -150,10 +154,8 @@ class GeminiBrain(HttpBrainAdapter):
             elif "functionCall" in part:
                 fc = part["functionCall"] or {}
                 if not fc.get("name"):
-                    raise BrainError(
-                        ERR_SHAPE.format(
-                            vendor=self.vendor, what="functionCall without name"
-                        )
+                    raise shape_error(
+                        vendor=self.vendor, what="functionCall without name"
                     )
                 calls.append(
                     ToolCall(
@@ -170,14 +172,3 @@ class GeminiBrain(HttpBrainAdapter):
             usage=data.get("usageMetadata") or {},
             replay={REPLAY_KEY: copy.deepcopy(parts)} if parts else {},
         )
-
-    def complete(
-        self, *, system: str, messages: list[Message], tools: list[ToolSpec]
-    ) -> BrainReply:
-        url = f"{self.base_url}/v1beta/models/{quote(self.model, safe='')}:generateContent"
-        data = self.http.post(
-            url,
-            self.request_body(system=system, messages=messages, tools=tools),
-            {"x-goog-api-key": self.api_key},
-        )
-        return self.parse_reply(data)

@@ -15,8 +15,6 @@ import json
 from typing import Any
 
 from brains.base import (
-    ERR_SHAPE,
-    BrainError,
     BrainReply,
     HttpBrainAdapter,
     Message,
@@ -24,6 +22,7 @@ from brains.base import (
     ToolSpec,
     objects,
     parse_arguments,
+    shape_error,
 )
 
 # Where each brain's OpenAI-compatible endpoint lives by default.
@@ -60,6 +59,12 @@ class OpenAICompatBrain(HttpBrainAdapter):
             retries=retries,
             backoff=backoff,
         )
+
+    def endpoint(self) -> str:
+        return f"{self.base_url}/chat/completions"
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def request_body(
         self, *, system: str, messages: list[Message], tools: list[ToolSpec]
@@ -112,13 +117,11 @@ class OpenAICompatBrain(HttpBrainAdapter):
             choice = data["choices"][0]
             message = choice["message"]
         except (KeyError, IndexError, TypeError):
-            raise BrainError(
-                ERR_SHAPE.format(vendor=self.vendor, what="no choices[0].message")
+            raise shape_error(
+                vendor=self.vendor, what="no choices[0].message"
             ) from None
         if not isinstance(message, dict):
-            raise BrainError(
-                ERR_SHAPE.format(vendor=self.vendor, what="no choices[0].message")
-            )
+            raise shape_error(vendor=self.vendor, what="no choices[0].message")
         calls = []
         raw_calls = message.get("tool_calls")
         for i, raw in enumerate(
@@ -126,9 +129,7 @@ class OpenAICompatBrain(HttpBrainAdapter):
         ):
             fn = raw.get("function") or {}
             if not fn.get("name"):
-                raise BrainError(
-                    ERR_SHAPE.format(vendor=self.vendor, what="a tool call has no name")
-                )
+                raise shape_error(vendor=self.vendor, what="a tool call has no name")
             calls.append(
                 ToolCall(
                     id=raw.get("id") or f"call_{i}",
@@ -142,14 +143,3 @@ class OpenAICompatBrain(HttpBrainAdapter):
             stop_reason=choice.get("finish_reason") or "",
             usage=data.get("usage") or {},
         )
-
-    def complete(
-        self, *, system: str, messages: list[Message], tools: list[ToolSpec]
-    ) -> BrainReply:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        data = self.http.post(
-            f"{self.base_url}/chat/completions",
-            self.request_body(system=system, messages=messages, tools=tools),
-            headers,
-        )
-        return self.parse_reply(data)
