@@ -79,11 +79,71 @@ def _error_text(exc: Exception) -> str:
 
 
 class RepairPermissionMixin:
-    """Actions that change state need the model's change permission."""
+    """Actions that change state need the model's change permission.
+
+    They also report alike: a refusal names the row and the service's words,
+    an action for one row refuses any other selection, and a confirmation
+    page is the admin's own page with the selection carried along.
+    """
 
     def has_repair_permission(self, request: HttpRequest) -> bool:
         opts = self.opts
         return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
+
+    def message_refused(self, request: HttpRequest, *, what: str, exc: Exception):
+        self.message_user(
+            request,
+            MSG_REFUSED.format(what=what, error=_error_text(exc)),
+            messages.ERROR,
+        )
+
+    def redirect_to_one(
+        self, request: HttpRequest, queryset, *, what: str, url_name: str
+    ) -> HttpResponseRedirect | None:
+        """Go to ``url_name`` for the one selected row; refuse any other selection."""
+        rows = list(queryset[:2])
+        if len(rows) != 1:
+            self.message_user(
+                request, MSG_ONE_AT_A_TIME.format(what=what), messages.ERROR
+            )
+            return None
+        return HttpResponseRedirect(reverse(url_name, args=[rows[0].pk]))
+
+    def confirmation(
+        self, request: HttpRequest, template: str, *, title: str, **context
+    ) -> TemplateResponse:
+        """The page that asks before a bulk action; it posts the action again."""
+        return TemplateResponse(
+            request,
+            template,
+            {
+                **self.admin_site.each_context(request),
+                "opts": self.opts,
+                "title": title,
+                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+                **context,
+            },
+        )
+
+
+class StepShownMixin:
+    """How a step's attempts and repair link read, in the step list and inline."""
+
+    @admin.display(description="attempts")
+    def attempts_shown(self, obj):
+        return f"{obj.attempts}/{obj.max_attempts}"
+
+    @admin.display(description="repair")
+    def repair_link(self, obj):
+        # A cheap guess for list pages; the page itself asks step_resolve_options.
+        if obj.status not in (
+            Step.Status.NEEDS_REVIEW,
+            Step.Status.RUNNING,
+            Step.Status.FAILED,
+        ):
+            return "—"
+        url = reverse("admin:tasks_step_resolve", args=[obj.pk])
+        return format_html('<a href="{}">Decide…</a>', url)
 
 
 # -- filters ------------------------------------------------------------------
@@ -252,7 +312,7 @@ class ConversationAdmin(CleanTitlesMixin, admin.ModelAdmin):
 # -- tasks ----------------------------------------------------------------------
 
 
-class StepInline(admin.TabularInline):
+class StepInline(StepShownMixin, admin.TabularInline):
     model = Step
     extra = 0
     can_delete = False
@@ -265,7 +325,7 @@ class StepInline(admin.TabularInline):
         "status",
         "attempts_shown",
         "output",
-        "resolve_link",
+        "repair_link",
     ]
     readonly_fields = fields
     ordering = ["position"]
@@ -275,14 +335,6 @@ class StepInline(admin.TabularInline):
 
     def has_change_permission(self, request, obj=None):
         return False
-
-    @admin.display(description="attempts")
-    def attempts_shown(self, obj):
-        return f"{obj.attempts}/{obj.max_attempts}"
-
-    @admin.display(description="repair")
-    def resolve_link(self, obj):
-        return _resolve_link(obj)
 
 
 def _branch_choices(steps: list[Step]) -> list[tuple[int, str, list[Step]]]:
@@ -298,18 +350,6 @@ def _branch_choices(steps: list[Step]) -> list[tuple[int, str, list[Step]]]:
             break
         choices.append((n, f"Keep steps 1–{n}, continue from step {n + 1}", steps[:n]))
     return choices
-
-
-def _resolve_link(step: Step) -> str:
-    # A cheap guess for list pages; the page itself asks step_resolve_options.
-    if step.status not in (
-        Step.Status.NEEDS_REVIEW,
-        Step.Status.RUNNING,
-        Step.Status.FAILED,
-    ):
-        return "—"
-    url = reverse("admin:tasks_step_resolve", args=[step.pk])
-    return format_html('<a href="{}">Decide…</a>', url)
 
 
 @admin.register(Task)
@@ -432,11 +472,7 @@ class TaskAdmin(CleanTitlesMixin, RepairPermissionMixin, admin.ModelAdmin):
             try:
                 ok = lease_release(task=task, actor=actor_for(request))
             except PippaError as exc:
-                self.message_user(
-                    request,
-                    MSG_REFUSED.format(what=f"Task {task.pk}", error=_error_text(exc)),
-                    messages.ERROR,
-                )
+                self.message_refused(request, what=f"Task {task.pk}", exc=exc)
                 continue
             if ok:
                 released += 1
@@ -466,11 +502,7 @@ class TaskAdmin(CleanTitlesMixin, RepairPermissionMixin, admin.ModelAdmin):
             try:
                 service(task=task, actor=actor_for(request))
             except PippaError as exc:
-                self.message_user(
-                    request,
-                    MSG_REFUSED.format(what=f"Task {task.pk}", error=_error_text(exc)),
-                    messages.ERROR,
-                )
+                self.message_refused(request, what=f"Task {task.pk}", exc=exc)
                 continue
             n += 1
             self.log_change(request, task, note)
@@ -489,16 +521,11 @@ class TaskAdmin(CleanTitlesMixin, RepairPermissionMixin, admin.ModelAdmin):
     def cancel_tasks(self, request, queryset):
         """Cancel after a confirmation page that says what will happen."""
         if request.POST.get("confirm") != "yes":
-            return TemplateResponse(
+            return self.confirmation(
                 request,
                 "admin/tasks/task/cancel_confirmation.html",
-                {
-                    **self.admin_site.each_context(request),
-                    "opts": self.opts,
-                    "title": "Cancel these tasks?",
-                    "tasks": list(queryset.order_by("pk")),
-                    "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
-                },
+                title="Cancel these tasks?",
+                tasks=list(queryset.order_by("pk")),
             )
         cancelled = self._each(request, queryset, task_cancel, "Cancelled.")
         if cancelled:
@@ -511,14 +538,8 @@ class TaskAdmin(CleanTitlesMixin, RepairPermissionMixin, admin.ModelAdmin):
         permissions=["repair"], description="Branch the selected task from a step…"
     )
     def branch_task(self, request, queryset):
-        tasks = list(queryset[:2])
-        if len(tasks) != 1:
-            self.message_user(
-                request, MSG_ONE_AT_A_TIME.format(what="task"), messages.ERROR
-            )
-            return None
-        return HttpResponseRedirect(
-            reverse("admin:tasks_task_branch", args=[tasks[0].pk])
+        return self.redirect_to_one(
+            request, queryset, what="task", url_name="admin:tasks_task_branch"
         )
 
     # -- views --
@@ -538,11 +559,7 @@ class TaskAdmin(CleanTitlesMixin, RepairPermissionMixin, admin.ModelAdmin):
             try:
                 new = task_branch(task=task, after_position=k, actor=actor_for(request))
             except PippaError as exc:
-                self.message_user(
-                    request,
-                    MSG_REFUSED.format(what=f"Task {task.pk}", error=_error_text(exc)),
-                    messages.ERROR,
-                )
+                self.message_refused(request, what=f"Task {task.pk}", exc=exc)
                 return HttpResponseRedirect(request.path)
             self.log_change(
                 request, task, f"Branched into task {new.pk} after step {k}."
@@ -611,7 +628,9 @@ class TaskAdmin(CleanTitlesMixin, RepairPermissionMixin, admin.ModelAdmin):
 
 
 @admin.register(Step)
-class StepAdmin(CleanTitlesMixin, RepairPermissionMixin, admin.ModelAdmin):
+class StepAdmin(
+    CleanTitlesMixin, RepairPermissionMixin, StepShownMixin, admin.ModelAdmin
+):
     # Status and the repair link first: they are what an operator scans for.
     list_display = [
         "id",
@@ -664,17 +683,9 @@ class StepAdmin(CleanTitlesMixin, RepairPermissionMixin, admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
-    @admin.display(description="attempts")
-    def attempts_shown(self, obj):
-        return f"{obj.attempts}/{obj.max_attempts}"
-
     @admin.display(description="step", ordering="position")
     def step_shown(self, obj):
         return f"{obj.position}. {obj.title}"
-
-    @admin.display(description="repair")
-    def repair_link(self, obj):
-        return _resolve_link(obj)
 
     @admin.display(description="what resume will do")
     def resume_words(self, obj):
@@ -707,14 +718,8 @@ class StepAdmin(CleanTitlesMixin, RepairPermissionMixin, admin.ModelAdmin):
         permissions=["repair"], description="Decide what to do with the selected step…"
     )
     def resolve_step(self, request, queryset):
-        steps = list(queryset[:2])
-        if len(steps) != 1:
-            self.message_user(
-                request, MSG_ONE_AT_A_TIME.format(what="step"), messages.ERROR
-            )
-            return None
-        return HttpResponseRedirect(
-            reverse("admin:tasks_step_resolve", args=[steps[0].pk])
+        return self.redirect_to_one(
+            request, queryset, what="step", url_name="admin:tasks_step_resolve"
         )
 
     @admin.action(permissions=["repair"], description="Start selected steps over")
@@ -724,27 +729,18 @@ class StepAdmin(CleanTitlesMixin, RepairPermissionMixin, admin.ModelAdmin):
         steps = list(queryset.select_related("task").order_by("task_id", "position"))
         outside = [step for step in steps if step.side_effects]
         if outside and request.POST.get("confirm") != "yes":
-            return TemplateResponse(
+            return self.confirmation(
                 request,
                 "admin/tasks/step/retry_confirmation.html",
-                {
-                    **self.admin_site.each_context(request),
-                    "opts": self.opts,
-                    "title": "Send these calls again?",
-                    "steps": steps,
-                    "outside": outside,
-                    "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
-                },
+                title="Send these calls again?",
+                steps=steps,
+                outside=outside,
             )
         for step in steps:
             try:
                 step_retry(step=step, actor=actor_for(request))
             except PippaError as exc:
-                self.message_user(
-                    request,
-                    MSG_REFUSED.format(what=f"Step {step.pk}", error=_error_text(exc)),
-                    messages.ERROR,
-                )
+                self.message_refused(request, what=f"Step {step.pk}", exc=exc)
                 continue
             self.log_change(request, step, "Retried.")
             self.message_user(
@@ -767,11 +763,7 @@ class StepAdmin(CleanTitlesMixin, RepairPermissionMixin, admin.ModelAdmin):
             try:
                 step = step_resolve(step=step, action=action, actor=actor_for(request))
             except PippaError as exc:
-                self.message_user(
-                    request,
-                    MSG_REFUSED.format(what=f"Step {step.pk}", error=_error_text(exc)),
-                    messages.ERROR,
-                )
+                self.message_refused(request, what=f"Step {step.pk}", exc=exc)
                 return HttpResponseRedirect(request.path)
             self.log_change(request, step, f"Resolved: {action}.")
             self.message_user(
