@@ -46,7 +46,7 @@ from tasks.documents import (
     artifacts_get,
     conversation_get_for_user,
     conversation_payload,
-    step_payload,
+    step_run_payload,
     task_get_for_user,
     task_payload,
 )
@@ -399,14 +399,7 @@ def task_step_run(request: HttpRequest, task_id: int, payload: WorkerIn):
     result = actions.step_run(task=task, worker_id=_worker_id(request, payload.worker))
     if result.lease_busy:
         raise LeaseConflict(result.detail)
-    return {
-        "ran": result.ran,
-        "detail": result.detail,
-        "invoked": result.invoked,
-        "rule": result.rule,
-        "step": step_payload(result.step) if result.step is not None else None,
-        "task": task_payload(task),
-    }
+    return step_run_payload(result, task)
 
 
 @tasks.post("/{task_id}/lease/release", response={200: TaskOut, **BAD})

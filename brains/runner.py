@@ -395,20 +395,13 @@ class LocalBackend:
 
     def run_step(self, task_id: int, worker: str) -> dict[str, Any]:
         from tasks.actions import step_run
-        from tasks.documents import step_payload, task_payload
+        from tasks.documents import step_run_payload
 
         task = self._task(task_id)
         result = step_run(task=task, worker_id=worker)
         if result.lease_busy:
             raise LeaseBusy(result.detail)
-        return {
-            "ran": result.ran,
-            "detail": result.detail,
-            "invoked": result.invoked,
-            "rule": result.rule,
-            "step": step_payload(result.step) if result.step is not None else None,
-            "task": task_payload(task),
-        }
+        return step_run_payload(result, task)
 
     def resume(self, task_id: int) -> dict[str, Any]:
         from tasks.actions import task_resume

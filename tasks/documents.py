@@ -115,6 +115,18 @@ def task_payload(task: Task) -> dict[str, Any]:
     }
 
 
+def step_run_payload(run, task: Task) -> dict[str, Any]:
+    """What a runner is told after asking for a step (``tasks.actions.StepRun``)."""
+    return {
+        "ran": run.ran,
+        "detail": run.detail,
+        "invoked": run.invoked,
+        "rule": run.rule,
+        "step": step_payload(run.step) if run.step is not None else None,
+        "task": task_payload(task),
+    }
+
+
 def conversation_payload(conversation: Conversation) -> dict[str, Any]:
     return {
         "id": conversation.pk,
