@@ -7,7 +7,7 @@ recorded on the task (a ``tasks.models.Brain`` value).
 
 from __future__ import annotations
 
-from brains.base import BrainAdapter, BrainError
+from brains.base import BACKOFF, RETRIES, TIMEOUT, BrainAdapter, BrainError
 
 KINDS = ("openai", "anthropic", "gemini", "scripted")
 # The wire format each brain speaks by default.
@@ -33,9 +33,9 @@ def brain_make(
     model: str = "",
     base_url: str | None = None,
     api_key: str = "",
-    timeout: float = 60.0,
-    retries: int = 2,
-    backoff: float = 0.5,
+    timeout: float = TIMEOUT,
+    retries: int = RETRIES,
+    backoff: float = BACKOFF,
 ) -> BrainAdapter:
     """Return the adapter for ``kind`` (see ``KINDS``)."""
     http = {"timeout": timeout, "retries": retries, "backoff": backoff}

@@ -16,6 +16,9 @@ import json
 from typing import Any
 
 from brains.base import (
+    BACKOFF,
+    RETRIES,
+    TIMEOUT,
     BrainReply,
     HttpBrainAdapter,
     Message,
@@ -38,9 +41,9 @@ class AnthropicBrain(HttpBrainAdapter):
         api_key: str,
         base_url: str = "https://api.anthropic.com",
         max_tokens: int = 4096,
-        timeout: float = 60.0,
-        retries: int = 2,
-        backoff: float = 0.5,
+        timeout: float = TIMEOUT,
+        retries: int = RETRIES,
+        backoff: float = BACKOFF,
         brain: str = "claude",
         api_version: str | None = None,
     ):

@@ -32,6 +32,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+# Every adapter's defaults: seconds one request may take, retries after the
+# first try, and the first back-off in seconds (doubled each retry).
+TIMEOUT = 60.0
+RETRIES = 2
+BACKOFF = 0.5
 MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 ERR_TIMEOUT = "{vendor}: no answer within {timeout:g}s ({attempts} attempts)"
@@ -222,9 +227,9 @@ class HttpJsonClient:
         self,
         *,
         vendor: str,
-        timeout: float = 60.0,
-        retries: int = 2,
-        backoff: float = 0.5,
+        timeout: float = TIMEOUT,
+        retries: int = RETRIES,
+        backoff: float = BACKOFF,
         max_backoff: float = 8.0,
         max_retry_after: float = 60.0,
         sleep: Callable[[float], None] = time.sleep,
@@ -267,14 +272,17 @@ class HttpJsonClient:
                 self.sleep(wait)
         assert last is not None
         if last.kind == "timeout" and attempts > 1:
-            raise BrainError(
-                ERR_TIMEOUT.format(
-                    vendor=self.vendor, timeout=self.timeout, attempts=attempts
-                ),
-                retryable=True,
-                kind="timeout",
-            )
+            raise self._timed_out(attempts)
         raise last
+
+    def _timed_out(self, attempts: int) -> BrainError:
+        return BrainError(
+            ERR_TIMEOUT.format(
+                vendor=self.vendor, timeout=self.timeout, attempts=attempts
+            ),
+            retryable=True,
+            kind="timeout",
+        )
 
     def _post_once(
         self, url: str, data: bytes, headers: dict[str, str]
@@ -306,22 +314,10 @@ class HttpJsonClient:
                 retry_after=retry_after_seconds(exc.headers),
             ) from None
         except TimeoutError:
-            raise BrainError(
-                ERR_TIMEOUT.format(
-                    vendor=self.vendor, timeout=self.timeout, attempts=1
-                ),
-                retryable=True,
-                kind="timeout",
-            ) from None
+            raise self._timed_out(1) from None
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, TimeoutError | socket.timeout):
-                raise BrainError(
-                    ERR_TIMEOUT.format(
-                        vendor=self.vendor, timeout=self.timeout, attempts=1
-                    ),
-                    retryable=True,
-                    kind="timeout",
-                ) from None
+                raise self._timed_out(1) from None
             raise BrainError(
                 ERR_CONNECT.format(vendor=self.vendor, url=url, reason=exc.reason),
                 retryable=True,

@@ -26,6 +26,9 @@ from typing import Any
 from urllib.parse import quote
 
 from brains.base import (
+    BACKOFF,
+    RETRIES,
+    TIMEOUT,
     BrainReply,
     HttpBrainAdapter,
     Message,
@@ -57,9 +60,9 @@ class GeminiBrain(HttpBrainAdapter):
         model: str,
         api_key: str,
         base_url: str = "https://generativelanguage.googleapis.com",
-        timeout: float = 60.0,
-        retries: int = 2,
-        backoff: float = 0.5,
+        timeout: float = TIMEOUT,
+        retries: int = RETRIES,
+        backoff: float = BACKOFF,
         brain: str = "gemini",
     ):
         super().__init__(

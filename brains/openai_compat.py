@@ -15,6 +15,9 @@ import json
 from typing import Any
 
 from brains.base import (
+    BACKOFF,
+    RETRIES,
+    TIMEOUT,
     BrainReply,
     HttpBrainAdapter,
     Message,
@@ -45,9 +48,9 @@ class OpenAICompatBrain(HttpBrainAdapter):
         brain: str = "codex",
         base_url: str | None = None,
         api_key: str = "",
-        timeout: float = 60.0,
-        retries: int = 2,
-        backoff: float = 0.5,
+        timeout: float = TIMEOUT,
+        retries: int = RETRIES,
+        backoff: float = BACKOFF,
     ):
         self.vendor = f"{brain} (OpenAI-compatible)"
         super().__init__(

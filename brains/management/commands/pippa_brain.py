@@ -13,6 +13,7 @@ import os
 from django.core.management.base import BaseCommand, CommandError
 
 from brains import DEFAULT_KIND, KINDS, BrainError, brain_make
+from brains.base import RETRIES, TIMEOUT
 from brains.runner import HttpBackend, LocalBackend, ToolFailure, run_brain
 from tasks.models import Brain, Task
 
@@ -37,8 +38,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--api-key-env", default="", help="environment variable holding the API key"
         )
-        parser.add_argument("--timeout", type=float, default=60.0)
-        parser.add_argument("--retries", type=int, default=2)
+        parser.add_argument("--timeout", type=float, default=TIMEOUT)
+        parser.add_argument("--retries", type=int, default=RETRIES)
         parser.add_argument("--max-turns", type=int, default=60)
         parser.add_argument(
             "--lease-wait",
