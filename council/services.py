@@ -30,6 +30,7 @@ from council.models import CouncilRound, Participant, Turn, TurnArtifact
 from pippa_site.errors import Invalid
 from pippa_site.text import TextError, text_check, title_clean
 from tasks.models import Brain, Conversation
+from tasks.resume import artifact_ref as brain_ref
 
 CONTEXT_SCHEMA = "pippa.council.context/1"
 CONTEXT_MEDIA_TYPE = "application/json"
@@ -112,7 +113,11 @@ def round_start(
 
 
 def artifact_ref(artifact: Artifact, *, role: str | None = None) -> dict:
-    """Return the ref a participant receives for ``artifact``: metadata and URLs only."""
+    """Return the ref a participant receives for ``artifact``: metadata and URLs only.
+
+    The brain-facing ref of ``tasks.resume.artifact_ref``, plus where to read
+    the source and the preview, and the sources it was made from.
+    """
     status = preview_status(artifact)
     preview_url = None
     preview: dict | None = None
@@ -129,13 +134,7 @@ def artifact_ref(artifact: Artifact, *, role: str | None = None) -> dict:
         elif status:
             preview = {"status": status.get("status"), "reason": status.get("reason")}
     ref = {
-        "id": artifact.pk,
-        "sha256": artifact.sha256,
-        "class": artifact.artifact_class,
-        "class_label": artifact.class_label,
-        "media_type": artifact.media_type,
-        "title": artifact.title,
-        "size": artifact.size,
+        **brain_ref(artifact),
         "source_url": reverse("artifacts:source", args=[artifact.pk]),
         "preview_url": preview_url,
         "source_refs": [
