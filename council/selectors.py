@@ -6,14 +6,13 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from django.db.models import Prefetch
 from django.http import Http404
 
 from artifacts.models import Artifact
 from artifacts.preview import STATUS_OK, WIDGET_MEDIA_TYPES, preview_status
 from artifacts.store import BlobError, default_store
 from council.models import CouncilRound, Participant, Turn, TurnArtifact
-from council.services import brain_label, serialize_branch_context
+from council.services import brain_label, round_turns, serialize_branch_context
 
 ERR_ROUND_NOT_FOUND = "No such council round."
 ERR_TURN_NOT_FOUND = "No such turn."
@@ -22,26 +21,37 @@ ERR_CONTEXT_MISSING = "The stored context of this turn is missing."
 ERR_NO_PARTICIPANTS = "this council round has no participants"
 
 
-def round_get_for_user(*, user, round_id: int, staff: bool = True) -> CouncilRound:
-    """Return the round if ``user`` owns its conversation (staff: any, unless
-    ``staff=False`` as for API tokens); else 404."""
-    rounds = CouncilRound.objects.select_related("conversation")
+def _get_for_user(rows, *, pk: int, owner: str, user, staff: bool, error: str):
+    """Return row ``pk`` if ``user`` owns its conversation (staff: any, unless
+    ``staff=False`` as for API tokens); else 404 with ``error``."""
     if not (staff and user.is_staff):
-        rounds = rounds.filter(conversation__owner=user)
-    council_round = rounds.filter(pk=round_id).first()
-    if council_round is None:
-        raise Http404(ERR_ROUND_NOT_FOUND)
-    return council_round
+        rows = rows.filter(**{owner: user})
+    found = rows.filter(pk=pk).first()
+    if found is None:
+        raise Http404(error)
+    return found
+
+
+def round_get_for_user(*, user, round_id: int, staff: bool = True) -> CouncilRound:
+    return _get_for_user(
+        CouncilRound.objects.select_related("conversation"),
+        pk=round_id,
+        owner="conversation__owner",
+        user=user,
+        staff=staff,
+        error=ERR_ROUND_NOT_FOUND,
+    )
 
 
 def turn_get_for_user(*, user, turn_id: int, staff: bool = True) -> Turn:
-    turns = Turn.objects.select_related("round", "round__conversation", "participant")
-    if not (staff and user.is_staff):
-        turns = turns.filter(round__conversation__owner=user)
-    turn = turns.filter(pk=turn_id).first()
-    if turn is None:
-        raise Http404(ERR_TURN_NOT_FOUND)
-    return turn
+    return _get_for_user(
+        Turn.objects.select_related("round", "round__conversation", "participant"),
+        pk=turn_id,
+        owner="round__conversation__owner",
+        user=user,
+        staff=staff,
+        error=ERR_TURN_NOT_FOUND,
+    )
 
 
 def next_participant(*, council_round: CouncilRound) -> Participant | None:
@@ -185,19 +195,8 @@ def turn_context_view(*, turn: Turn) -> ContextView:
 
 def round_page(*, council_round: CouncilRound) -> list[TurnView]:
     """Everything the round viewer shows, turn by turn, in a fixed number of queries."""
-    turns = (
-        Turn.objects.filter(round=council_round)
-        .select_related("participant")
-        .prefetch_related(
-            Prefetch(
-                "artifact_links",
-                queryset=TurnArtifact.objects.select_related("artifact").order_by("id"),
-            )
-        )
-        .order_by("order")
-    )
     views = []
-    for turn in turns:
+    for turn in round_turns(council_round):
         view = TurnView(turn=turn, brain=brain_label(turn.participant.brain))
         preview_ids = set()
         for link in turn.artifact_links.all():

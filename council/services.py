@@ -171,20 +171,23 @@ def _turn_refs(turn: Turn) -> list[dict]:
     return refs
 
 
-def _turns_before(council_round: CouncilRound, before_order: int | None):
-    turns = (
+def round_turns(council_round: CouncilRound, *, with_sources: bool = False):
+    """A round's turns in order, with speakers and artifact links in a fixed
+    number of queries; ``with_sources`` also loads each artifact's sources
+    (a context's refs name them)."""
+    links = TurnArtifact.objects.select_related("artifact").order_by("id")
+    if with_sources:
+        links = links.prefetch_related("artifact__source_links__source")
+    return (
         Turn.objects.filter(round=council_round)
         .select_related("participant")
-        .prefetch_related(
-            Prefetch(
-                "artifact_links",
-                queryset=TurnArtifact.objects.select_related("artifact")
-                .prefetch_related("artifact__source_links__source")
-                .order_by("id"),
-            )
-        )
+        .prefetch_related(Prefetch("artifact_links", queryset=links))
         .order_by("order")
     )
+
+
+def _turns_before(council_round: CouncilRound, before_order: int | None):
+    turns = round_turns(council_round, with_sources=True)
     if before_order is not None:
         turns = turns.filter(order__lt=before_order)
     return turns
