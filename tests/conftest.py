@@ -13,6 +13,7 @@ from django.db import connection
 from artifacts.models import ArtifactClass
 from artifacts.services import artifact_store
 from artifacts.store import BlobStore
+from tasks.tools import tools_load
 from tests.support.faults import Tmpfs, TmpfsUnavailable
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,6 +42,19 @@ def _isolated_blobs(settings, tmp_path):
 @pytest.fixture
 def blob_store(settings) -> BlobStore:
     return BlobStore(settings.BLOB_DIR)
+
+
+@pytest.fixture
+def tool_log(monkeypatch, tmp_path) -> Path:
+    """Load the test tools; return the file their calls are logged to.
+
+    The log's path is in the environment, so a server or worker process this
+    test starts logs its calls to the same file (``tests.support.executing.invocations``).
+    """
+    tools_load(["tests.support.tools"])
+    log = tmp_path / "tool-calls.jsonl"
+    monkeypatch.setenv("PIPPA_TOOL_LOG", str(log))
+    return log
 
 
 def is_sqlite() -> bool:

@@ -7,13 +7,9 @@ import pytest
 from artifacts.models import Artifact, ArtifactSource
 from artifacts.store import BlobStore
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
+from tests.support.plans import CLOSES_CHART_PLAN as PLAN
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-PLAN = [
-    {"title": "Fetch closes", "tool": "demo.closes", "args": {"end": "2024-01-31"}},
-    {"title": "Chart them", "tool": "demo.chart", "args": {"source": 1}},
-]
 
 
 def new_task(api_client, **extra):

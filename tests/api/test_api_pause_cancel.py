@@ -5,13 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tasks.models import Event, Task
+from tests.support.plans import CLOSES_CHART_PLAN as PLAN
 
 pytestmark = pytest.mark.django_db
-
-PLAN = [
-    {"title": "Fetch closes", "tool": "demo.closes", "args": {"end": "2024-01-31"}},
-    {"title": "Chart them", "tool": "demo.chart", "args": {"source": 1}},
-]
 
 
 def new_task(api_client) -> dict:

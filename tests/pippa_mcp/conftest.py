@@ -17,7 +17,6 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.types import Implementation
 
 from api.services import token_create
-from tasks.tools import tools_load
 from tests.conftest import REPO
 
 PLAN = [
@@ -28,15 +27,8 @@ PLAN = [
 
 
 @pytest.fixture(autouse=True)
-def _test_tools(monkeypatch, tmp_path):
+def _test_tools(tool_log):
     """The test tools, in this process and in every server process started."""
-    tools_load(["tests.support.tools"])
-    monkeypatch.setenv("PIPPA_TOOL_LOG", str(tmp_path / "tool-calls.jsonl"))
-
-
-@pytest.fixture
-def tool_log(tmp_path):
-    return tmp_path / "tool-calls.jsonl"
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ from tasks.executor import step
 from tasks.lease import lease_release
 from tasks.models import Event, Step, Task, TaskArtifact
 from tasks.plan import task_create
-from tasks.tools import tools_load
 from tests.support.executing import (
     check_invariants,
     crash_at,
@@ -29,26 +28,12 @@ from tests.support.executing import (
     kinds,
     run_task,
 )
-
-DEMO_PLAN = [
-    {"title": "Title card", "tool": "demo.image", "args": {"text": "PIPA"}},
-    {"title": "Closes", "tool": "demo.closes", "args": {}},
-    {"title": "Search", "tool": "demo.search", "args": {"query": "PIPA dividend"}},
-    {"title": "Chart", "tool": "demo.chart", "args": {"source": 2}},
-]
+from tests.support.plans import DEMO_PLAN
 
 
 @pytest.fixture(autouse=True)
-def _tools(monkeypatch, tmp_path):
-    tools_load(["tests.support.tools"])
-    log = tmp_path / "tool-calls.jsonl"
-    monkeypatch.setenv("PIPPA_TOOL_LOG", str(log))
-    return log
-
-
-@pytest.fixture
-def tool_log(tmp_path):
-    return tmp_path / "tool-calls.jsonl"
+def _tools(tool_log):
+    """Every test here runs the test tools, counting their calls."""
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from tasks.executor import step
 from tasks.lease import DEAD_SQL, lease_release
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
-from tasks.tools import tools_load
 from tests.support.executing import crash_at, expire_lease
 
 PLAN = [{"title": "Closes", "tool": "demo.closes", "args": {}}]
@@ -28,9 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
-def _tools(monkeypatch, tmp_path):
-    tools_load(["tests.support.tools"])
-    monkeypatch.setenv("PIPPA_TOOL_LOG", str(tmp_path / "tool-calls.jsonl"))
+def _tools(tool_log):
+    """Every test here runs the test tools, counting their calls."""
 
 
 def _task(make_conversation, *, owner: str, expires, steps=PLAN) -> Task:

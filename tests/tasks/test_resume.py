@@ -12,13 +12,7 @@ from tasks.plan import task_create
 from tasks.resume import resume_advice, resume_context
 from tasks.tools import tools_load
 from tests.support.executing import crash_at, expire_lease, run_task
-
-DEMO_PLAN = [
-    {"title": "Title card", "tool": "demo.image", "args": {"text": "PIPA"}},
-    {"title": "Closes", "tool": "demo.closes", "args": {}},
-    {"title": "Search", "tool": "demo.search", "args": {"query": "PIPA dividend"}},
-    {"title": "Chart", "tool": "demo.chart", "args": {"source": 2}},
-]
+from tests.support.plans import DEMO_PLAN
 
 
 @pytest.fixture(autouse=True)
