@@ -133,6 +133,13 @@ def user(make_user):
 
 
 @pytest.fixture
+def dad_client(client, user):
+    """The test client, logged in as ``user``."""
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
 def make_conversation(make_user):
     from tasks.models import Conversation
 

@@ -24,12 +24,6 @@ from tests.tasks.dashboard_data import add_steps
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def dad_client(client, user):
-    client.force_login(user)
-    return client
-
-
 def _render(source: str, **context) -> str:
     return Template("{% load pippa %}" + source).render(Context(context))
 

@@ -15,12 +15,6 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def dad_client(client, user):
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
 def task(make_conversation, make_task, user):
     return make_task(conversation=make_conversation(owner=user), title="Chart closes")
 

@@ -35,12 +35,6 @@ def owned(make_conversation, make_task, make_artifact, user):
     return task, artifact
 
 
-@pytest.fixture
-def dad_client(client, user):
-    client.force_login(user)
-    return client
-
-
 @pytest.mark.django_db
 def test_detail_shows_class_badge_sha_integrity_and_download_links(dad_client, owned):
     task, artifact = owned

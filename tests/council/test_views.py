@@ -45,12 +45,6 @@ def council_round(make_conversation, user):
     return council_round
 
 
-@pytest.fixture
-def dad_client(client, user):
-    client.force_login(user)
-    return client
-
-
 def _widget() -> Artifact:
     return Artifact.objects.get(media_type="image/svg+xml")
 

@@ -29,7 +29,8 @@ from tasks.executor import step
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
 from tasks.tools import ToolContext, ToolResult, tool, tools_load
-from tests.support.executing import crash_at, expire_lease
+from tests.support.executing import crash_at, expire_lease, kinds
+from tests.support.stepping import run_steps
 
 pytestmark = pytest.mark.django_db
 
@@ -62,17 +63,11 @@ def _task(conversation, steps: list[dict], **kwargs) -> Task:
 
 
 def _run(task: Task, times: int = 10) -> Task:
-    for _ in range(times):
-        if step(task_id=task.pk, worker_id=WORKER) is None:
-            break
-    task.refresh_from_db()
-    return task
+    return run_steps(task, WORKER, times)
 
 
 def _kinds(task: Task) -> list[str]:
-    return list(
-        Event.objects.filter(task=task).order_by("seq").values_list("kind", flat=True)
-    )
+    return kinds(task.pk)
 
 
 # -- pause -------------------------------------------------------------------

@@ -26,12 +26,6 @@ def _no_lazy_loads(monkeypatch):
 
 
 @pytest.fixture
-def dad_client(client, user):
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
 def stranger(make_user):
     return make_user(username="stranger")
 

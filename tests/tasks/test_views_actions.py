@@ -12,16 +12,11 @@ from tasks.crashpoints import SimulatedCrash
 from tasks.executor import step
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
+from tests.support.stepping import run_steps
 
 pytestmark = pytest.mark.django_db
 
 WORKER = "worker:test-1"
-
-
-@pytest.fixture
-def dad_client(client, user):
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture
@@ -30,11 +25,7 @@ def conversation(user, make_conversation):
 
 
 def _run(task: Task, times: int = 10) -> Task:
-    for _ in range(times):
-        if step(task_id=task.pk, worker_id=WORKER) is None:
-            break
-    task.refresh_from_db()
-    return task
+    return run_steps(task, WORKER, times)
 
 
 def _failed_search_task(conversation) -> Task:

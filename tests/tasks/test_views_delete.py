@@ -21,12 +21,6 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def dad_client(client, user):
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
 def shared(user):
     """Dad's conversation whose closes another of his conversations also keeps."""
     doomed, artifacts = conversation_with_everything(owner=user, title="Old study")

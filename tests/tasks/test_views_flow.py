@@ -14,6 +14,7 @@ from tasks.executor import step
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
 from tests.support.executing import crash_at, expire_lease
+from tests.support.stepping import run_steps
 from tests.tasks.dashboard_data import add_events, add_steps
 
 pytestmark = pytest.mark.django_db
@@ -27,12 +28,6 @@ def _no_back_off(settings):
     """Failed attempts retry at once here: these tests are about what Dad sees."""
     settings.PIPPA_RETRY_BASE_SECONDS = 0
     settings.PIPPA_RETRY_MAX_SECONDS = 0
-
-
-@pytest.fixture
-def dad_client(client, user):
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture
@@ -50,11 +45,7 @@ def conversation(user, make_conversation):
 
 
 def _run(task: Task, times: int = 10) -> Task:
-    for _ in range(times):
-        if step(task_id=task.pk, worker_id=WORKER) is None:
-            break
-    task.refresh_from_db()
-    return task
+    return run_steps(task, WORKER, times)
 
 
 def _interrupted(conversation, tool: str, boundary: str, title: str) -> Task:
