@@ -54,6 +54,16 @@ def one_step_task(make_conversation, tool: str, **args) -> Task:
     )
 
 
+def effect_looked_at_after(make_conversation, boundary: str) -> tuple[Task, Step]:
+    """A one-step task with outside effects whose worker died at ``boundary``;
+    once its lease expired, another worker stepped it (and left it for a person)."""
+    task = one_step_task(make_conversation, "test.effect")
+    crash_at(task.pk, boundary)
+    expire_lease(task.pk)
+    step(task_id=task.pk, worker_id="w")
+    return task, Step.objects.get(task=task)
+
+
 @pytest.mark.django_db
 def test_step_runs_the_plan_in_order_and_logs_each_envelope_boundary(demo_task):
     task = demo_task()
@@ -320,11 +330,7 @@ def test_an_uncertain_side_effect_step_waits_for_a_person(make_conversation, too
 def test_step_resolve_refuses_an_action_the_class_rules_do_not_allow(
     make_conversation,
 ):
-    task = one_step_task(make_conversation, "test.effect")
-    crash_at(task.pk, "after_started")
-    expire_lease(task.pk)
-    step(task_id=task.pk, worker_id="w")
-    the_step = Step.objects.get(task=task)
+    _, the_step = effect_looked_at_after(make_conversation, "after_started")
     assert step_resolve_options(the_step) == ["rerun", "fail", "skip"]
     with pytest.raises(Conflict, match="'adopt' is not allowed"):
         step_resolve(step=the_step, action="adopt")
@@ -338,11 +344,7 @@ def test_step_resolve_refuses_an_action_the_class_rules_do_not_allow(
 def test_rerun_sends_the_same_idempotency_key_again(make_conversation, tool_log):
     import json
 
-    task = one_step_task(make_conversation, "test.effect")
-    crash_at(task.pk, "after_tool")
-    expire_lease(task.pk)
-    step(task_id=task.pk, worker_id="w")
-    the_step = Step.objects.get(task=task)
+    task, the_step = effect_looked_at_after(make_conversation, "after_tool")
     step_resolve(step=the_step, action="rerun", actor="staff:dad")
     task.refresh_from_db()
     assert task.status == "queued"
@@ -379,12 +381,8 @@ def test_skip_and_fail_settle_the_task(make_conversation):
 def test_retry_of_a_class3_step_takes_a_new_snapshot_and_keeps_the_old_one(
     make_conversation,
 ):
-    task = one_step_task(make_conversation, "test.effect")
     # An effect step in needs_review, retried: a new generation and key.
-    crash_at(task.pk, "after_payload")
-    expire_lease(task.pk)
-    step(task_id=task.pk, worker_id="w")
-    the_step = Step.objects.get(task=task)
+    task, the_step = effect_looked_at_after(make_conversation, "after_payload")
     step_retry(step=the_step, actor="staff:dad")
     the_step.refresh_from_db()
     assert (the_step.status, the_step.generation, the_step.attempts) == (

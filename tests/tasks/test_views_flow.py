@@ -48,6 +48,16 @@ def _run(task: Task, times: int = 10) -> Task:
     return run_steps(task, WORKER, times)
 
 
+def _fetched(conversation, title: str = "Fetch") -> Task:
+    """A one-step task that fetched closes and is done."""
+    task = task_create(
+        conversation=conversation,
+        title="One",
+        steps=[{"title": title, "tool": "demo.closes", "args": {}}],
+    )
+    return _run(task)
+
+
 def _interrupted(conversation, tool: str, boundary: str, title: str) -> Task:
     """A two-step task whose worker died at ``boundary`` in step 1, then paused."""
     task = task_create(
@@ -340,13 +350,7 @@ def test_a_retried_step_shows_its_failed_attempts_with_their_reasons(
 
 
 def test_the_bars_are_svg_attributes_never_inline_styles(dad_client, conversation):
-    task = _run(
-        task_create(
-            conversation=conversation,
-            title="One",
-            steps=[{"title": "Fetch", "tool": "demo.closes", "args": {}}],
-        )
-    )
+    task = _fetched(conversation)
     body = dad_client.get(task.get_absolute_url()).content.decode()
     assert '<svg class="bars"' in body
     assert " style=" not in body
@@ -379,13 +383,7 @@ def test_the_class_badges_have_a_legend_in_plain_words(dad_client, conversation)
 def test_the_event_filter_lists_only_kinds_present_and_pushes_the_url(
     dad_client, conversation
 ):
-    task = _run(
-        task_create(
-            conversation=conversation,
-            title="One",
-            steps=[{"title": "Fetch", "tool": "demo.closes", "args": {}}],
-        )
-    )
+    task = _fetched(conversation)
     body = dad_client.get(task.get_absolute_url()).content.decode()
     select = body[body.index('<select id="event-kind"') : body.index("</select>")]
     assert 'value="tool_call_started"' in select
@@ -397,13 +395,7 @@ def test_the_event_filter_lists_only_kinds_present_and_pushes_the_url(
 def test_events_are_grouped_by_step_and_attempt_with_folded_json(
     dad_client, conversation
 ):
-    task = _run(
-        task_create(
-            conversation=conversation,
-            title="One",
-            steps=[{"title": "Fetch closes", "tool": "demo.closes", "args": {}}],
-        )
-    )
+    task = _fetched(conversation, "Fetch closes")
     body = dad_client.get(task.get_absolute_url()).content.decode()
     events = body[body.index('<section id="events"') :]
     assert "Step 1: <bdi>Fetch closes</bdi> · attempt 1</th>" in events
@@ -414,13 +406,7 @@ def test_events_are_grouped_by_step_and_attempt_with_folded_json(
 
 
 def test_a_shared_filter_url_opens_filtered(dad_client, conversation):
-    task = _run(
-        task_create(
-            conversation=conversation,
-            title="One",
-            steps=[{"title": "Fetch", "tool": "demo.closes", "args": {}}],
-        )
-    )
+    task = _fetched(conversation)
     body = dad_client.get(
         task.get_absolute_url(), {"kind": "tool_result_persisted"}
     ).content.decode()

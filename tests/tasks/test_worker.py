@@ -70,37 +70,55 @@ def call_intervals(log):
     return spans
 
 
+def _paused_tasks(make_conversation, n: int) -> list[Task]:
+    """``n`` tasks of PLAN in one conversation, paused until a test resumes them."""
+    conversation = make_conversation()
+    return [
+        task_create(
+            conversation=conversation, title=f"race {i}", steps=PLAN, queue=False
+        )
+        for i in range(n)
+    ]
+
+
+def _wait_until(ready, what: str, seconds: float = 120, poll: float = 0.1) -> None:
+    """Poll ``ready()`` until it holds; fail saying ``what`` did not happen."""
+    deadline = time.monotonic() + seconds
+    while not ready():
+        assert time.monotonic() < deadline, what
+        time.sleep(poll)
+
+
+def _all_done(tasks: list[Task]):
+    ids = [t.pk for t in tasks]
+    return lambda: not Task.objects.filter(pk__in=ids).exclude(status="done").exists()
+
+
+def _a_step_running(task: Task):
+    return lambda: Step.objects.filter(task=task, status="running").exists()
+
+
+def _stop(proc) -> str:
+    """SIGTERM a worker, wait for a clean exit, return its stderr."""
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    return err
+
+
 @pytest.mark.django_db(transaction=True)
 def test_two_workers_racing_never_run_one_step_twice_and_never_hit_a_lock_error(
     make_conversation, spawn
 ):
-    conversation = make_conversation()
-    tasks = [
-        task_create(
-            conversation=conversation, title=f"race {i}", steps=PLAN, queue=False
-        )
-        for i in range(24)
-    ]
+    tasks = _paused_tasks(make_conversation, 24)
     procs = [spawn(f"worker:{name}", "--poll", "0.05") for name in "ab"]
     # Both workers are up and polling before any work appears.
     for proc in procs:
         assert "stepping runnable tasks" in proc.stdout.readline()
     for task in tasks:
         task_resume(task=task, actor="test")
-    deadline = time.monotonic() + 120
-    while (
-        Task.objects.filter(pk__in=[t.pk for t in tasks])
-        .exclude(status="done")
-        .exists()
-    ):
-        assert time.monotonic() < deadline, "the workers did not finish"
-        time.sleep(0.1)
-    errors = []
-    for proc in procs:
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err
-        errors.append(err)
+    _wait_until(_all_done(tasks), "the workers did not finish")
+    errors = [_stop(proc) for proc in procs]
     assert not any("database is locked" in err for err in errors), errors
     assert not any("Traceback" in err for err in errors), errors
     for task in tasks:
@@ -125,13 +143,7 @@ def test_two_workers_racing_never_run_one_step_twice_and_never_hit_a_lock_error(
 def test_when_one_racing_worker_is_killed_the_other_takes_over_after_expiry(
     make_conversation, spawn
 ):
-    conversation = make_conversation()
-    tasks = [
-        task_create(
-            conversation=conversation, title=f"race {i}", steps=PLAN, queue=False
-        )
-        for i in range(6)
-    ]
+    tasks = _paused_tasks(make_conversation, 6)
     doomed = spawn(
         "worker:doomed", "--poll", "0.05", lease_seconds=2, crashpoint="after_tool:3"
     )
@@ -142,17 +154,8 @@ def test_when_one_racing_worker_is_killed_the_other_takes_over_after_expiry(
         task_resume(task=task, actor="test")
     doomed.communicate(timeout=120)
     assert doomed.returncode == -signal.SIGKILL
-    deadline = time.monotonic() + 120
-    while (
-        Task.objects.filter(pk__in=[t.pk for t in tasks])
-        .exclude(status="done")
-        .exists()
-    ):
-        assert time.monotonic() < deadline, "the survivor did not finish"
-        time.sleep(0.1)
-    survivor.send_signal(signal.SIGTERM)
-    _, err = survivor.communicate(timeout=60)
-    assert survivor.returncode == 0, err
+    _wait_until(_all_done(tasks), "the survivor did not finish")
+    err = _stop(survivor)
     assert "database is locked" not in err
     takeover = Event.objects.get(task__in=tasks, kind="lease_taken_over")
     assert takeover.data["previous_owner"] == "worker:doomed"
@@ -173,13 +176,8 @@ def test_sigterm_lets_the_current_step_finish_and_releases_the_lease(
         ],
     )
     proc = spawn("worker:term", "--poll", "0.1")
-    deadline = time.monotonic() + 60
-    while not Step.objects.filter(task=task, status="running").exists():
-        assert time.monotonic() < deadline, "the worker never started a step"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    _wait_until(_a_step_running(task), "the worker never started a step", 60, poll=0.05)
+    _stop(proc)
     task.refresh_from_db()
     assert task.lease_owner == ""
     assert task.status == "queued"
@@ -207,10 +205,7 @@ def test_a_long_call_keeps_its_lease_alive_and_no_one_takes_it_over(
         steps=[{"title": "long", "tool": "test.fetch", "args": {"sleep": 6}}],
     )
     first = spawn("worker:long", "--until-idle", lease_seconds=3)
-    deadline = time.monotonic() + 60
-    while not Step.objects.filter(task=task, status="running").exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    _wait_until(_a_step_running(task), "the worker never started a step", 60, poll=0.05)
     time.sleep(3.5)  # longer than the lease: only renewal keeps it
     second = spawn("worker:eager", "--until-idle", lease_seconds=3)
     for proc in (first, second):
