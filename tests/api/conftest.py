@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from api.services import token_create
+from tests.support.plans import CLOSES_CHART_PLAN
 
 
 class ApiClient:
@@ -49,3 +50,28 @@ def make_api_client(client, make_user):
 @pytest.fixture
 def api_client(make_api_client, user):
     return make_api_client(user)
+
+
+def new_task(api_client, **extra) -> dict:
+    """Create a task of CLOSES_CHART_PLAN in a new conversation; return its document."""
+    body = {
+        "conversation_title": "Closes",
+        "title": "Chart PIPA",
+        "steps": CLOSES_CHART_PLAN,
+    }
+    response = api_client.post("/api/v1/tasks", {**body, **extra})
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def run(api_client, task_id, worker="w1"):
+    """Ask for the task's next step as ``worker``; return the response."""
+    return api_client.post(f"/api/v1/tasks/{task_id}/steps/run", {"worker": worker})
+
+
+def first_step_done(api_client) -> dict:
+    """A new task whose first step a runner did, then gave back the lease."""
+    task = new_task(api_client)
+    run(api_client, task["id"], worker="w")
+    api_client.post(f"/api/v1/tasks/{task['id']}/lease/release", {"worker": "w"})
+    return task

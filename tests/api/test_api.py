@@ -7,20 +7,10 @@ import pytest
 from artifacts.models import Artifact, ArtifactSource
 from artifacts.store import BlobStore
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
+from tests.api.conftest import first_step_done, new_task, run
 from tests.support.plans import CLOSES_CHART_PLAN as PLAN
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def new_task(api_client, **extra):
-    body = {"conversation_title": "Closes", "title": "Chart PIPA", "steps": PLAN}
-    response = api_client.post("/api/v1/tasks", {**body, **extra})
-    assert response.status_code == 201, response.content
-    return response.json()
-
-
-def run(api_client, task_id, worker="w1"):
-    return api_client.post(f"/api/v1/tasks/{task_id}/steps/run", {"worker": worker})
 
 
 def table_counts():
@@ -186,9 +176,7 @@ def test_the_resume_context_shows_done_steps_as_refs(api_client):
 
 
 def test_a_plan_rewrite_that_would_change_a_done_step_is_a_409(api_client):
-    task = new_task(api_client)
-    run(api_client, task["id"], worker="w")
-    api_client.post(f"/api/v1/tasks/{task['id']}/lease/release", {"worker": "w"})
+    task = first_step_done(api_client)
     steps = Step.objects.filter(task_id=task["id"]).order_by("position")
     new_plan = [
         {"id": steps[0].pk, "title": "Fetch other closes", "tool": "demo.closes"},

@@ -5,16 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tasks.models import Event, Task
-from tests.support.plans import CLOSES_CHART_PLAN as PLAN
+from tests.api.conftest import new_task, run
 
 pytestmark = pytest.mark.django_db
-
-
-def new_task(api_client) -> dict:
-    body = {"conversation_title": "Closes", "title": "Chart PIPA", "steps": PLAN}
-    response = api_client.post("/api/v1/tasks", body)
-    assert response.status_code == 201, response.content
-    return response.json()
 
 
 def test_a_runner_pauses_a_queued_task_and_resumes_it(api_client):
@@ -22,7 +15,7 @@ def test_a_runner_pauses_a_queued_task_and_resumes_it(api_client):
     response = api_client.post(f"/api/v1/tasks/{task['id']}/pause")
     assert response.status_code == 200
     assert response.json()["status"] == "paused"
-    ran = api_client.post(f"/api/v1/tasks/{task['id']}/steps/run", {"worker": "w1"})
+    ran = run(api_client, task["id"])
     assert ran.json()["ran"] is False
     assert api_client.post(f"/api/v1/tasks/{task['id']}/resume").json()["status"] == (
         "queued"
@@ -34,7 +27,7 @@ def test_a_runner_cancels_a_task_and_it_no_longer_runs(api_client):
     response = api_client.post(f"/api/v1/tasks/{task['id']}/cancel")
     assert response.status_code == 200
     assert response.json()["status"] == "cancelled"
-    ran = api_client.post(f"/api/v1/tasks/{task['id']}/steps/run", {"worker": "w1"})
+    ran = run(api_client, task["id"])
     assert ran.json()["ran"] is False
     event = Event.objects.get(task_id=task["id"], kind=Event.Kind.TASK_CANCELLED)
     assert event.data["actor"] == f"api:{api_client.user.get_username()}"

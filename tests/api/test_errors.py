@@ -10,7 +10,7 @@ import pytest
 
 from brains.runner import HttpBackend, LeaseBusy, ToolFailure
 from tasks.models import Step
-from tests.api.test_api import new_task, run
+from tests.api.conftest import first_step_done, new_task, run
 
 pytestmark = pytest.mark.django_db
 
@@ -31,9 +31,7 @@ def test_a_plan_that_changes_history_is_a_409_whatever_its_words(
     monkeypatch.setattr(
         "tasks.plan.ERR_DONE_CHANGED", "no: step {position} ({status}) stays put"
     )
-    task = new_task(api_client)
-    run(api_client, task["id"], worker="w")
-    api_client.post(f"/api/v1/tasks/{task['id']}/lease/release", {"worker": "w"})
+    task = first_step_done(api_client)
     steps = Step.objects.filter(task_id=task["id"]).order_by("position")
     new_plan = [
         {"id": steps[0].pk, "title": "Other closes", "tool": "demo.closes"},

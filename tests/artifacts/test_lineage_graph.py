@@ -19,9 +19,16 @@ def task(make_conversation, make_task, user):
     return make_task(conversation=make_conversation(owner=user), title="Chart closes")
 
 
-def _kept(task, artifact):
-    task.artifact_links.create(artifact=artifact)
-    return artifact
+@pytest.fixture
+def kept(task, make_artifact):
+    """Make an artifact of the task's owner that the task keeps."""
+
+    def make(**kwargs):
+        artifact = make_artifact(owner=task.conversation.owner, **kwargs)
+        task.artifact_links.create(artifact=artifact)
+        return artifact
+
+    return make
 
 
 def _svg(page: str) -> str:
@@ -31,39 +38,16 @@ def _svg(page: str) -> str:
 
 
 def test_sources_are_drawn_above_and_derived_artifacts_below_with_arrows(
-    dad_client, task, make_artifact
+    dad_client, kept
 ):
-    closes = _kept(
-        task,
-        make_artifact(
-            owner=task.conversation.owner,
-            title="Closes",
-            artifact_class=ArtifactClass.FETCH,
-        ),
+    closes = kept(title="Closes", artifact_class=ArtifactClass.FETCH)
+    news = kept(title="News", artifact_class=ArtifactClass.SNAPSHOT)
+    chart = kept(
+        title="Chart",
+        artifact_class=ArtifactClass.RENDER,
+        source_ids=[closes.pk, news.pk],
     )
-    news = _kept(
-        task,
-        make_artifact(
-            owner=task.conversation.owner,
-            title="News",
-            artifact_class=ArtifactClass.SNAPSHOT,
-        ),
-    )
-    chart = _kept(
-        task,
-        make_artifact(
-            owner=task.conversation.owner,
-            title="Chart",
-            artifact_class=ArtifactClass.RENDER,
-            source_ids=[closes.pk, news.pk],
-        ),
-    )
-    png = _kept(
-        task,
-        make_artifact(
-            owner=task.conversation.owner, title="Chart PNG", source_ids=[chart.pk]
-        ),
-    )
+    png = kept(title="Chart PNG", source_ids=[chart.pk])
     page = dad_client.get(reverse("artifacts:detail", args=[chart.pk])).content.decode()
     svg = _svg(page)
     links = {
@@ -91,26 +75,16 @@ def test_sources_are_drawn_above_and_derived_artifacts_below_with_arrows(
     assert " style=" not in svg  # the CSP forbids inline style
 
 
-def test_an_artifact_without_lineage_has_no_picture(dad_client, task, make_artifact):
-    alone = _kept(task, make_artifact(owner=task.conversation.owner, title="Alone"))
+def test_an_artifact_without_lineage_has_no_picture(dad_client, kept):
+    alone = kept(title="Alone")
     page = dad_client.get(reverse("artifacts:detail", args=[alone.pk])).content.decode()
     assert "lineage-svg" not in page
     assert "No sources: this artifact was not derived from another." in page
 
 
-def test_hostile_titles_are_escaped_in_the_picture(dad_client, task, make_artifact):
-    source = _kept(
-        task,
-        make_artifact(
-            owner=task.conversation.owner, title='<script>alert("x")</script>'
-        ),
-    )
-    derived = _kept(
-        task,
-        make_artifact(
-            owner=task.conversation.owner, title="Made from it", source_ids=[source.pk]
-        ),
-    )
+def test_hostile_titles_are_escaped_in_the_picture(dad_client, kept):
+    source = kept(title='<script>alert("x")</script>')
+    derived = kept(title="Made from it", source_ids=[source.pk])
     page = dad_client.get(
         reverse("artifacts:detail", args=[derived.pk])
     ).content.decode()
@@ -120,40 +94,28 @@ def test_hostile_titles_are_escaped_in_the_picture(dad_client, task, make_artifa
 
 
 def test_another_users_artifact_cannot_derive_from_yours_so_is_never_drawn(
-    dad_client, task, make_artifact, make_user
+    dad_client, kept, make_artifact, make_user
 ):
     from artifacts.services import ArtifactError
 
-    mine = _kept(task, make_artifact(owner=task.conversation.owner, title="Mine"))
+    mine = kept(title="Mine")
     with pytest.raises(ArtifactError):
         make_artifact(
             owner=make_user(), title="Nobody keeps this", source_ids=[mine.pk]
         )
-    kept = _kept(
-        task,
-        make_artifact(
-            owner=task.conversation.owner, title="Kept child", source_ids=[mine.pk]
-        ),
-    )
+    child = kept(title="Kept child", source_ids=[mine.pk])
     svg = _svg(
         dad_client.get(reverse("artifacts:detail", args=[mine.pk])).content.decode()
     )
     assert "Kept child" in svg
     assert "Nobody keeps this" not in svg
-    assert f"/artifacts/{kept.pk}/" in svg
+    assert f"/artifacts/{child.pk}/" in svg
 
 
-def test_a_wide_lineage_draws_a_few_boxes_and_says_how_many_more(
-    user, task, make_artifact
-):
-    root = _kept(task, make_artifact(owner=task.conversation.owner, title="Root"))
+def test_a_wide_lineage_draws_a_few_boxes_and_says_how_many_more(user, kept):
+    root = kept(title="Root")
     for i in range(MAX_PER_ROW + 7):
-        _kept(
-            task,
-            make_artifact(
-                owner=task.conversation.owner, title=f"child {i}", source_ids=[root.pk]
-            ),
-        )
+        kept(title=f"child {i}", source_ids=[root.pk])
     graph = lineage_graph(
         artifact=root, lineage=artifact_lineage(artifact=root, user=user)
     )
