@@ -381,9 +381,7 @@ def task_plan_rewrite(request: HttpRequest, task_id: int, payload: PlanIn):
 def task_brain(request: HttpRequest, task_id: int, payload: BrainIn):
     """Record which brain drives the task from now on (shown on the dashboard)."""
     task = task_get_for_user(user=request.user, task_id=task_id)
-    services.task_brain_record(
-        task=task, brain=payload.brain, actor=f"api:{request.user.get_username()}"
-    )
+    services.task_brain_record(task=task, brain=payload.brain, actor=_actor(request))
     return task_payload(task)
 
 
@@ -414,7 +412,7 @@ def task_lease_release(request: HttpRequest, task_id: int, payload: WorkerIn):
 def task_resume(request: HttpRequest, task_id: int):
     """Queue a paused or interrupted task again (refused if a step needs a person)."""
     task = task_get_for_user(user=request.user, task_id=task_id)
-    actions.task_resume(task=task, actor=f"api:{request.user.get_username()}")
+    actions.task_resume(task=task, actor=_actor(request))
     return task_payload(task)
 
 
@@ -422,7 +420,7 @@ def task_resume(request: HttpRequest, task_id: int):
 def task_pause(request: HttpRequest, task_id: int):
     """Pause a queued or running task at its next step boundary (a call in flight is saved)."""
     task = task_get_for_user(user=request.user, task_id=task_id)
-    actions.task_pause(task=task, actor=f"api:{request.user.get_username()}")
+    actions.task_pause(task=task, actor=_actor(request))
     return task_payload(task)
 
 
@@ -430,8 +428,13 @@ def task_pause(request: HttpRequest, task_id: int):
 def task_cancel(request: HttpRequest, task_id: int):
     """Cancel an unfinished task for good at its next step boundary; branch to go on."""
     task = task_get_for_user(user=request.user, task_id=task_id)
-    actions.task_cancel(task=task, actor=f"api:{request.user.get_username()}")
+    actions.task_cancel(task=task, actor=_actor(request))
     return task_payload(task)
+
+
+def _actor(request: HttpRequest) -> str:
+    """How events name a runner's action through the API."""
+    return f"api:{request.user.get_username()}"
 
 
 def _worker_id(request: HttpRequest, worker: str) -> str:
