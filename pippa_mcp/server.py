@@ -475,26 +475,20 @@ def build_server() -> PippaMCPServer:
             raise ToolError(
                 f"brain must be one of {', '.join(Brain.values)}, not {brain!r}"
             )
-        plan = [s.model_dump() for s in steps]
+        new = {
+            "title": title,
+            "steps": [s.model_dump() for s in steps],
+            "brain": brain,
+            "queue": queue,
+        }
         if conversation_id is not None:
             conversation = conversation_get_for_user(
                 user=user, conversation_id=conversation_id
             )
-            task = task_create(
-                conversation=conversation,
-                title=title,
-                steps=plan,
-                brain=brain,
-                queue=queue,
-            )
+            task = task_create(conversation=conversation, **new)
         else:
             task = conversation_task_create(
-                owner=user,
-                conversation_title=conversation_title,
-                title=title,
-                steps=plan,
-                brain=brain,
-                queue=queue,
+                owner=user, conversation_title=conversation_title, **new
             )
         return _task_doc(task)
 
