@@ -12,7 +12,6 @@ import pytest
 from django.utils import timezone
 
 from pippa_site.errors import Conflict
-from tasks import crashpoints
 from tasks.actions import (
     ERR_BRANCH_NOTHING,
     ERR_NOT_CANCELLABLE,
@@ -24,7 +23,6 @@ from tasks.actions import (
     task_pause,
     task_resume,
 )
-from tasks.crashpoints import SimulatedCrash
 from tasks.executor import step
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
@@ -213,15 +211,8 @@ def test_the_doctor_does_not_reopen_a_cancelled_task(make_conversation):
     from tasks.doctor import _envelope_close
 
     task = _task(make_conversation(), [{"title": "one", "tool": "test.fetch"}])
-    crashpoints.arm("after_started", action="raise")
-    try:
-        with pytest.raises(SimulatedCrash):
-            step(task_id=task.pk, worker_id=WORKER)
-    finally:
-        crashpoints.disarm()
-    Task.objects.filter(pk=task.pk).update(
-        lease_expires_at=timezone.now() - timezone.timedelta(minutes=5)
-    )
+    crash_at(task.pk, "after_started", WORKER)
+    expire_lease(task.pk)
     task_cancel(task=task, actor="user:dad")
     started = Event.objects.get(task=task, kind=Event.Kind.TOOL_CALL_STARTED)
     _envelope_close(started.pk, task.pk, started.step_id)

@@ -7,11 +7,9 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from tasks import crashpoints
-from tasks.crashpoints import SimulatedCrash
-from tasks.executor import step
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
+from tests.support.executing import crash_at, expire_lease
 from tests.support.stepping import run_steps
 
 pytestmark = pytest.mark.django_db
@@ -53,15 +51,8 @@ def _crashed(conversation, tool: str, boundary: str) -> Task:
         title=f"Crash in {tool}",
         steps=[{"title": f"Run {tool}", "tool": tool, "args": {}}],
     )
-    crashpoints.arm(boundary, action="raise")
-    try:
-        with pytest.raises(SimulatedCrash):
-            step(task_id=task.pk, worker_id=WORKER)
-    finally:
-        crashpoints.disarm()
-    Task.objects.filter(pk=task.pk).update(
-        lease_expires_at=timezone.now() - timezone.timedelta(minutes=1)
-    )
+    crash_at(task.pk, boundary, WORKER)
+    expire_lease(task.pk)
     task.refresh_from_db()
     return task
 
