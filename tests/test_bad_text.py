@@ -133,15 +133,21 @@ def test_nul_in_a_token_name_is_a_400_and_no_token_is_made(client, user):
     assert not ApiToken.objects.exists()
 
 
-def test_nul_in_an_admin_form_is_a_400(client, make_user, user):
-    conversation = Conversation.objects.create(owner=user, title="c")
+def _admin_title_edit(client, make_user, owner, title: str):
+    """A superuser posts ``title`` to the admin form of ``owner``'s conversation
+    titled "c"; return the response and the conversation's title afterwards."""
+    conversation = Conversation.objects.create(owner=owner, title="c")
     client.force_login(make_user(is_staff=True, is_superuser=True))
     url = reverse("admin:tasks_conversation_change", args=[conversation.pk])
+    response = client.post(url, {"title": title})
+    return response, Conversation.objects.get(pk=conversation.pk).title
 
-    response = client.post(url, {"title": NUL})
+
+def test_nul_in_an_admin_form_is_a_400(client, make_user, user):
+    response, title = _admin_title_edit(client, make_user, user, NUL)
 
     assert response.status_code == 400
-    assert Conversation.objects.get(pk=conversation.pk).title == "c"
+    assert title == "c"
 
 
 def test_a_token_name_with_nul_is_refused_by_the_service_too(user):
@@ -186,11 +192,7 @@ def test_titles_on_the_dashboard_are_isolated_in_bdi(client, user):
 
 
 def test_an_admin_edit_of_a_title_loses_its_bidi_controls(client, make_user, user):
-    conversation = Conversation.objects.create(owner=user, title="c")
-    client.force_login(make_user(is_staff=True, is_superuser=True))
-    url = reverse("admin:tasks_conversation_change", args=[conversation.pk])
-
-    response = client.post(url, {"title": RLO})
+    response, title = _admin_title_edit(client, make_user, user, RLO)
 
     assert response.status_code == 302
-    assert Conversation.objects.get(pk=conversation.pk).title == "Invoice txt.exe paid"
+    assert title == "Invoice txt.exe paid"
