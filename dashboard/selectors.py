@@ -14,6 +14,7 @@ rendering every row made the page take seconds and megabytes for no reader.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -254,7 +255,9 @@ class Attempt:
     outcome: str = "running"
     error: str = ""
     note: str = ""  # how an interrupted call was sorted out, in words
-    bar_x: int = 0  # position on the task's time axis, out of AXIS
+    # On the task's time axis, in milliseconds from its first call: absolute,
+    # so a settled row stays right while the axis grows (see TaskClock).
+    bar_x: int = 0
     bar_w: int = 0
 
     @property
@@ -314,10 +317,30 @@ class StepRow:
     saved: SavedOutput | None = None
     choices: list[Choice] = field(default_factory=list)
     plain_words: str = ""  # what resume will do, in Dad's words
+    # A settled row's identity (see settled_row_key) and, when it was drawn
+    # before, its HTML: such a row reads no blob excerpt and no events.
+    key: tuple | None = None
+    html: str = ""
 
     @property
     def needs_attention(self) -> bool:
         return self.step.status in ATTENTION_STEPS
+
+    @property
+    def reusable(self) -> bool:
+        """Whether the row's HTML may be shown again while its key holds.
+
+        Only a settled row that shows no relative time ("5 min ago" lives in
+        the attempts fold and notes) and no missing blob, which may come back.
+        """
+        return (
+            self.key is not None
+            and self.advice is None
+            and len(self.attempts) <= 1
+            and not self.failed_attempts
+            and not self.notes
+            and self.preview != "missing"
+        )
 
     @property
     def failed_attempts(self) -> list[Attempt]:
@@ -457,19 +480,87 @@ def current_step_page(*, task: Task) -> int:
     return min(task.steps_done, max(task.steps_total - 1, 0)) // STEPS_PER_PAGE + 1
 
 
+FINISHED_STEPS = (Step.Status.DONE, Step.Status.SKIPPED)
+
+
+def settled_row_key(step: Step, task: Task, clock: TaskClock) -> tuple | None:
+    """Return what a settled step's timeline row is drawn from, or None.
+
+    Settled: done, skipped, or pending and never attempted (no relative time
+    to show). Such a step changes only through a transition that changes one
+    of these (a retry, a resolution, a new generation, a new output, a
+    rendered preview); the task's idleness decides its branch link, and the
+    clock's start its bars. Nothing else of the task goes into the row.
+    """
+    untouched = (
+        step.status == Step.Status.PENDING
+        and not step.attempts
+        and step.next_attempt_at is None
+    )
+    if step.status not in FINISHED_STEPS and not untouched:
+        return None
+    out = step.output
+    output = (
+        None
+        if out is None
+        else (
+            out.pk,
+            out.sha256,
+            out.size,
+            out.media_type,
+            out.title,
+            repr(preview_status(out)),
+        )
+    )
+    return (
+        task.pk,
+        task.is_idle,
+        task.steps_total,
+        clock.started_at,
+        step.pk,
+        step.position,
+        step.status,
+        step.title,
+        step.attempts,
+        step.max_attempts,
+        step.generation,
+        step.started_at,
+        step.finished_at,
+        step.error,
+        step.side_effects,
+        step.artifact_class,
+        output,
+    )
+
+
 def task_timeline(
-    *, task: Task, page: str | int | None = None
-) -> tuple[Page, list[StepRow]]:
-    """Return one page of the task's steps, with previews and resume advice."""
+    *,
+    task: Task,
+    page: str | int | None = None,
+    drawn: Callable[[tuple], str | None] | None = None,
+) -> tuple[Page, list[StepRow], TaskClock]:
+    """Return one page of the task's steps, with previews and resume advice,
+    and the task's clock with every attempt's bar placed on it.
+
+    ``drawn(key)`` returns a settled row's HTML drawn earlier, if any: such
+    a row is not read again (no blob excerpt, none of its events).
+    """
     steps = Step.objects.filter(task=task).select_related("output").order_by("position")
     paginator = Paginator(steps, STEPS_PER_PAGE)
     step_page = paginator.get_page(page or current_step_page(task=task))
+    clock = task_clock(task=task)
+    rows = []
     for step in step_page.object_list:
         step.task = task  # the page already holds it; resume advice reads it
-    rows = [_step_row(step) for step in step_page.object_list]
-    _advise(rows, task)
-    _attempts(rows)
-    return step_page, rows
+        key = settled_row_key(step, task, clock)
+        html = drawn(key) if key is not None and drawn is not None else None
+        rows.append(StepRow(step=step, key=key, html=html) if html else _step_row(step))
+        rows[-1].key = key
+    fresh = [row for row in rows if not row.html]
+    _advise(fresh, task)
+    _attempts(fresh)
+    _place_bars(clock, fresh)
+    return step_page, rows, clock
 
 
 # Step events that tell the story of its attempts (index tasks_event_step_seq).
@@ -548,12 +639,14 @@ def _actor(data: dict) -> str:
     return actor_words(str(data.get("actor") or ""))
 
 
-AXIS = 1000  # width of the timeline's time axis in SVG user units
-
-
 @dataclass
 class TaskClock:
-    """Where the task's time went: its span, and the steps' bars on one axis."""
+    """Where the task's time went: its span, on which the steps' bars are drawn.
+
+    Bars are in milliseconds from the first call, so a row drawn earlier stays
+    right as the task goes on; only the axis (``span_ms``, each bar's
+    ``viewBox``) grows to "now".
+    """
 
     started_at: Any = None
     ended_at: Any = None
@@ -564,13 +657,15 @@ class TaskClock:
             return self.ended_at - self.started_at
         return None
 
+    @property
+    def span_ms(self) -> int:
+        elapsed = self.elapsed
+        return max(1, round(elapsed.total_seconds() * 1000)) if elapsed else 1
 
-def task_clock(*, task: Task, rows: list[StepRow]) -> TaskClock:
-    """Return the task's elapsed time and place every attempt's bar on one axis.
 
-    The axis runs from the first call of the task to its end (or now, while it
-    runs): one aggregate query over the task's steps.
-    """
+def task_clock(*, task: Task) -> TaskClock:
+    """Return the task's span: from its first call to its end (or now, while it
+    runs). One aggregate query over the task's steps."""
     span = Step.objects.filter(task=task).aggregate(
         first=Min("started_at"), last=Max("finished_at")
     )
@@ -582,7 +677,17 @@ def task_clock(*, task: Task, rows: list[StepRow]) -> TaskClock:
     else:
         clock.ended_at = timezone.now()
     clock.ended_at = max(clock.ended_at, clock.started_at)
-    total = (clock.ended_at - clock.started_at).total_seconds() or 1.0
+    return clock
+
+
+def _ms(delta) -> int:
+    return round(delta.total_seconds() * 1000)
+
+
+def _place_bars(clock: TaskClock, rows: list[StepRow]) -> None:
+    """Place every attempt's bar on the clock, in ms from the task's first call."""
+    if clock.started_at is None:
+        return
     for row in rows:
         attempts = row.attempts
         for i, attempt in enumerate(attempts):
@@ -595,13 +700,8 @@ def task_clock(*, task: Task, rows: list[StepRow]) -> TaskClock:
                     if attempt.outcome == "running"
                     else attempt.started_at
                 )
-            start = (attempt.started_at - clock.started_at).total_seconds()
-            length = max((end - attempt.started_at).total_seconds(), 0)
-            attempt.bar_x = max(0, min(AXIS - 2, round(AXIS * start / total)))
-            attempt.bar_w = max(
-                2, min(AXIS - attempt.bar_x, round(AXIS * length / total))
-            )
-    return clock
+            attempt.bar_x = max(0, _ms(attempt.started_at - clock.started_at))
+            attempt.bar_w = max(1, _ms(end - attempt.started_at))
 
 
 @dataclass

@@ -21,6 +21,7 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from artifacts.store import BlobError, default_store
 from dashboard import selectors
+from dashboard.rows import drawn_rows, events_draw, rows_draw
 from pippa_site.errors import PippaError
 from tasks import actions
 from tasks import services as task_services
@@ -189,11 +190,11 @@ def conversation_delete(request: HttpRequest, pk: int) -> HttpResponse:
 def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpResponse:
     context: dict = {"task": task, "follow": "page" not in request.GET}
     if fragment != "events":
-        step_page, rows = selectors.task_timeline(
-            task=task, page=request.GET.get("page")
+        step_page, rows, clock = selectors.task_timeline(
+            task=task, page=request.GET.get("page"), drawn=drawn_rows.get
         )
-        context["step_page"], context["rows"] = step_page, rows
-        context["clock"] = selectors.task_clock(task=task, rows=rows)
+        rows_draw(rows=rows, task=task, clock=clock)
+        context.update(step_page=step_page, rows=rows, clock=clock)
         context["decisions"] = [row for row in rows if row.advice]
     if fragment != "timeline":
         context["events"] = selectors.task_events(
@@ -201,6 +202,7 @@ def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpRe
             kind=request.GET.get("kind", "")[:40],
             before=_int_or_none(request.GET.get("before")),
         )
+        events_draw(page=context["events"])
         context["event_kinds"] = selectors.event_kinds(task=task)
     template = "tasks/task_detail.html" + (f"#{fragment}" if fragment else "")
     return render(request, template, context)

@@ -85,7 +85,7 @@ def test_a_missing_blob_is_reported_instead_of_breaking_the_timeline(
     )
     step = add_steps(task, 1, done=1)[0]
     blob_store.path(step.output.sha256).unlink()
-    _, rows = selectors.task_timeline(task=task)
+    _, rows, _ = selectors.task_timeline(task=task)
     assert rows[0].preview == "missing"
 
 

@@ -3,6 +3,8 @@ a readable timeline, events he can filter and share, and cheap idle polls."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -354,7 +356,16 @@ def test_the_bars_are_svg_attributes_never_inline_styles(dad_client, conversatio
     body = dad_client.get(task.get_absolute_url()).content.decode()
     assert '<svg class="bars"' in body
     assert " style=" not in body
-    assert 'width="1000"' in body  # the track spans the whole axis
+    assert 'class="bar-track" x="0" y="6" width="100%"' in body  # the whole axis
+    # Bars are in ms from the first call; the axis is the task's span in ms.
+    span = int(re.search(r'<svg class="bars" viewBox="0 0 (\d+) 14"', body)[1])
+    x, width = map(
+        int,
+        re.search(r'class="bar bar-done" x="(\d+)" y="2" width="(\d+)"', body).groups(),
+    )
+    assert span >= 1
+    assert width >= 1
+    assert x + width <= span + 2  # one step: its bar is (about) the whole axis
 
 
 def test_a_waiting_step_shows_when_its_next_attempt_is(dad_client, conversation):

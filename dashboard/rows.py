@@ -1,0 +1,100 @@
+"""Timeline rows, each settled one drawn once per server process.
+
+A live task page is polled every 2 s by every open tab, and most of its rows
+are settled steps (done, skipped, or not yet started) that change only by a
+transition: rendering them again on every poll was most of a poll's cost. A
+settled row's HTML is kept here under what it is
+drawn from (``selectors.settled_row_key``), so the next poll, tab or viewer
+of the same task reuses it. Its bars are in absolute milliseconds; only the
+axis (the SVG ``viewBox``) follows the task's clock, and is filled in on the
+way out.
+
+Event rows are drawn once per event in the same way: events are never
+updated.
+
+Process-local (each server process keeps its own, bounded, least recently
+used first out): no shared cache to run, nothing to invalidate by hand.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from threading import Lock
+
+from django.template.loader import get_template
+from django.utils.safestring import SafeString, mark_safe
+
+from dashboard.selectors import EventPage, StepRow, TaskClock
+from tasks.models import Task
+
+ROW_TEMPLATE = "tasks/task_detail.html#step-row"
+EVENT_TEMPLATE = "tasks/task_detail.html#event-row"
+MAX_ROWS = 5000  # ~1.5 KB each: a few MB per server process at most
+# The axis placeholder in a drawn row. Text from the database is escaped
+# (``<`` becomes ``&lt;``), so no step title or output can contain it.
+AXIS = mark_safe("<@axis@>")
+
+
+class DrawnRows:
+    """A bounded, thread-safe map of row keys to HTML, least recently used out."""
+
+    def __init__(self, limit: int = MAX_ROWS):
+        self.limit = limit
+        self._rows: OrderedDict[tuple, str] = OrderedDict()
+        self._lock = Lock()
+
+    def get(self, key: tuple) -> str | None:
+        with self._lock:
+            html = self._rows.get(key)
+            if html is not None:
+                self._rows.move_to_end(key)
+            return html
+
+    def put(self, key: tuple, html: str) -> None:
+        with self._lock:
+            self._rows[key] = html
+            self._rows.move_to_end(key)
+            while len(self._rows) > self.limit:
+                self._rows.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._rows.clear()
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
+drawn_rows = DrawnRows()
+# Events are never updated: each is drawn once, under its own id.
+drawn_events = DrawnRows()
+
+
+def rows_draw(*, rows: list[StepRow], task: Task, clock: TaskClock) -> None:
+    """Fill every row's ``html``: drawn now, or as drawn before, on this clock."""
+    template = None
+    for row in rows:
+        if not row.html:
+            template = template or get_template(ROW_TEMPLATE)
+            html = template.render(
+                {"row": row, "task": task, "clock": clock, "axis": AXIS}
+            )
+            if row.reusable:
+                drawn_rows.put(row.key, html)
+            row.html = html
+    span = str(clock.span_ms)
+    for row in rows:
+        row.html = SafeString(row.html.replace(AXIS, span))
+
+
+def events_draw(*, page: EventPage) -> None:
+    """Give every event of the page its row's HTML (``event.html``)."""
+    template = None
+    for event in page.events:
+        key = (event.pk, event.task_id, event.seq)
+        html = drawn_events.get(key)
+        if html is None:
+            template = template or get_template(EVENT_TEMPLATE)
+            html = template.render({"e": event})
+            drawn_events.put(key, html)
+        event.html = html
