@@ -19,6 +19,7 @@ Bounded: fixed windows, a fixed number of threads, loopback only.
 from __future__ import annotations
 
 import http.client
+import os
 import random
 import re
 import shutil
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -150,6 +152,45 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            found += [int(c) for c in task.read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU of these processes and their live children (Linux /proc)."""
+    ticks = 0
+    seen: set[int] = set()
+    todo = list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        todo += _children(pid)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _server_pids() -> list[int]:
+    """The gunicorn this process started (its master; workers are found under it)."""
+    return [
+        pid
+        for pid in _children(os.getpid())
+        if "gunicorn"
+        in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    ]
+
+
 def _steps_between(start, end) -> int:
     return Step.objects.filter(finished_at__gte=start, finished_at__lt=end).count()
 
@@ -183,7 +224,10 @@ def run(report: Report) -> None:
     rates: dict[str, list[float]] = {"alone": [], "viewers": []}
     viewers = None
     seen = Viewers(0, "", [])  # every viewers window's requests, pooled
+    server_cpu = 0.0  # gunicorn's CPU seconds while viewers were on
+    served = 0  # the viewer requests it answered meanwhile
     with gunicorn(env) as port:
+        server = _server_pids()
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         conn.request("GET", "/login/")
         static_path = STATIC.search(conn.getresponse().read()).group(1).decode()
@@ -226,6 +270,7 @@ def run(report: Report) -> None:
                 if phase == "viewers":
                     refresh(time.monotonic() + 0.01)
                     viewers = Viewers(port, cookie, running)
+                    cpu = _cpu_seconds(server)
                     viewers.start(static_path)
                     refresh(time.monotonic() + POLL_SECONDS)  # all tabs open
                 start = timezone.now()
@@ -236,6 +281,8 @@ def run(report: Report) -> None:
                 )
                 if phase == "viewers":
                     viewers.join()
+                    server_cpu += _cpu_seconds(server) - cpu
+                    served += len(viewers.pages) + len(viewers.polls)
                     for name in ("pages", "polls", "static", "errors"):
                         getattr(seen, name).extend(getattr(viewers, name))
                     viewers = None
@@ -271,6 +318,18 @@ def run(report: Report) -> None:
         unit="steps/s",
         higher_is_better=True,
         target=">= 0.8 x baseline",
+    )
+    report.add(
+        group="load",
+        figure=f"server CPU per viewer request ({served} requests; gunicorn's "
+        "user + system time while viewers were on, static probe included)",
+        value=server_cpu / max(served, 1) * 1000,
+        baseline_name="one tab's poll interval: the ratio is the share of a core "
+        "each tab costs",
+        baseline=POLL_SECONDS * 1000,
+        unit="ms",
+        higher_is_better=False,
+        target="diagnostic",
     )
     static_ms = statistics.median(seen.static) * 1000 if seen.static else 0.0
     for label, values in (
