@@ -9,15 +9,19 @@ steps finished inside a window (their ``finished_at``) over its length, and
 each side's figure is the median of its windows.
 
 Viewers: 20 threads, each a logged-in browser tab: open a running task's page,
-then poll its timeline every 2 s the way htmx does (the page's own ``hx-get``
-URL, ``HX-Request``/``HX-Target`` headers, ``If-None-Match`` when the server
-sent an ETag) until the task is idle, then open the next running task. A probe
-thread fetches a collected static file meanwhile, the latency baseline.
+then poll it every 2 s the way htmx does: the page's one poller (``#live``),
+its own ``hx-get`` URL as the last answer left it, ``HX-Request``/``HX-Target``
+headers, the ``hx-include``d ``events_kind`` while the page shows the newest
+events (the answer says whether it still does), ``If-None-Match`` when the
+server sent an ETag; until the task is idle, then open the next running task.
+A probe thread fetches a collected static file meanwhile, the latency
+baseline.
 Bounded: fixed windows, a fixed number of threads, loopback only.
 """
 
 from __future__ import annotations
 
+import html
 import http.client
 import os
 import random
@@ -29,6 +33,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -44,7 +49,9 @@ from tasks.plan import task_create
 
 VIEWERS = 20
 POLL_SECONDS = 2.0
-HX_GET = re.compile(rb'id="timeline"[^>]*?hx-get="([^"]+)"')
+HX_GET = re.compile(rb'id="live"[^>]*?hx-get="([^"]+)"')
+EVENTS = re.compile(rb'<section id="events"')
+EVENTS_LIVE = re.compile(rb'id="events-live" name="events_kind" value="([^"]*)"')
 STATIC = re.compile(rb'href="(/static/[^"]+\.css)"')
 
 
@@ -75,7 +82,7 @@ class Viewers:
     def _tab(self, n: int) -> None:
         """One request per 2 s tick: open a running task, or poll the open one."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        url, etag = None, None
+        url, etag, events_kind = None, None, None
         self.stop.wait(random.Random(n).uniform(0, POLL_SECONDS))
         while not self.stop.is_set():
             tick = time.monotonic()
@@ -92,15 +99,21 @@ class Viewers:
                         with self.lock:
                             self.pages.append(elapsed)
                         url, etag = self._poll_url(body), None
+                        events_kind = self._events_kind(body)
                 else:
-                    headers = {"HX-Request": "true", "HX-Target": "timeline"}
+                    headers = {"HX-Request": "true", "HX-Target": "live"}
                     if etag:
                         headers["If-None-Match"] = etag
-                    status, body, got, elapsed = self._get(conn, url, headers)
+                    path = url
+                    if events_kind is not None:
+                        path += "&" + urlencode({"events_kind": events_kind})
+                    status, body, got, elapsed = self._get(conn, path, headers)
                     with self.lock:
                         self.polls.append(elapsed)
                     if status == 200:
                         url, etag = self._poll_url(body), got.get("ETag")
+                        if EVENTS.search(body):
+                            events_kind = self._events_kind(body)
                     elif status == 286:
                         url = None
                     elif status not in (204, 304):
@@ -116,9 +129,15 @@ class Viewers:
 
     @staticmethod
     def _poll_url(body: bytes) -> str | None:
-        """The timeline's own ``hx-get`` (absent once the task is idle)."""
+        """The poller's own ``hx-get`` (absent once the task is idle)."""
         found = HX_GET.search(body)
-        return found.group(1).decode().replace("&amp;", "&") if found else None
+        return html.unescape(found.group(1).decode()) if found else None
+
+    @staticmethod
+    def _events_kind(body: bytes) -> str | None:
+        """The ``events_kind`` the poller includes, while the newest events show."""
+        found = EVENTS_LIVE.search(body)
+        return html.unescape(found.group(1).decode()) if found else None
 
     def _probe(self) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)

@@ -33,6 +33,8 @@ MAX_ROWS = 5000  # ~1.5 KB each: a few MB per server process at most
 # The axis placeholder in a drawn row. Text from the database is escaped
 # (``<`` becomes ``&lt;``), so no step title or output can contain it.
 AXIS = mark_safe("<@axis@>")
+# Where a live update marks the row to be swapped in out of band.
+OOB = mark_safe("<@oob@>")
 
 
 class DrawnRows:
@@ -70,28 +72,35 @@ drawn_rows = DrawnRows()
 drawn_events = DrawnRows()
 
 
-def rows_draw(*, rows: list[StepRow], task: Task, clock: TaskClock) -> None:
-    """Fill every row's ``html``: drawn now, or as drawn before, on this clock."""
+def rows_draw(
+    *, rows: list[StepRow], task: Task, clock: TaskClock, oob: bool = False
+) -> None:
+    """Fill every row's ``html``: drawn now, or as drawn before, on this clock.
+
+    ``oob``: for a live update, each row replaces its namesake in the page.
+    """
     template = None
     for row in rows:
         if not row.html:
             template = template or get_template(ROW_TEMPLATE)
             html = template.render(
-                {"row": row, "task": task, "clock": clock, "axis": AXIS}
+                {"row": row, "task": task, "clock": clock, "axis": AXIS, "oob": OOB}
             )
             if row.reusable:
                 drawn_rows.put(row.key, html)
             row.html = html
     span = str(clock.span_ms)
+    mark = ' hx-swap-oob="true"' if oob else ""
     for row in rows:
-        row.html = SafeString(row.html.replace(AXIS, span))
+        row.html = SafeString(row.html.replace(AXIS, span).replace(OOB, mark))
 
 
 def events_draw(*, page: EventPage) -> None:
     """Give every event of the page its row's HTML (``event.html``)."""
     template = None
     for event in page.events:
-        key = (event.pk, event.task_id, event.seq)
+        # Ids are never reused once committed; the rest guards a stray one.
+        key = (event.pk, event.task_id, event.seq, event.kind, event.created_at)
         html = drawn_events.get(key)
         if html is None:
             template = template or get_template(EVENT_TEMPLATE)

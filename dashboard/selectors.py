@@ -483,21 +483,30 @@ def current_step_page(*, task: Task) -> int:
 FINISHED_STEPS = (Step.Status.DONE, Step.Status.SKIPPED)
 
 
-def settled_row_key(step: Step, task: Task, clock: TaskClock) -> tuple | None:
-    """Return what a settled step's timeline row is drawn from, or None.
-
-    Settled: done, skipped, or pending and never attempted (no relative time
-    to show). Such a step changes only through a transition that changes one
-    of these (a retry, a resolution, a new generation, a new output, a
-    rendered preview); the task's idleness decides its branch link, and the
-    clock's start its bars. Nothing else of the task goes into the row.
-    """
-    untouched = (
+def _untouched(step: Step) -> bool:
+    return (
         step.status == Step.Status.PENDING
         and not step.attempts
         and step.next_attempt_at is None
     )
-    if step.status not in FINISHED_STEPS and not untouched:
+
+
+# The same rule as a filter (a live update reads the unsettled steps always).
+SETTLED_Q = Q(status__in=FINISHED_STEPS) | Q(
+    status=Step.Status.PENDING, attempts=0, next_attempt_at__isnull=True
+)
+
+
+def settled_row_key(step: Step, task: Task, clock: TaskClock) -> tuple | None:
+    """Return what a settled step's timeline row is drawn from, or None.
+
+    Settled (SETTLED_Q): done, skipped, or pending and never attempted (no
+    relative time to show). Such a step changes only through a transition
+    that changes one of these (a retry, a resolution, a new generation, a
+    new output, a rendered preview); the task's idleness decides its branch
+    link, and the clock's start its bars. Nothing else of the task goes in.
+    """
+    if step.status not in FINISHED_STEPS and not _untouched(step):
         return None
     out = step.output
     output = (
@@ -533,11 +542,11 @@ def settled_row_key(step: Step, task: Task, clock: TaskClock) -> tuple | None:
     )
 
 
+DrawnLookup = Callable[[tuple], str | None]
+
+
 def task_timeline(
-    *,
-    task: Task,
-    page: str | int | None = None,
-    drawn: Callable[[tuple], str | None] | None = None,
+    *, task: Task, page: str | int | None = None, drawn: DrawnLookup | None = None
 ) -> tuple[Page, list[StepRow], TaskClock]:
     """Return one page of the task's steps, with previews and resume advice,
     and the task's clock with every attempt's bar placed on it.
@@ -549,18 +558,51 @@ def task_timeline(
     paginator = Paginator(steps, STEPS_PER_PAGE)
     step_page = paginator.get_page(page or current_step_page(task=task))
     clock = task_clock(task=task)
+    return step_page, _rows(step_page.object_list, task, clock, drawn), clock
+
+
+def task_timeline_changes(
+    *, task: Task, page: int, since: int, drawn: DrawnLookup | None = None
+) -> tuple[list[StepRow], TaskClock]:
+    """Return the rows of one timeline page that a page drawn at event
+    ``since`` lacks, and the task's clock.
+
+    Those are the steps with an event after ``since`` (every change of a step
+    is logged with the step) and the unsettled ones, which show relative
+    times ("started 5 s ago") and running bars that reach "now". One query
+    for the steps (index tasks_event_task_seq_uniq reads only the events
+    after ``since``), none for the rows of the page that did not change.
+    """
+    low = (page - 1) * STEPS_PER_PAGE
+    touched = Event.objects.filter(task=task, seq__gt=since, step__isnull=False).values(
+        "step_id"
+    )
+    steps = (
+        Step.objects.filter(
+            task=task, position__gt=low, position__lte=low + STEPS_PER_PAGE
+        )
+        .filter(Q(pk__in=touched) | ~SETTLED_Q)
+        .select_related("output")
+        .order_by("position")
+    )
+    clock = task_clock(task=task)
+    return _rows(steps, task, clock, drawn), clock
+
+
+def _rows(steps, task: Task, clock: TaskClock, drawn: DrawnLookup | None):
     rows = []
-    for step in step_page.object_list:
+    for step in steps:
         step.task = task  # the page already holds it; resume advice reads it
         key = settled_row_key(step, task, clock)
         html = drawn(key) if key is not None and drawn is not None else None
-        rows.append(StepRow(step=step, key=key, html=html) if html else _step_row(step))
-        rows[-1].key = key
+        row = StepRow(step=step, html=html) if html else _step_row(step)
+        row.key = key
+        rows.append(row)
     fresh = [row for row in rows if not row.html]
     _advise(fresh, task)
     _attempts(fresh)
     _place_bars(clock, fresh)
-    return step_page, rows, clock
+    return rows
 
 
 # Step events that tell the story of its attempts (index tasks_event_step_seq).

@@ -8,20 +8,29 @@ Views stay thin: a selector or one service, then ``render`` or a redirect
 from __future__ import annotations
 
 from functools import wraps
+from types import SimpleNamespace
 from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.http import (
+    FileResponse,
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+)
 from django.shortcuts import redirect, render, resolve_url
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from django_htmx.http import HttpResponseClientRedirect
+from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
 
 from artifacts.store import BlobError, default_store
 from dashboard import selectors
 from dashboard.rows import drawn_rows, events_draw, rows_draw
+from dashboard.selectors import current_step_page
 from pippa_site.errors import PippaError
 from tasks import actions
 from tasks import services as task_services
@@ -40,6 +49,13 @@ MSG_BAD_POSITION = "Choose a step to branch from."
 MSG_PAUSED = "Paused “{title}”: it stops after the step it is on."
 MSG_CANCELLED = "Cancelled “{title}”: it stops after the step it is on."
 MSG_DEMO_STARTED = "Started a fresh demo task: watch it advance."
+MSG_BAD_SINCE = (
+    "“since” is the last event number the page showed: a whole number from 0 "
+    "to {last_seq} for this task."
+)
+# A live update past this many events sends the whole timeline instead of
+# looking for the rows they touched.
+LIVE_UPDATE_MAX_EVENTS = 1000
 # DeletionReport.removed_counts() keys, in words Dad knows: (one, many).
 COUNT_LABELS = {
     "conversations": ("conversation", "conversations"),
@@ -214,14 +230,72 @@ def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
     # A live poll carries the last event seq it showed: nothing new, nothing
     # to send. htmx swaps nothing on 204: scroll positions, open folds and
     # messages on the page stay as they are, and the poll costs one row.
-    since = _int_or_none(request.GET.get("since")) if request.htmx else None
-    if since is not None and since == selectors.task_last_seq_for_user(
-        user=request.user, task_id=pk
-    ):
-        return HttpResponse(status=204)
+    raw_since = request.GET.get("since") if request.htmx else None
+    if raw_since is not None:
+        last_seq = selectors.task_last_seq_for_user(user=request.user, task_id=pk)
+        since = _int_or_none(raw_since)
+        if since is None or not 0 <= since <= last_seq:
+            return HttpResponseBadRequest(
+                MSG_BAD_SINCE.format(last_seq=last_seq),
+                content_type="text/plain; charset=utf-8",
+            )
+        if since == last_seq:
+            return HttpResponse(status=204)
     task = selectors.task_get_for_user(user=request.user, task_id=pk)
     target = request.htmx.target if request.htmx else None
+    if raw_since is not None and target == "live":
+        return _live_update(request, task, since)
     return _task_page(request, task, target if target in FRAGMENTS else None)
+
+
+def _live_update(request: HttpRequest, task: Task, since: int) -> HttpResponse:
+    """Answer the page's live poll with what changed since event ``since``.
+
+    The page sent what it shows: ``since``, the step page (``at``; ``page``
+    when Dad chose one), ``full`` when it shows decision cards, and
+    ``events_kind`` when it shows the newest events. The answer is the next
+    poll, then out of band the task's status, the axis, the rows of the
+    steps that changed (and the running ones) and the newest events: rows
+    that did not change, with their open folds and scroll, stay as they are.
+
+    When the timeline's shape changed (the task stopped, a step needs a
+    person, the current step moved to another page, or too much happened)
+    the whole timeline comes instead.
+    """
+    page = request.GET.get("page")
+    context: dict = {"task": task, "follow": page is None, "oob": True}
+    if "events_kind" in request.GET:
+        context["events"] = selectors.task_events(
+            task=task, kind=request.GET["events_kind"][:40]
+        )
+        context["event_kinds"] = selectors.event_kinds(task=task)
+        events_draw(page=context["events"])
+    # The page it shows now: the one Dad chose, or the current step's.
+    number = current_step_page(task=task) if page is None else _int_or_none(page)
+    whole = (
+        task.is_idle
+        or "full" in request.GET
+        or task.last_seq - since > LIVE_UPDATE_MAX_EVENTS
+        or number is None
+        or number != _int_or_none(request.GET.get("at"))
+    )
+    if not whole:
+        rows, clock = selectors.task_timeline_changes(
+            task=task, page=number, since=since, drawn=drawn_rows.get
+        )
+        whole = any(row.advice for row in rows)
+    if whole:
+        response = _task_page(request, task, "timeline")
+        if "events" in context:
+            response.write(
+                render_to_string("tasks/task_detail.html#events", context, request)
+            )
+        return reswap(retarget(response, "#timeline"), "outerHTML")
+    rows_draw(rows=rows, task=task, clock=clock, oob=True)
+    context.update(
+        step_page=SimpleNamespace(number=number), rows=rows, clock=clock, decisions=[]
+    )
+    return render(request, "tasks/task_detail.html#live-update", context)
 
 
 @require_GET
