@@ -21,8 +21,15 @@ def _int(name: str, default: int) -> int:
 bind = [f"{os.environ.get('HOST', '127.0.0.1')}:{os.environ.get('PORT', '8000')}"]
 wsgi_app = "pippa_site.wsgi:application"
 worker_class = "gthread"
-workers = _int("PIPPA_WEB_WORKERS", 2)
-threads = _int("PIPPA_WEB_THREADS", 4)
+# One process per two cores, eight threads each. The machine also runs the
+# step workers, and a web process (one GIL) never takes more than one core from
+# them; threads carry the concurrency of many tabs polling. Each process keeps
+# its own drawn timeline rows (dashboard/rows.py), so fewer, threaded processes
+# draw each row fewer times: on 2 cores, 1 process x 8 threads kept the
+# workers at ~0.97x their speed alone under 20 polling tabs, 2 x 4 at ~0.6x
+# (docs/serving-and-bench.md).
+workers = _int("PIPPA_WEB_WORKERS", max(1, (os.cpu_count() or 2) // 2))
+threads = _int("PIPPA_WEB_THREADS", 8)
 # A page is milliseconds; a streamed upload of 256 MiB on a slow link is not.
 timeout = _int("PIPPA_WEB_TIMEOUT", 120)
 graceful_timeout = 20
