@@ -12,8 +12,15 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from artifacts.models import Artifact, ArtifactClass, ArtifactSource
-from artifacts.store import BlobStore, PutResult, check_sha, default_store
+from artifacts.store import (
+    INLINE_TABLE,
+    BlobStore,
+    PutResult,
+    check_sha,
+    default_store,
+)
 from pippa_site.errors import Invalid
+from pippa_site.hotsql import hot_cursor
 from pippa_site.text import title_clean
 
 ERR_BAD_CLASS = "artifact class must be 1, 2, 3 or 4"
@@ -117,8 +124,9 @@ def artifact_insert(
     title: str = "",
     meta: dict | None = None,
     source_ids: Sequence[int] = (),
+    inline: bool = False,
 ) -> Inserted:
-    """Create (or find) the owner's row for a blob already on disk: the one
+    """Create (or find) the owner's row for a blob already stored: the one
     writer of artifact rows, for the executor, the API, the council, previews,
     the admin and the demo alike.
 
@@ -130,6 +138,8 @@ def artifact_insert(
     Runs inside the caller's transaction when there is one (the executor's
     hot path: a few plain statements, no savepoint), under the per-sha
     ``blob_guard`` so a GC cannot unlink the blob before this row commits.
+    ``inline``: the bytes were stored as an inline row (``put_inline``); on
+    SQLite the INSERT itself then checks that the row is still there.
     """
     artifact_class = _check_class(artifact_class)
     meta = meta or {}
@@ -165,18 +175,25 @@ def artifact_insert(
             "FROM (SELECT pg_advisory_xact_lock(%s)) AS guard "
         )
         values.append(blob_guard_key(sha256))
+    elif inline:  # SQLite, under its write lock: only over the inline row
+        insert = columns + (
+            f"SELECT %s, %s, %s, %s, %s, %s, {json_mark}, %s, %s, %s "
+            f"WHERE EXISTS (SELECT 1 FROM {INLINE_TABLE} WHERE sha256 = %s) "
+        )
+        values.append(sha256)
     else:  # SQLite: BEGIN IMMEDIATE already holds the write lock (blob_guard)
         insert = columns + f"VALUES (%s, %s, %s, %s, %s, %s, {json_mark}, %s, %s, %s) "
-    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+    checked = inline and connection.vendor == "sqlite"
+    with transaction.atomic(savepoint=False), hot_cursor() as cursor:
         cursor.execute(
             insert + "ON CONFLICT (owner_id, sha256) DO NOTHING RETURNING id", values
         )
+        row = cursor.fetchone()
         # GC unlinks a blob only under the same guard after re-checking that no
         # row names it, so a blob seen here, after the guard, stays until this
         # row commits; a vanished one rolls the caller's transaction back.
-        if not default_store().exists(sha256):
+        if not checked and not default_store().exists(sha256):
             raise BlobVanished(ERR_BLOB_VANISHED)
-        row = cursor.fetchone()
         created = row is not None
         if not created:
             cursor.execute(
@@ -184,6 +201,8 @@ def artifact_insert(
                 [owner_id, sha256],
             )
             row = cursor.fetchone()
+            if row is None:  # not a conflict: the inline row was gone
+                raise BlobVanished(ERR_BLOB_VANISHED)
         pk = row[0]
         sources = [
             s

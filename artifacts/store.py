@@ -7,12 +7,21 @@ while hashing, fsync it, rename it onto its final name, fsync the folder. A
 crash at any point leaves either nothing, an orphan temp file, or a complete
 blob with no row pointing at it; the doctor sweeps the last two.
 
-The database never holds payload bytes, only the sha (see ``Artifact``).
+Small payloads (a step's output of at most ``PIPPA_INLINE_MAX_BYTES``) live
+in the database instead, one ``InlineBlob`` row per sha, written by
+``put_inline`` inside the transaction that commits the event naming them: the
+bytes and their name commit together or not at all, so a crash leaves neither
+an orphan file nor a name without bytes, and a step pays for no new file (on
+ext4 here, creating one costs more than LangGraph's whole step). Readers never
+need to know: ``exists``, ``open``, ``get``, ``size``, ``verify`` and
+``unlink`` look at the file first and then at the row. ``path`` is a file's
+path only.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import tempfile
@@ -22,6 +31,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from pippa_site.hotsql import hot_cursor
 
 SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")
 CHUNK = 1024 * 1024
@@ -98,9 +111,23 @@ class BlobStore:
 
     def exists(self, sha: str) -> bool:
         sha = check_sha(sha)
+        if os.path.isfile(os.path.join(self._root, sha[:2], sha)):
+            return True
+        return _inline_read(sha, "1") is not None
+
+    def is_file(self, sha: str) -> bool:
+        """Whether the bytes are a file (not only a row in the database)."""
+        sha = check_sha(sha)
         return os.path.isfile(os.path.join(self._root, sha[:2], sha))
 
-    def iter_shas(self) -> Iterator[tuple[str, Path]]:
+    def iter_shas(self) -> Iterator[tuple[str, Path | None]]:
+        """Yield (sha, path) for every blob: each well-named file on disk,
+        then each inline row (path None)."""
+        yield from self.iter_files()
+        for sha in self.iter_inline():
+            yield sha, None
+
+    def iter_files(self) -> Iterator[tuple[str, Path]]:
         """Yield (sha, path) for every well-named blob file on disk."""
         if not self.root.is_dir():
             return
@@ -133,6 +160,42 @@ class BlobStore:
         if self.fsync:
             _fsync_dir(self.root)
             _fsync_dir(self.root.parent)
+
+    @staticmethod
+    def inline_fits(size: int) -> bool:
+        """Whether bytes of this size are kept in the database (``put_inline``)."""
+        return size <= getattr(settings, "PIPPA_INLINE_MAX_BYTES", 0)
+
+    @staticmethod
+    def put_inline(data: bytes, sha: str | None = None) -> PutResult:
+        """Keep small bytes as an ``InlineBlob`` row, in the caller's transaction.
+
+        Call it inside the transaction that commits the name (the
+        ``payload_persisted`` event): both commit, or neither. The same bytes
+        stored again add nothing. ``sha`` may be given when already computed.
+        """
+        sha = sha or hashlib.sha256(data).hexdigest()
+        created = connection.ops.adapt_datetimefield_value(timezone.now())
+        with hot_cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {INLINE_TABLE} (sha256, size, data, created_at) "
+                "VALUES (%s, %s, %s, %s) ON CONFLICT (sha256) DO NOTHING",
+                [sha, len(data), bytes(data), created],
+            )
+            created = cursor.rowcount > 0
+        return PutResult(sha, len(data), created=created)
+
+    @staticmethod
+    def iter_inline(*, created_before=None) -> Iterator[str]:
+        """Yield the sha of every inline blob (older than ``created_before``)."""
+        sql, params = f"SELECT sha256 FROM {INLINE_TABLE}", []
+        if created_before is not None:
+            sql += " WHERE created_at < %s"
+            params.append(connection.ops.adapt_datetimefield_value(created_before))
+        with connection.cursor() as cursor:
+            cursor.execute(sql + " ORDER BY sha256", params)
+            shas = [sha for (sha,) in cursor.fetchall()]
+        yield from shas
 
     def put_bytes(self, data: bytes) -> PutResult:
         return self.put_stream(_chunks_of(data))
@@ -205,7 +268,10 @@ class BlobStore:
         try:
             return self.path(sha).open("rb")
         except FileNotFoundError:
-            raise BlobMissing(ERR_MISSING) from None
+            data = _inline_read(sha, "data")
+            if data is None:
+                raise BlobMissing(ERR_MISSING) from None
+            return io.BytesIO(bytes(data))
 
     def get(self, sha: str) -> bytes:
         with self.open(sha) as fh:
@@ -219,7 +285,10 @@ class BlobStore:
         try:
             return self.path(sha).stat().st_size
         except FileNotFoundError:
-            raise BlobMissing(ERR_MISSING) from None
+            data = _inline_read(sha, "data")
+            if data is None:
+                raise BlobMissing(ERR_MISSING) from None
+            return len(data)
 
     def verify(self, sha: str) -> bool:
         """Return True if the blob exists and its bytes hash to ``sha``."""
@@ -236,12 +305,31 @@ class BlobStore:
     # -- removing -----------------------------------------------------------
 
     def unlink(self, sha: str) -> bool:
-        """Remove a blob file; return whether one was there."""
+        """Remove a blob, file and inline row alike; return whether one was there.
+
+        Callers hold the per-sha guard (``artifacts.gc.blobs_unlink``); the
+        row goes with the caller's transaction.
+        """
         try:
             self.path(sha).unlink()
         except FileNotFoundError:
-            return False
-        return True
+            removed = False
+        else:
+            removed = True
+        with hot_cursor() as cursor:
+            cursor.execute(f"DELETE FROM {INLINE_TABLE} WHERE sha256 = %s", [sha])
+            return removed or cursor.rowcount > 0
+
+
+INLINE_TABLE = "artifacts_inlineblob"  # artifacts.models.InlineBlob
+
+
+def _inline_read(sha: str, column: str):
+    """One column of the inline row for ``sha`` ("1" for existence), or None."""
+    with hot_cursor() as cursor:
+        cursor.execute(f"SELECT {column} FROM {INLINE_TABLE} WHERE sha256 = %s", [sha])
+        row = cursor.fetchone()
+    return None if row is None else row[0]
 
 
 def _chunks_of(data: bytes) -> Iterator[memoryview]:

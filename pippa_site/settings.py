@@ -45,6 +45,10 @@ def env_list(name: str, default: str = "") -> list[str]:
 DATA_DIR = Path(env_str("PIPPA_DATA_DIR", str(BASE_DIR / "var"))).resolve()
 DATA_DIR.mkdir(parents=True, exist_ok=True)
 BLOB_DIR = Path(env_str("PIPPA_BLOB_DIR", str(DATA_DIR / "blobs"))).resolve()
+# A step's output of at most this many bytes is kept in the database, in the
+# same commit as the event that names it, instead of a file of its own
+# (artifacts.store, docs/design.md "Where bytes live"). 0: every output a file.
+PIPPA_INLINE_MAX_BYTES = env_int("PIPPA_INLINE_MAX_BYTES", 16 * 1024)
 
 
 def _secret_key() -> str:

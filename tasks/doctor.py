@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -289,12 +289,22 @@ def _orphan_blobs(store: BlobStore, cutoff: float) -> list[tuple[str, Any]]:
                 pass
         pending.clear()
 
-    for sha, path in store.iter_shas():
+    for sha, path in store.iter_files():
         pending.append((sha, path))
         if len(pending) >= 500:
             flush()
     if pending:
         flush()
+    # Inline blobs (small outputs kept in the database) by their row's age.
+    inline = list(
+        store.iter_inline(created_before=datetime.fromtimestamp(cutoff, tz=UTC))
+    )
+    for start in range(0, len(inline), 500):
+        chunk = inline[start : start + 500]
+        named = spoken_for | set(
+            Artifact.objects.filter(sha256__in=chunk).values_list("sha256", flat=True)
+        )
+        found += [(sha, None) for sha in chunk if sha not in named]
     return found
 
 
@@ -324,7 +334,7 @@ def _integrity_scan(
     flagged = {Artifact.Integrity.MISSING, Artifact.Integrity.CORRUPT}
     for n, (pk, sha, size, integrity) in enumerate(rows, start=1):
         try:
-            on_disk = store.path(sha).stat().st_size
+            on_disk = store.size(sha)
         except (FileNotFoundError, ValueError):
             state = Artifact.Integrity.MISSING
         else:
@@ -535,7 +545,7 @@ def _check(
 
 LABELS = {
     "unowned_artifacts": ("artifacts nothing alive keeps", True, ""),
-    "orphan_blobs": ("blob files no row names (older than the grace period)", True, ""),
+    "orphan_blobs": ("blobs no row names (older than the grace period)", True, ""),
     "stale_temp_files": ("stale temp files in blobs/tmp", True, ""),
     "damaged_blobs": (
         "artifacts whose blob is missing or fails its sha",

@@ -50,7 +50,8 @@ from artifacts.services import (
     artifact_insert,
     sources_check,
 )
-from artifacts.store import default_store
+from artifacts.store import PutResult, default_store, sha256_bytes
+from pippa_site.hotsql import db_datetime, hot_cursor
 from tasks.crashpoints import crashpoint
 from tasks.faults import fault_reason, retry_delay
 from tasks.lease import (
@@ -86,6 +87,8 @@ ERR_UNSAVED = "the tool ran; its output could not be saved: {reason}"
 ERR_WAITING = "waiting before attempt {attempt}: next attempt {when}"
 
 MAX_PAYLOAD_META_CHARS = 1500
+# ``payload_persisted`` data of an output kept in the database (``put_inline``).
+STORED_INLINE = "inline"
 
 
 # -- outcome ------------------------------------------------------------------
@@ -158,8 +161,7 @@ T_ART = Artifact._meta.db_table
 T_SRC = ArtifactSource._meta.db_table
 
 
-def _dt(value):
-    return connection.ops.adapt_datetimefield_value(value)
+_dt = db_datetime
 
 
 def _loads(value: Any) -> Any:
@@ -210,7 +212,7 @@ def step(*, task_id: int, worker_id: str) -> StepOutcome | None:
     call: the renewal reserving the event's seq, one ``UPDATE … RETURNING``
     that picks and starts the step, and the event.
     """
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(), hot_cursor() as cursor:
         lease = lease_take(cursor, task_id, worker_id, reserve=1)
         if lease is None:
             lease_close_stopped(cursor, task_id, worker_id)
@@ -276,7 +278,8 @@ def _start_next(cursor, task_id: int, worker_id: str, lease: Lease) -> _StepRow 
     ``tool_call_started`` under the seq the lease renewal reserved.
     None (nothing written) for every other case.
     """
-    now = _dt(timezone.now())
+    moment = timezone.now()
+    now = _dt(moment)
     cursor.execute(
         f"UPDATE {T_STEP} SET status = 'running', attempts = attempts + 1, "
         f"started_at = %s, finished_at = NULL, next_attempt_at = NULL "
@@ -313,7 +316,7 @@ def _start_next(cursor, task_id: int, worker_id: str, lease: Lease) -> _StepRow 
         task_id=task_id,
         first_seq=lease.last_seq,
         entries=[_started_entry(row, worker_id)],
-        created_at=timezone.now(),
+        created_at=moment,
     )
     lease.reserved = 0
     return row
@@ -453,8 +456,11 @@ def _call(row: _StepRow, worker_id: str, *, rule: str = "") -> StepOutcome:
         return _output_unsaved(
             row, worker_id, unsaved, stage="blob", needed=needed, rule=rule
         )
+    inline = payload.get("stored") == STORED_INLINE
     try:
-        with transaction.atomic(), connection.cursor() as cursor:
+        with transaction.atomic(), hot_cursor() as cursor:
+            if inline:  # the bytes commit with the event that names them
+                default_store().put_inline(output.data, sha=payload["sha"])
             lease_append(
                 cursor,
                 row.task_id,
@@ -462,8 +468,9 @@ def _call(row: _StepRow, worker_id: str, *, rule: str = "") -> StepOutcome:
                 [(Event.Kind.PAYLOAD_PERSISTED, row.id, payload)],
             )
     except DatabaseError as exc:
+        written = "" if inline else payload["sha"]
         return _output_unsaved(
-            row, worker_id, exc, stage="payload", rule=rule, written=payload["sha"]
+            row, worker_id, exc, stage="payload", rule=rule, written=written
         )
     crashpoint("after_payload")
     try:
@@ -521,11 +528,15 @@ def _persist_blob(row: _StepRow, default_media: str, output: _Output) -> dict[st
     """Write the payload blob (durably) and return the ``payload_persisted`` data."""
     crashpoint("after_tool")
     result = output.result
+    store = default_store()
+    inline = output.path is None and store.inline_fits(output.size)
     if output.path is not None:
         with output.path.open("rb") as fh:
-            put = default_store().put_file(fh)
+            put = store.put_file(fh)
+    elif inline:  # written with payload_persisted, in its transaction
+        put = PutResult(sha256_bytes(output.data), output.size, created=True)
     else:
-        put = default_store().put_bytes(output.data)
+        put = store.put_bytes(output.data)
     meta = dict(result.meta or {})
     if len(json.dumps(meta, default=str)) > MAX_PAYLOAD_META_CHARS:
         meta = {"meta_dropped": "too large for the event log"}
@@ -539,6 +550,8 @@ def _persist_blob(row: _StepRow, default_media: str, output: _Output) -> dict[st
         "generation": row.generation,
         "key": row.key,
     }
+    if inline:
+        payload["stored"] = STORED_INLINE
     if output.rel_path:
         payload["path"] = output.rel_path
     if result.source_ids:
@@ -599,7 +612,7 @@ def _output_unsaved(
     if isinstance(exc, DatabaseError) and not connection.in_atomic_block:
         connection.close()  # a fresh connection for the note (PostgreSQL restarted)
     try:
-        with transaction.atomic(), connection.cursor() as cursor:
+        with transaction.atomic(), hot_cursor() as cursor:
             unnamed_blobs_record()
             lease_append(
                 cursor,
@@ -665,7 +678,7 @@ def _record_failure(
     now = timezone.now()
     delay = 0.0 if exhausted else retry_delay(row.attempts)
     next_at = now + timedelta(seconds=delay) if delay > 0 else None
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(), hot_cursor() as cursor:
         cursor.execute(
             f"UPDATE {T_STEP} SET status = %s, error = %s, finished_at = %s, "
             f"next_attempt_at = %s WHERE id = %s",
@@ -731,7 +744,7 @@ def _finish(
     A widget's preview is rendered after that commit (``preview``), or by a
     caller inside a transaction of its own once that one commits.
     """
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(), hot_cursor() as cursor:
         artifact_id = _artifact_record(row, payload)
         task_status = _step_done(cursor, row, worker_id, artifact_id, payload, pre)
     outcome = StepOutcome(
@@ -771,6 +784,7 @@ def _artifact_record(row: _StepRow, payload: dict[str, Any]) -> int:
         title=payload.get("title", ""),
         meta=meta,
         source_ids=payload.get("source_ids") or (),
+        inline=payload.get("stored") == STORED_INLINE,
     ).id
 
 
@@ -863,7 +877,7 @@ def _resolve_uncertain(row: _StepRow, worker_id: str) -> StepOutcome:
         crashpoint("after_result")
         return outcome
     if advice.action == CALL_AGAIN:
-        with transaction.atomic(), connection.cursor() as cursor:
+        with transaction.atomic(), hot_cursor() as cursor:
             pre = [(Event.Kind.UNCERTAIN_RESOLVED, row.id, note)]
             # An output the executor could not save (disk full, database
             # gone) is not the tool failing: it does not use up the attempts.
@@ -887,7 +901,7 @@ def _note(advice, env: Envelope, worker_id: str) -> dict[str, Any]:
 
 def _review(row: _StepRow, worker_id: str, advice, env: Envelope) -> StepOutcome:
     """Hand an open envelope to a person: the step and the task need review."""
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(), hot_cursor() as cursor:
         cursor.execute(
             f"UPDATE {T_STEP} SET status = 'needs_review', error = %s WHERE id = %s",
             [advice.words, row.id],

@@ -37,6 +37,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from pippa_site.errors import LeaseConflict
+from pippa_site.hotsql import db_datetime, hot_cursor
 from tasks.faults import fault_reason
 from tasks.models import Event, Task
 from tasks.services import events_append, events_insert
@@ -72,8 +73,7 @@ def lease_until():
     return timezone.now() + timedelta(seconds=settings.PIPPA_LEASE_SECONDS)
 
 
-def _dt(value):
-    return connection.ops.adapt_datetimefield_value(value)
+_dt = db_datetime
 
 
 def parse_dt(value):
@@ -173,14 +173,15 @@ def lease_append(
     check; ``extra_set`` adds columns to the same statement. Raise
     ``LeaseLost`` when another worker holds the lease now.
     """
+    now = timezone.now()
     cursor.execute(
         f"UPDATE {T_TASK} SET last_seq = last_seq + %s, lease_expires_at = %s, "
         f"updated_at = %s{extra_set} WHERE id = %s AND lease_owner = %s "
         f"RETURNING last_seq, steps_done, steps_total",
         [
             len(entries),
-            _dt(lease_until()),
-            _dt(timezone.now()),
+            _dt(now + timedelta(seconds=settings.PIPPA_LEASE_SECONDS)),
+            _dt(now),
             *extra_params,
             task_id,
             worker_id,
@@ -194,7 +195,7 @@ def lease_append(
             task_id=task_id,
             first_seq=row[0] - len(entries) + 1,
             entries=entries,
-            created_at=timezone.now(),
+            created_at=now,
         )
     return row
 
@@ -421,7 +422,7 @@ class _LeaseKeeper:
 
     def _renew(self, task_id: int, worker_id: str) -> None:
         try:
-            with transaction.atomic(), connection.cursor() as cursor:
+            with transaction.atomic(), hot_cursor() as cursor:
                 lease_append(
                     cursor,
                     task_id,

@@ -281,7 +281,11 @@ class StepStatus(models.TextChoices):
 class Step(models.Model):
     Status = StepStatus
 
-    task = models.ForeignKey(Task, on_delete=models.DB_CASCADE, related_name="steps")
+    # No index of its own: the unique (task, position) index leads with it, and each
+    # index more is pages more for every step's commit.
+    task = models.ForeignKey(
+        Task, on_delete=models.DB_CASCADE, related_name="steps", db_index=False
+    )
     position = models.PositiveIntegerField()
     title = models.CharField(max_length=300)
     status = models.CharField(max_length=16, choices=Status, default=Status.PENDING)
@@ -432,9 +436,19 @@ class Event(models.Model):
         TASK_CANCELLED = "task_cancelled"
         BRAIN_CHANGED = "brain_changed"
 
-    task = models.ForeignKey(Task, on_delete=models.DB_CASCADE, related_name="events")
+    # No index of its own: the unique (task, seq) index leads with it, and each
+    # index more is pages more for every step's commit.
+    task = models.ForeignKey(
+        Task, on_delete=models.DB_CASCADE, related_name="events", db_index=False
+    )
+    # Served by the (step, seq) index, which leads with it.
     step = models.ForeignKey(
-        Step, on_delete=models.DB_CASCADE, null=True, blank=True, related_name="events"
+        Step,
+        on_delete=models.DB_CASCADE,
+        null=True,
+        blank=True,
+        related_name="events",
+        db_index=False,
     )
     seq = models.PositiveIntegerField()
     kind = models.CharField(max_length=40)
@@ -497,8 +511,10 @@ class TaskArtifact(models.Model):
     artifact = models.ForeignKey(
         "artifacts.Artifact", on_delete=models.DO_NOTHING, related_name="task_links"
     )
+    # No index of its own: the unique (task, artifact, role) index leads with it, and each
+    # index more is pages more for every step's commit.
     task = models.ForeignKey(
-        Task, on_delete=models.DB_CASCADE, related_name="artifact_links"
+        Task, on_delete=models.DB_CASCADE, related_name="artifact_links", db_index=False
     )
     step = models.ForeignKey(
         Step,

@@ -21,6 +21,7 @@ from artifacts.keepers import conversation_artifact_ids
 from artifacts.models import Artifact
 from artifacts.services import _check_class, artifact_record, blob_put, sources_check
 from pippa_site.errors import Invalid, NotFound
+from pippa_site.hotsql import db_datetime, hot_cursor
 from pippa_site.text import text_check, title_clean
 from tasks.crashpoints import crashpoint
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
@@ -114,9 +115,7 @@ def events_insert(
     of its cost on the step hot path, with the same columns, adapters and
     constraints. With ``returning`` the new ids come back in insert order.
     """
-    created = Event._meta.get_field("created_at").get_db_prep_save(
-        created_at, connection
-    )
+    created = db_datetime(created_at)
     table = connection.ops.quote_name(Event._meta.db_table)
     json_param = "%s::jsonb" if connection.vendor == "postgresql" else "%s"
     values = ", ".join([f"(%s, %s, %s, %s, {json_param}, %s)"] * len(entries))
@@ -130,7 +129,7 @@ def events_insert(
             _encode_data(data),
             created,
         ]
-    with connection.cursor() as cursor:
+    with hot_cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {table} (task_id, step_id, seq, kind, data, created_at) "
             f"VALUES {values}{' RETURNING id' if returning else ''}",

@@ -21,6 +21,7 @@ from tasks.models import Event, Step, Task, TaskArtifact
 from tasks.plan import task_create
 from tasks.tools import tools_load
 from tests.conftest import REPO
+from tests.support.blobs import blob_lose
 from tests.support.executing import check_invariants, expire_lease, invocations
 
 PLAN = [
@@ -221,7 +222,7 @@ def test_a_killed_render_whose_source_is_gone_waits_for_a_person(
     code, err = wait(worker(task.pk, crashpoint="after_tool:4", name="doomed"))
     assert code == -signal.SIGKILL, err
     source = Step.objects.get(task=task, position=1).output
-    blob_store.path(source.sha256).unlink()
+    blob_lose(source.sha256, blob_store)
     expire_lease(task.pk)
     code, err = wait(worker(task.pk, name="fresh"))
     assert code == 0, err

@@ -1,0 +1,122 @@
+"""Statements of the executor's hot path, on the database driver's own cursor.
+
+Django's cursor wrapper costs about 30 µs a statement on this stack
+(placeholder rewriting, the wrapper chain, the thread-local connection proxy)
+against a statement of about 25 µs; a step runs a dozen. ``hot_cursor()``
+hands out the driver's cursor of the *same* connection, so everything else is
+Django's as before:
+
+- the transaction: ``transaction.atomic()`` opens and commits it (SQLite's
+  ``BEGIN IMMEDIATE``, PostgreSQL's), and a statement here is part of it;
+- the errors: the driver's exceptions become Django's (``DatabaseError``,
+  ``IntegrityError``…) through the connection's own error wrapper, so the
+  executor's fault handling sees what it always saw;
+- the log: when Django logs queries (``DEBUG``, ``CaptureQueriesContext``)
+  every statement is logged the same way, so tests count them.
+
+Only plain SQL with ``%s`` placeholders goes through here (the form Django's
+raw cursors take); SQLite gets them as ``?``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import UTC, datetime
+from functools import cache, lru_cache
+from typing import Any
+
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, connections
+
+_PLACEHOLDER = re.compile(r"%%|%s")
+
+
+@lru_cache(maxsize=1024)
+def _qmark(sql: str) -> str:
+    """``%s`` -> ``?`` and ``%%`` -> ``%``, as Django's SQLite cursor does."""
+    return _PLACEHOLDER.sub(lambda m: "%" if m.group() == "%%" else "?", sql)
+
+
+def _same(sql: str) -> str:
+    return sql
+
+
+class HotCursor:
+    """The driver cursor of the current connection, with Django's error mapping."""
+
+    __slots__ = ("db", "cursor", "_sql")
+
+    def __init__(self) -> None:
+        db = connections[DEFAULT_DB_ALIAS]
+        if db.connection is None:
+            db.ensure_connection()
+        self.db = db
+        self.cursor = db.connection.cursor()
+        self._sql = _qmark if db.vendor == "sqlite" else _same
+
+    def execute(self, sql: str, params: Any = ()) -> HotCursor:
+        db = self.db
+        native = self._sql(sql)
+        if db.queries_logged:
+            return self._logged(sql, native, params)
+        with db.wrap_database_errors:
+            self.cursor.execute(native, params)
+        return self
+
+    def _logged(self, sql: str, native: str, params: Any) -> HotCursor:
+        db = self.db
+        started = time.monotonic()
+        try:
+            with db.wrap_database_errors:
+                self.cursor.execute(native, params)
+        finally:
+            db.queries_log.append(
+                {
+                    "sql": db.ops.last_executed_query(self.cursor, sql, params),
+                    "time": f"{time.monotonic() - started:.3f}",
+                }
+            )
+        return self
+
+    def fetchone(self):
+        with self.db.wrap_database_errors:
+            return self.cursor.fetchone()
+
+    def fetchall(self):
+        with self.db.wrap_database_errors:
+            return self.cursor.fetchall()
+
+    @property
+    def rowcount(self) -> int:
+        return self.cursor.rowcount
+
+    def close(self) -> None:
+        self.cursor.close()
+
+    def __enter__(self) -> HotCursor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cursor.close()
+
+
+@cache
+def _sqlite() -> bool:
+    return settings.DATABASES[DEFAULT_DB_ALIAS]["ENGINE"].endswith("sqlite3")
+
+
+def db_datetime(value: datetime | None):
+    """An aware datetime as the driver takes it: what Django's own adapter
+    gives (naive UTC text on SQLite, the datetime itself on PostgreSQL), at a
+    fraction of its cost."""
+    if value is None or not _sqlite():
+        return value
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC).replace(tzinfo=None)
+    return str(value)
+
+
+def hot_cursor() -> HotCursor:
+    """A ``HotCursor`` on the default connection (use it as a context manager)."""
+    return HotCursor()

@@ -1,0 +1,242 @@
+"""Small step outputs kept in the database: same guarantees as a blob file, no file.
+
+A step's output of at most ``PIPPA_INLINE_MAX_BYTES`` is an ``InlineBlob`` row
+written in the transaction that commits its ``payload_persisted`` event; larger
+outputs and class-1 files stay files. Readers, GC, deletion, the doctor and
+resume treat both alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from django.db import OperationalError
+from django.urls import reverse
+
+from artifacts.models import Artifact, InlineBlob
+from artifacts.store import default_store
+from tasks.doctor import doctor_run
+from tasks.executor import step
+from tasks.models import Event, Step
+from tasks.plan import task_create
+from tasks.tools import tools_load
+from tests.support.blobs import blob_overwrite
+from tests.support.executing import (
+    check_invariants,
+    crash_at,
+    expire_lease,
+    invocations,
+    run_task,
+)
+from tests.support.leftovers import assert_no_leftovers
+
+
+@pytest.fixture(autouse=True)
+def tool_log(monkeypatch, tmp_path):
+    tools_load(["tests.support.tools"])
+    log = tmp_path / "tool-calls.jsonl"
+    monkeypatch.setenv("PIPPA_TOOL_LOG", str(log))
+    return log
+
+
+def fetch_task(conversation, *sizes: int):
+    return task_create(
+        conversation=conversation,
+        title="fetches",
+        steps=[
+            {"title": f"fetch {n}", "tool": "test.fetch", "args": {"size": size}}
+            for n, size in enumerate(sizes)
+        ],
+    )
+
+
+def blob_files() -> list[str]:
+    return [sha for sha, _ in default_store().iter_files()]
+
+
+@pytest.mark.django_db
+def test_a_small_output_is_a_row_committed_with_its_event_and_no_file(
+    make_conversation, settings
+):
+    settings.PIPPA_INLINE_MAX_BYTES = 1024
+    task = fetch_task(make_conversation(), 1024)
+
+    outcome = step(task_id=task.pk, worker_id="w")
+
+    sha = outcome.artifact["sha256"]
+    assert blob_files() == []
+    row = InlineBlob.objects.get()
+    assert (row.sha256, row.size) == (sha, 1024)
+    assert hashlib.sha256(bytes(row.data)).hexdigest() == sha
+    payload = Event.objects.get(task=task, kind="payload_persisted")
+    assert payload.data["stored"] == "inline"
+    assert payload.data["sha"] == sha
+    store = default_store()
+    assert store.exists(sha)
+    assert store.verify(sha)
+    assert store.size(sha) == 1024
+    assert store.get(sha) == bytes(row.data)
+    assert Artifact.objects.get(pk=outcome.artifact["id"]).integrity == "ok"
+    check_invariants([task.pk])
+
+
+@pytest.mark.django_db
+def test_one_byte_over_the_limit_and_class_1_files_stay_files(
+    make_conversation, settings
+):
+    settings.PIPPA_INLINE_MAX_BYTES = 1024
+    big = fetch_task(make_conversation(), 1025)
+    run_task(big.pk)
+    files = task_create(
+        conversation=make_conversation(),
+        title="file",
+        steps=[{"title": "file", "tool": "test.file", "args": {"size": 10}}],
+    )
+    run_task(files.pk)
+
+    assert not InlineBlob.objects.exists()
+    outputs = set(Step.objects.values_list("output__sha256", flat=True))
+    assert set(blob_files()) == outputs
+    assert not Event.objects.filter(data__stored="inline").exists()
+
+
+@pytest.mark.django_db
+def test_a_limit_of_zero_stores_every_output_as_a_file(make_conversation, settings):
+    settings.PIPPA_INLINE_MAX_BYTES = 0
+    task = fetch_task(make_conversation(), 1, 100)
+    run_task(task.pk)
+    assert not InlineBlob.objects.exists()
+    assert len(blob_files()) == 2
+
+
+@pytest.mark.django_db
+def test_a_crash_after_the_payload_commit_adopts_the_inline_bytes_without_a_call(
+    make_conversation, tool_log
+):
+    # A snapshot (class 3) gives new bytes on every call: adopting the saved
+    # ones is the only way its output can equal what the dead worker saved.
+    task = task_create(
+        conversation=make_conversation(),
+        title="snapshots",
+        steps=[
+            {"title": f"snap {n}", "tool": "test.snapshot", "args": {"size": 300}}
+            for n in range(2)
+        ],
+    )
+    crash_at(task.pk, "after_payload:1")
+    saved = Event.objects.get(task=task, kind="payload_persisted").data["sha"]
+    expire_lease(task.pk)
+
+    outcomes = run_task(task.pk, worker_id="fresh")
+
+    first = Step.objects.get(task=task, position=1)
+    assert outcomes[0].rule
+    assert not outcomes[0].invoked
+    assert first.output.sha256 == saved
+    assert invocations(tool_log, "test.snapshot")[first.pk] == 1
+    assert InlineBlob.objects.filter(sha256=saved).exists()
+    check_invariants([task.pk])
+
+
+@pytest.mark.django_db
+def test_a_payload_commit_that_fails_leaves_no_inline_row_and_no_pending_unlink(
+    make_conversation, monkeypatch
+):
+    task = fetch_task(make_conversation(), 200)
+    store = default_store()
+    real = store.put_inline
+
+    def full(data, sha=None):
+        real(data, sha=sha)  # the row is written, then the commit fails
+        raise OperationalError("database or disk is full")
+
+    monkeypatch.setattr(type(store), "put_inline", staticmethod(full))
+
+    outcome = step(task_id=task.pk, worker_id="w")
+
+    assert outcome.fault == "disk full"
+    assert not InlineBlob.objects.exists()
+    assert not Event.objects.filter(kind="payload_persisted").exists()
+    assert blob_files() == []
+    monkeypatch.undo()
+    tools_load(["tests.support.tools"])
+    expire_lease(task.pk)
+    run_task(task.pk, worker_id="later")
+    assert Step.objects.get(task=task).status == "done"
+    assert InlineBlob.objects.count() == 1
+    check_invariants([task.pk])
+
+
+@pytest.mark.django_db
+def test_two_owners_share_one_inline_row_which_goes_with_the_last_of_them(
+    make_user, make_conversation, django_capture_on_commit_callbacks
+):
+    # The same bytes: test.fetch is stable per (task, step, generation) text,
+    # so make the two outputs equal through the step text itself.
+    ann, bob = make_user(username="ann"), make_user(username="bob")
+    conversations = [make_conversation(owner=ann), make_conversation(owner=bob)]
+    tasks = [
+        task_create(
+            conversation=c,
+            title="same",
+            steps=[{"title": "s", "tool": "demo.closes", "args": {}}],
+        )
+        for c in conversations
+    ]
+    for task in tasks:
+        run_task(task.pk)
+    shas = {Step.objects.get(task=t).output.sha256 for t in tasks}
+    assert len(shas) == 1
+    (sha,) = shas
+    assert Artifact.objects.filter(sha256=sha).count() == 2  # one row per owner
+    assert InlineBlob.objects.filter(sha256=sha).count() == 1  # one copy of the bytes
+
+    with django_capture_on_commit_callbacks(execute=True):
+        conversations[0].delete()
+    assert InlineBlob.objects.filter(sha256=sha).exists()
+    assert default_store().get(sha)  # bob still reads his output
+    with django_capture_on_commit_callbacks(execute=True):
+        conversations[1].delete()
+    assert not InlineBlob.objects.exists()
+    assert_no_leftovers()
+
+
+@pytest.mark.django_db
+def test_the_doctor_sweeps_an_unnamed_inline_row_and_flags_a_corrupt_one(
+    make_conversation,
+):
+    task = fetch_task(make_conversation(), 100)
+    run_task(task.pk)
+    kept = Step.objects.get(task=task).output
+    stray = default_store().put_inline(b"nobody names these bytes")
+
+    report = doctor_run(repair=True, grace_seconds=0)
+    assert report.finding("orphan_blobs").found == 1
+    assert not InlineBlob.objects.filter(sha256=stray.sha256).exists()
+    assert InlineBlob.objects.filter(sha256=kept.sha256).exists()
+
+    blob_overwrite(kept.sha256, b"x" * 100)  # same size, wrong bytes
+    report = doctor_run(repair=True, grace_seconds=0, verify=True)
+    kept.refresh_from_db()
+    assert kept.integrity == "corrupt"
+    assert InlineBlob.objects.filter(sha256=kept.sha256).exists()  # never deleted
+
+
+@pytest.mark.django_db
+def test_an_inline_output_downloads_for_its_owner_only(
+    client, make_user, make_conversation
+):
+    owner, other = make_user(username="owner"), make_user(username="other")
+    task = fetch_task(make_conversation(owner=owner), 64)
+    run_task(task.pk)
+    artifact = Step.objects.get(task=task).output
+    url = reverse("artifacts:source", args=[artifact.pk])
+
+    client.force_login(owner)
+    response = client.get(url)
+    assert response.status_code == 200
+    assert b"".join(response.streaming_content) == default_store().get(artifact.sha256)
+
+    client.force_login(other)
+    assert client.get(url).status_code == 404
