@@ -6,8 +6,10 @@ in the same three commits the design requires:
 1. ``BEGIN IMMEDIATE``: renew the lease (conditional UPDATE), pick the first
    unfinished step, mark it running and count the attempt, reserve a seq and
    insert ``tool_call_started``; COMMIT (before the call).
-2. The 1 KiB payload blob: temp file, fsync, rename, fsync the folder (the
-   same ``BlobStore`` code on both sides). Then reserve a seq and insert
+2. The 1 KiB payload: at most ``PIPPA_INLINE_MAX_BYTES`` (the default, 16
+   KiB) it is an inline row inserted in this commit; above it a blob file
+   written first (temp file, fsync, rename, fsync the folder: the same
+   ``BlobStore`` code on both sides). Then reserve a seq and insert
    ``payload_persisted``; COMMIT.
 3. Insert the artifact row (ON CONFLICT on sha), the ownership link, mark the
    step done with its output ref, reserve a seq and bump progress, insert
@@ -20,6 +22,7 @@ hits both; each figure is total steps over total time.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 import time
@@ -190,11 +193,23 @@ class RawExecutor:
             ],
         )
         db.execute("COMMIT")
-        # The call, then the durable blob.
+        # The call, then the durable bytes: an inline row, or a blob file first.
         result = _bench_tool(SimpleNamespace(step_id=step_id))
-        put = self.store.put_bytes(result.data)
-        # 2. payload_persisted.
+        inline = self.store.inline_fits(len(result.data))
+        if inline:
+            put = SimpleNamespace(
+                sha256=hashlib.sha256(result.data).hexdigest(), size=len(result.data)
+            )
+        else:
+            put = self.store.put_bytes(result.data)
+        # 2. payload_persisted (with the inline row).
         db.execute("BEGIN IMMEDIATE")
+        if inline:
+            db.execute(
+                "INSERT INTO artifacts_inlineblob (sha256, size, data, created_at) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (sha256) DO NOTHING",
+                (put.sha256, put.size, result.data, self._now()),
+            )
         last = self._seq(task_id, 1)[0]
         payload = {
             "sha": put.sha256,
@@ -206,6 +221,8 @@ class RawExecutor:
             "generation": generation,
             "key": key,
         }
+        if inline:
+            payload["stored"] = "inline"
         self._events(task_id, last, [("payload_persisted", step_id, payload)])
         db.execute("COMMIT")
         # 3. Artifact, link, step done, tool_result_persisted.
@@ -214,7 +231,8 @@ class RawExecutor:
         found = db.execute(
             "INSERT INTO artifacts_artifact (owner_id, sha256, size, media_type, "
             "artifact_class, title, meta, integrity, verified_at, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, 'ok', ?, ?) "
+            "SELECT ?, ?, ?, ?, ?, ?, ?, 'ok', ?, ? WHERE EXISTS "
+            "(SELECT 1 FROM artifacts_inlineblob WHERE sha256 = ?) OR ? "
             "ON CONFLICT (owner_id, sha256) DO NOTHING RETURNING id",
             (
                 row[11],
@@ -226,6 +244,8 @@ class RawExecutor:
                 '{"tool": "x"}',
                 now,
                 now,
+                put.sha256,
+                not inline,  # a blob file was checked by its write
             ),
         ).fetchone()
         artifact_id = found[0]

@@ -35,7 +35,7 @@ LABELS = {
     "langgraph": 'LangGraph + SqliteSaver, durability "sync"',
     "dbos": "DBOS on SQLite",
     "orm": "Django ORM, 1 UPDATE + 3 INSERTs/step, no payload file",
-    "raw": "raw sqlite3, same writes + content-addressed file",
+    "raw": "raw sqlite3, same writes (1 KiB payload inline)",
 }
 PEER_TARGETS = {
     "langgraph": ("<= 1.0 x baseline", ">= 1.0 x baseline"),

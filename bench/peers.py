@@ -8,8 +8,8 @@ each producing a fresh 1 KiB payload.
 
 Systems, each as its users would set it up on SQLite:
 
-- ``pippa``: ``tasks.executor.step``, the project's own executor (3 commits,
-  payload blob fsync'd).
+- ``pippa``: ``tasks.executor.step``, the project's own executor (3 commits;
+  a 1 KiB payload is kept inline, committed with the event naming it).
 - ``raw``: the same writes and commits with the ``sqlite3`` module
   (``bench_executor.RawExecutor``).
 - ``orm``: the Django ORM doing one UPDATE and three INSERTs per step in one
