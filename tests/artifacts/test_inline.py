@@ -32,12 +32,7 @@ from tests.support.executing import (
 from tests.support.leftovers import assert_no_leftovers
 
 
-@pytest.fixture(autouse=True)
-def tool_log(monkeypatch, tmp_path):
-    tools_load(["tests.support.tools"])
-    log = tmp_path / "tool-calls.jsonl"
-    monkeypatch.setenv("PIPPA_TOOL_LOG", str(log))
-    return log
+pytestmark = pytest.mark.usefixtures("tool_log")  # the test tools, logged
 
 
 def fetch_task(conversation, *sizes: int):
