@@ -31,7 +31,6 @@ from tests.support.executing import (
 )
 from tests.support.leftovers import assert_no_leftovers
 
-
 pytestmark = pytest.mark.usefixtures("tool_log")  # the test tools, logged
 
 
