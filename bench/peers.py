@@ -10,6 +10,9 @@ Systems, each as its users would set it up on SQLite:
 
 - ``pippa``: ``tasks.executor.step``, the project's own executor (3 commits;
   a 1 KiB payload is kept inline, committed with the event naming it).
+- ``pippa_full``: the same with ``PIPPA_SQLITE_SYNCHRONOUS=FULL`` (every
+  commit synced, as LangGraph's saver runs SQLite): the like-for-like
+  durability figure.
 - ``raw``: the same writes and commits with the ``sqlite3`` module
   (``bench_executor.RawExecutor``).
 - ``orm``: the Django ORM doing one UPDATE and three INSERTs per step in one
@@ -30,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-SYSTEMS = ("pippa", "raw", "orm", "langgraph", "dbos")
+SYSTEMS = ("pippa", "pippa_full", "raw", "orm", "langgraph", "dbos")
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -88,6 +91,13 @@ def run_pippa(data_dir: Path, template: Path, steps: int, size: int) -> float:
         bench_executor._make_tasks(_conversation(), steps)
     )
     return side.run(steps)
+
+
+def run_pippa_full(data_dir: Path, template: Path, steps: int, size: int) -> float:
+    """Ours with SQLite's ``synchronous=FULL``, as LangGraph's saver runs: every
+    commit synced, so the last steps survive a power cut too."""
+    os.environ["PIPPA_SQLITE_SYNCHRONOUS"] = "FULL"
+    return run_pippa(data_dir, template, steps, size)
 
 
 def run_raw(data_dir: Path, template: Path, steps: int, size: int) -> float:
@@ -229,6 +239,7 @@ def run_dbos(data_dir: Path, template: Path, steps: int, size: int) -> float:
 
 RUNNERS = {
     "pippa": run_pippa,
+    "pippa_full": run_pippa_full,
     "raw": run_raw,
     "orm": run_orm,
     "langgraph": run_langgraph,

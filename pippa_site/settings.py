@@ -181,6 +181,12 @@ def _database() -> dict:
         if env_str("PIPPA_TEST_DB_NAME"):
             config["TEST"] = {"NAME": env_str("PIPPA_TEST_DB_NAME")}
         return config
+    # NORMAL (the default): a commit survives the process being killed (what
+    # the crash tests check) but the last commits before a power cut may be
+    # lost; FULL syncs the log at every commit, and survives that too.
+    synchronous = env_str("PIPPA_SQLITE_SYNCHRONOUS", "NORMAL").upper()
+    if synchronous not in ("NORMAL", "FULL"):
+        raise ValueError("PIPPA_SQLITE_SYNCHRONOUS must be NORMAL or FULL")
     return {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": env_str("PIPPA_SQLITE_PATH", str(DATA_DIR / "pippa.sqlite3")),
@@ -188,7 +194,7 @@ def _database() -> dict:
             # Django switches foreign keys on for every new SQLite connection;
             # WAL lets readers run beside the writer; IMMEDIATE takes the write
             # lock at BEGIN so two writers queue instead of failing mid-way.
-            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "init_command": f"PRAGMA journal_mode=WAL; PRAGMA synchronous={synchronous};",
             "transaction_mode": "IMMEDIATE",
             # Busy timeout: how long a writer waits for the write lock before
             # "database is locked" (a worker then backs off and tries again).

@@ -62,3 +62,41 @@ def test_a_django_transaction_takes_the_write_lock_at_begin():
                 other.execute("BEGIN IMMEDIATE")
         finally:
             other.close()
+
+
+def _settings_in_child(env: dict[str, str], code: str):
+    import os
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "pippa_site.settings",
+            "PIPPA_DATA_DIR": str(settings.DATA_DIR),
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_synchronous_full_is_a_setting_and_a_wrong_value_is_refused(tmp_path):
+    show = (
+        "import django; django.setup(); from django.db import connection; "
+        "c = connection.cursor(); c.execute('PRAGMA synchronous'); "
+        "print(c.fetchone()[0])"
+    )
+    db = {"PIPPA_SQLITE_PATH": str(tmp_path / "db.sqlite3")}
+    full = _settings_in_child({**db, "PIPPA_SQLITE_SYNCHRONOUS": "full"}, show)
+    assert full.stdout.strip() == "2", full.stderr  # FULL: every commit synced
+    normal = _settings_in_child(db, show)
+    assert normal.stdout.strip() == "1", normal.stderr
+    wrong = _settings_in_child({**db, "PIPPA_SQLITE_SYNCHRONOUS": "OFF"}, show)
+    assert wrong.returncode != 0
+    assert "PIPPA_SQLITE_SYNCHRONOUS must be NORMAL or FULL" in wrong.stderr
