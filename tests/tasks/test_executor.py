@@ -626,7 +626,9 @@ def test_a_widget_that_cannot_be_rendered_still_finishes_its_step(
 # result's seq with progress, tool_result_persisted.
 # A step's statements (docs/serving-and-bench.md): ten when its output is a
 # blob file, one more when it is a small output's inline row (which saves a
-# new file, its rename and two fsyncs).
+# new file, its rename and two fsyncs); on PostgreSQL one more again, the
+# inline row's check after the artifact INSERT took blob_guard's lock (a
+# check inside that INSERT would read a snapshot from before the lock).
 STATEMENTS_PER_STEP = {"file": 10, "inline": 11}
 
 
@@ -657,7 +659,10 @@ def test_a_step_of_a_running_task_takes_ten_statements_or_eleven_inline_in_three
         outcome = step(task_id=task.pk, worker_id="w1")
     assert (outcome.status, outcome.position) == ("done", 2)
     statements = _statements(queries.captured_queries)
-    assert len(statements) <= STATEMENTS_PER_STEP[stored], "\n".join(statements)
+    most = STATEMENTS_PER_STEP[stored]
+    if stored == "inline" and connection.vendor == "postgresql":
+        most += 1
+    assert len(statements) <= most, "\n".join(statements)
     payload = Event.objects.filter(kind="payload_persisted").last()
     assert payload.data.get("stored", "file") == stored
     # Three transactions: the call is logged before it runs, the payload
