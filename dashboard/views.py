@@ -361,6 +361,15 @@ def _confirm(request: HttpRequest, task: Task, context: dict) -> HttpResponse:
     return render(request, "tasks/confirm.html", {"task": task, **context})
 
 
+def _act(request: HttpRequest, do, message: str, /, **kwargs) -> None:
+    """Run one of Dad's actions as him; say it was done, or why it was refused."""
+    try:
+        do(**kwargs, actor=_actor(request))
+        messages.success(request, message)
+    except PippaError as exc:
+        messages.error(request, str(exc))
+
+
 def _confirmed(request: HttpRequest) -> bool:
     return request.POST.get("confirm") == "yes"
 
@@ -375,11 +384,7 @@ def _to_confirmation(request: HttpRequest, url: str) -> HttpResponse:
 @dashboard_login_required
 def task_resume(request: HttpRequest, pk: int) -> HttpResponse:
     task = selectors.task_get_for_user(user=request.user, task_id=pk)
-    try:
-        actions.task_resume(task=task, actor=_actor(request))
-        messages.success(request, MSG_QUEUED.format(title=task.title))
-    except PippaError as exc:
-        messages.error(request, str(exc))
+    _act(request, actions.task_resume, MSG_QUEUED.format(title=task.title), task=task)
     return _after_action(request, task)
 
 
@@ -387,11 +392,7 @@ def task_resume(request: HttpRequest, pk: int) -> HttpResponse:
 @dashboard_login_required
 def task_pause(request: HttpRequest, pk: int) -> HttpResponse:
     task = selectors.task_get_for_user(user=request.user, task_id=pk)
-    try:
-        actions.task_pause(task=task, actor=_actor(request))
-        messages.success(request, MSG_PAUSED.format(title=task.title))
-    except PippaError as exc:
-        messages.error(request, str(exc))
+    _act(request, actions.task_pause, MSG_PAUSED.format(title=task.title), task=task)
     return _after_action(request, task)
 
 
@@ -400,11 +401,8 @@ def task_pause(request: HttpRequest, pk: int) -> HttpResponse:
 def task_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     task = selectors.task_get_for_user(user=request.user, task_id=pk)
     if request.method == "POST" and _confirmed(request):
-        try:
-            actions.task_cancel(task=task, actor=_actor(request))
-            messages.success(request, MSG_CANCELLED.format(title=task.title))
-        except PippaError as exc:
-            messages.error(request, str(exc))
+        message = MSG_CANCELLED.format(title=task.title)
+        _act(request, actions.task_cancel, message, task=task)
         return redirect(task)
     if request.method == "POST":
         return _to_confirmation(request, reverse("tasks:task_cancel", args=[task.pk]))
@@ -464,11 +462,8 @@ def step_retry(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
         )
     if step.side_effects and not _confirmed(request):
         return _to_confirmation(request, url)
-    try:
-        actions.step_retry(step=step, actor=_actor(request))
-        messages.success(request, MSG_RETRIED.format(position=step.position))
-    except PippaError as exc:
-        messages.error(request, str(exc))
+    message = MSG_RETRIED.format(position=step.position)
+    _act(request, actions.step_retry, message, step=step)
     return _after_action(request, step.task)
 
 
@@ -493,14 +488,9 @@ def step_resolve(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
     action = request.POST.get("action", "")
     if action == "rerun" and step.side_effects and not _confirmed(request):
         return _to_confirmation(request, f"{url}?{urlencode({'action': action})}")
-    try:
-        actions.step_resolve(step=step, action=action, actor=_actor(request))
-        label = RESOLVE_LABELS.get(action, action)
-        messages.success(
-            request, MSG_RESOLVED.format(position=step.position, action=label)
-        )
-    except PippaError as exc:
-        messages.error(request, str(exc))
+    label = RESOLVE_LABELS.get(action, action)
+    message = MSG_RESOLVED.format(position=step.position, action=label)
+    _act(request, actions.step_resolve, message, step=step, action=action)
     return _after_action(request, step.task)
 
 
