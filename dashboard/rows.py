@@ -22,6 +22,7 @@ from collections import OrderedDict
 from threading import Lock
 
 from django.template.loader import get_template
+from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 
 from dashboard.selectors import EventPage, StepRow, TaskClock
@@ -35,6 +36,14 @@ MAX_ROWS = 5000  # ~1.5 KB each: a few MB per server process at most
 AXIS = mark_safe("<@axis@>")
 # Where a live update marks the row to be swapped in out of band.
 OOB = mark_safe("<@oob@>")
+# Where a done step's branch link goes once the task is idle: the link comes
+# and goes with the task, the row stays drawn.
+BRANCH = mark_safe("<@branch@>")
+BRANCH_LINK = (
+    '\n      <div class="step-actions">\n        <a class="button quiet" '
+    'id="branch-{pk}" href="{url}?after_position={position}">'
+    "Branch from step {position}…</a>\n      </div>\n      "
+)
 
 
 class DrawnRows:
@@ -84,15 +93,30 @@ def rows_draw(
         if not row.html:
             template = template or get_template(ROW_TEMPLATE)
             html = template.render(
-                {"row": row, "task": task, "clock": clock, "axis": AXIS, "oob": OOB}
+                {
+                    "row": row,
+                    "task": task,
+                    "clock": clock,
+                    "axis": AXIS,
+                    "oob": OOB,
+                    "branch": BRANCH,
+                }
             )
             if row.reusable:
                 drawn_rows.put(row.key, html)
             row.html = html
     span = str(clock.span_ms)
     mark = ' hx-swap-oob="true"' if oob else ""
+    branch_url = reverse("tasks:task_branch", args=[task.pk]) if task.is_idle else ""
     for row in rows:
-        row.html = SafeString(row.html.replace(AXIS, span).replace(OOB, mark))
+        html = row.html.replace(AXIS, span).replace(OOB, mark)
+        if BRANCH in html:
+            step = row.step
+            link = BRANCH_LINK.format(
+                pk=step.pk, url=branch_url, position=step.position
+            )
+            html = html.replace(BRANCH, link if task.is_idle else "")
+        row.html = SafeString(html)
 
 
 def events_draw(*, page: EventPage) -> None:

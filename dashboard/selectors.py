@@ -503,8 +503,9 @@ def settled_row_key(step: Step, task: Task, clock: TaskClock) -> tuple | None:
     Settled (SETTLED_Q): done, skipped, or pending and never attempted (no
     relative time to show). Such a step changes only through a transition
     that changes one of these (a retry, a resolution, a new generation, a
-    new output, a rendered preview); the task's idleness decides its branch
-    link, and the clock's start its bars. Nothing else of the task goes in.
+    new output, a rendered preview); the clock's start places its bars.
+    Nothing else of the task goes in (its branch link, shown once the task is
+    idle, is put in on the way out: dashboard.rows).
     """
     if step.status not in FINISHED_STEPS and not _untouched(step):
         return None
@@ -523,7 +524,6 @@ def settled_row_key(step: Step, task: Task, clock: TaskClock) -> tuple | None:
     )
     return (
         task.pk,
-        task.is_idle,
         task.steps_total,
         clock.started_at,
         step.pk,

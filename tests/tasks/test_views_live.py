@@ -245,12 +245,37 @@ def test_a_drawn_row_is_drawn_again_when_its_step_moves_on(dad_client, conversat
     assert 'class="badge status-done"' in row[: row.index("</li>")]
 
 
+def test_rows_drawn_while_running_get_their_branch_links_when_the_task_stops(
+    dad_client, conversation
+):
+    task = _step(_task(conversation), times=2)
+    running = dad_client.get(task.get_absolute_url()).content.decode()
+    assert "Branch from step" not in running
+    drawn = len(drawn_rows)
+    Task.objects.filter(pk=task.pk).update(status=Task.Status.PAUSED)
+    with CaptureQueriesContext(connection) as ctx:
+        paused = dad_client.get(task.get_absolute_url()).content.decode()
+    assert f'id="branch-{task.steps.get(position=1).pk}"' in paused
+    assert "Branch from step 2…" in paused
+    assert "Branch from step 3…" not in paused  # not done: nothing to branch from
+    assert len(drawn_rows) == drawn  # the same rows, not drawn again
+    assert not any(
+        '"tasks_event"."step_id" IN' in q["sql"] for q in ctx.captured_queries
+    )
+    resumed = Task.objects.filter(pk=task.pk).update(status=Task.Status.QUEUED)
+    assert resumed == 1
+    assert (
+        "Branch from step"
+        not in dad_client.get(task.get_absolute_url()).content.decode()
+    )
+
+
 def test_a_title_that_looks_like_a_placeholder_is_shown_as_written(
     dad_client, conversation
 ):
-    task = _step(_task(conversation, title="<@axis@> <@oob@>"))
+    task = _step(_task(conversation, title="<@axis@> <@oob@> <@branch@>"))
     body = dad_client.get(task.get_absolute_url()).content.decode()
-    assert "&lt;@axis@&gt; &lt;@oob@&gt;" in body
+    assert "&lt;@axis@&gt; &lt;@oob@&gt; &lt;@branch@&gt;" in body
     assert "<@" not in body
     assert "hx-swap-oob" not in body
     assert re.search(r'<svg class="bars" viewBox="0 0 \d+ 14"', body)
