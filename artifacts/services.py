@@ -20,8 +20,17 @@ from artifacts.store import (
     default_store,
 )
 from pippa_site.errors import Invalid
-from pippa_site.hotsql import hot_cursor
+from pippa_site.hotsql import (
+    db_datetime,
+    db_is_postgresql,
+    hot_cursor,
+    joined_atomic,
+)
 from pippa_site.text import title_clean
+
+# Quoted the same way by both engines' quote_name.
+T_ARTIFACT = f'"{Artifact._meta.db_table}"'
+T_SOURCE = f'"{ArtifactSource._meta.db_table}"'
 
 ERR_BAD_CLASS = "artifact class must be 1, 2, 3 or 4"
 ERR_UNKNOWN_SOURCE = "a source artifact does not exist"
@@ -56,7 +65,12 @@ def blob_guard_key(sha: str) -> int:
     return int(sha[:15], 16)
 
 
+_CLASSES = frozenset(int(c) for c in ArtifactClass)
+
+
 def _check_class(artifact_class: int) -> int:
+    if type(artifact_class) is int and artifact_class in _CLASSES:
+        return artifact_class
     try:
         return ArtifactClass(int(artifact_class)).value
     except (TypeError, ValueError):
@@ -147,10 +161,10 @@ def artifact_insert(
     if len(meta_json) > MAX_META_CHARS:
         raise ArtifactError(ERR_META_TOO_LARGE)
     check_sha(sha256)
-    now = connection.ops.adapt_datetimefield_value(timezone.now())
-    table = connection.ops.quote_name(Artifact._meta.db_table)
-    edges = connection.ops.quote_name(ArtifactSource._meta.db_table)
-    json_mark = "CAST(%s AS jsonb)" if connection.vendor == "postgresql" else "%s"
+    now = db_datetime(timezone.now())
+    postgresql = db_is_postgresql()
+    table, edges = T_ARTIFACT, T_SOURCE
+    json_mark = "CAST(%s AS jsonb)" if postgresql else "%s"
     values = [
         owner_id,
         sha256,
@@ -167,7 +181,7 @@ def artifact_insert(
         f"INSERT INTO {table} (owner_id, sha256, size, media_type, "
         f"artifact_class, title, meta, integrity, verified_at, created_at) "
     )
-    if connection.vendor == "postgresql":
+    if postgresql:
         # blob_guard's advisory lock, taken by the INSERT itself (one
         # statement fewer on the executor's hot path).
         insert = (
@@ -183,8 +197,8 @@ def artifact_insert(
         values.append(sha256)
     else:  # SQLite: BEGIN IMMEDIATE already holds the write lock (blob_guard)
         insert = columns + f"VALUES (%s, %s, %s, %s, %s, %s, {json_mark}, %s, %s, %s) "
-    checked = inline and connection.vendor == "sqlite"
-    with transaction.atomic(savepoint=False), hot_cursor() as cursor:
+    checked = inline and not postgresql
+    with joined_atomic(), hot_cursor() as cursor:
         cursor.execute(
             insert + "ON CONFLICT (owner_id, sha256) DO NOTHING RETURNING id", values
         )

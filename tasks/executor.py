@@ -466,6 +466,7 @@ def _call(row: _StepRow, worker_id: str, *, rule: str = "") -> StepOutcome:
                 row.task_id,
                 worker_id,
                 [(Event.Kind.PAYLOAD_PERSISTED, row.id, payload)],
+                renew=False,  # C1 renewed it, the lease keeper through the call
             )
     except DatabaseError as exc:
         written = "" if inline else payload["sha"]

@@ -102,16 +102,22 @@ def lease_take(
     """
     now = timezone.now()
     until = _dt(now + timedelta(seconds=settings.PIPPA_LEASE_SECONDS))
-    cursor.execute(
-        f"UPDATE {T_TASK} SET lease_expires_at = %s, status = 'running', updated_at = %s, "
-        f"last_seq = last_seq + %s "
-        f"WHERE id = %s AND lease_owner = %s AND status IN ('queued', 'running') "
-        f"RETURNING steps_total, steps_done, last_seq",
-        [until, _dt(now), reserve, task_id, worker_id],
-    )
-    row = cursor.fetchone()
-    if row is not None:
-        return Lease(row[0], row[1], reserved=reserve, last_seq=row[2])
+    # A running task's renewal leaves its status alone: a column in the SET
+    # list is an index entry rewritten (tasks_task_status), value or no.
+    for status_set, status_in in (
+        ("", "= 'running'"),
+        (", status = 'running'", "= 'queued'"),
+    ):
+        cursor.execute(
+            f"UPDATE {T_TASK} SET lease_expires_at = %s, updated_at = %s, "
+            f"last_seq = last_seq + %s{status_set} "
+            f"WHERE id = %s AND lease_owner = %s AND status {status_in} "
+            f"RETURNING steps_total, steps_done, last_seq",
+            [until, _dt(now), reserve, task_id, worker_id],
+        )
+        row = cursor.fetchone()
+        if row is not None:
+            return Lease(row[0], row[1], reserved=reserve, last_seq=row[2])
     cursor.execute(
         f"SELECT status, lease_owner, lease_expires_at FROM {T_TASK} WHERE id = %s",
         [task_id],
@@ -166,26 +172,26 @@ def lease_append(
     *,
     extra_set: str = "",
     extra_params: tuple = (),
+    renew: bool = True,
 ) -> tuple:
     """Reserve seqs, renew the lease and append events, if the lease is still ours.
 
     One ``UPDATE … RETURNING`` does the seq range, the renewal and the lease
     check; ``extra_set`` adds columns to the same statement. Raise
-    ``LeaseLost`` when another worker holds the lease now.
+    ``LeaseLost`` when another worker holds the lease now. ``renew=False``
+    checks the lease without moving its expiry (the payload's commit, right
+    after a call the lease keeper renewed through: one index entry less).
     """
     now = timezone.now()
+    renewal = ", lease_expires_at = %s" if renew else ""
+    until = (
+        [_dt(now + timedelta(seconds=settings.PIPPA_LEASE_SECONDS))] if renew else []
+    )
     cursor.execute(
-        f"UPDATE {T_TASK} SET last_seq = last_seq + %s, lease_expires_at = %s, "
+        f"UPDATE {T_TASK} SET last_seq = last_seq + %s{renewal}, "
         f"updated_at = %s{extra_set} WHERE id = %s AND lease_owner = %s "
         f"RETURNING last_seq, steps_done, steps_total",
-        [
-            len(entries),
-            _dt(now + timedelta(seconds=settings.PIPPA_LEASE_SECONDS)),
-            _dt(now),
-            *extra_params,
-            task_id,
-            worker_id,
-        ],
+        [len(entries), *until, _dt(now), *extra_params, task_id, worker_id],
     )
     row = cursor.fetchone()
     if row is None:

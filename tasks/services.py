@@ -21,7 +21,7 @@ from artifacts.keepers import conversation_artifact_ids
 from artifacts.models import Artifact
 from artifacts.services import _check_class, artifact_record, blob_put, sources_check
 from pippa_site.errors import Invalid, NotFound
-from pippa_site.hotsql import db_datetime, hot_cursor
+from pippa_site.hotsql import db_datetime, db_is_postgresql, hot_cursor
 from pippa_site.text import text_check, title_clean
 from tasks.crashpoints import crashpoint
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
@@ -31,6 +31,8 @@ log = logging.getLogger("pippa.tasks")
 ERR_EVENT_DATA_TOO_LARGE = "event data must stay small (refs and sizes, not payloads)"
 ERR_NO_TASK = "no such task"
 MAX_EVENT_DATA_CHARS = 4096
+# Quoted the same way by both engines' quote_name.
+T_EVENT = f'"{Event._meta.db_table}"'
 
 
 class TaskNotFound(NotFound):
@@ -116,8 +118,8 @@ def events_insert(
     constraints. With ``returning`` the new ids come back in insert order.
     """
     created = db_datetime(created_at)
-    table = connection.ops.quote_name(Event._meta.db_table)
-    json_param = "%s::jsonb" if connection.vendor == "postgresql" else "%s"
+    table = T_EVENT
+    json_param = "%s::jsonb" if db_is_postgresql() else "%s"
     values = ", ".join([f"(%s, %s, %s, %s, {json_param}, %s)"] * len(entries))
     params: list = []
     for i, (kind, step_id, data) in enumerate(entries):
