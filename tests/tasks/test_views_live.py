@@ -22,6 +22,7 @@ from dashboard.views import MSG_BAD_SINCE
 from tasks.executor import step
 from tasks.models import Task
 from tasks.plan import task_create
+from tasks.services import event_append
 from tests.support.executing import crash_at, expire_lease
 
 pytestmark = pytest.mark.django_db
@@ -279,3 +280,19 @@ def test_a_title_that_looks_like_a_placeholder_is_shown_as_written(
     assert "<@" not in body
     assert "hx-swap-oob" not in body
     assert re.search(r'<svg class="bars" viewBox="0 0 \d+ 14"', body)
+
+
+def test_event_rows_escape_what_the_data_holds_and_fold_long_data(
+    dad_client, conversation
+):
+    task = _task(conversation)
+    event_append(
+        task_id=task.pk,
+        kind="<b>odd</b>",
+        data={"note": "<script>alert(1)</script>", "long": "x" * 120},
+    )
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    assert "<script>alert(1)</script>" not in body
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    assert '<span title="&lt;b&gt;odd&lt;/b&gt;">' in body
+    assert '<pre class="json-data" tabindex="0">{\n  &quot;note&quot;' in body
