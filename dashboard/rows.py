@@ -29,12 +29,14 @@ from django.utils.safestring import SafeString, mark_safe
 
 from dashboard.selectors import EventPage, StepRow, TaskClock
 from dashboard.templatetags.pippa_words import (
+    class_meaning,
+    class_word,
     event_words,
     json_long,
     json_summary,
     pretty_json,
 )
-from tasks.models import Event, Task
+from tasks.models import Event, Step, Task
 
 ROW_TEMPLATE = "tasks/task_detail.html#step-row"
 MAX_ROWS = 5000  # ~1.5 KB each: a few MB per server process at most
@@ -88,6 +90,52 @@ drawn_rows = DrawnRows()
 drawn_events = DrawnRows()
 
 
+# A step not started yet: most of a new task's page, drawn as the step-row
+# partial would (tests/tasks/test_views_live.py compares the two).
+UNTOUCHED_ROW = (
+    '\n    <li{oob} class="step step-pending" id="step-{position}">\n'
+    '      <div class="step-head">\n'
+    '        <span class="pos" aria-hidden="true">{position}</span>\n'
+    '        <span class="step-title"><span class="visually-hidden">Step {position}: '
+    "</span><bdi>{title}</bdi></span>\n"
+    '        <span class="badge status-pending">{status}</span>\n'
+    '        <span class="cls cls-{cls}" title="{meaning}">{word}</span>\n'
+    "      </div>\n"
+    '      <p class="step-meta">\n        not started\n{outside}      </p>\n'
+    "    </li>\n"
+)
+OUTSIDE = '        · <span class="warn">acts outside Pippa</span>\n'
+
+
+def untouched_row_html(row: StepRow) -> str | None:
+    """Draw the row of a step never started without the template, or None."""
+    step = row.step
+    plain = (
+        step.status == Step.Status.PENDING
+        and not step.attempts
+        and step.next_attempt_at is None
+        and step.started_at is None
+        and not step.error
+        and step.output_id is None
+        and row.advice is None
+        and not row.attempts
+        and not row.notes
+    )
+    if not plain:
+        return None
+    return format_html(
+        UNTOUCHED_ROW,
+        oob=OOB,
+        position=step.position,
+        title=step.title,
+        status=step.get_status_display(),
+        cls=step.artifact_class,
+        meaning=class_meaning(step.artifact_class),
+        word=class_word(step.artifact_class),
+        outside=mark_safe(OUTSIDE) if step.side_effects else "",
+    )
+
+
 def rows_draw(
     *, rows: list[StepRow], task: Task, clock: TaskClock, oob: bool = False
 ) -> None:
@@ -98,17 +146,19 @@ def rows_draw(
     template = None
     for row in rows:
         if not row.html:
-            template = template or get_template(ROW_TEMPLATE)
-            html = template.render(
-                {
-                    "row": row,
-                    "task": task,
-                    "clock": clock,
-                    "axis": AXIS,
-                    "oob": OOB,
-                    "branch": BRANCH,
-                }
-            )
+            html = untouched_row_html(row)
+            if html is None:
+                template = template or get_template(ROW_TEMPLATE)
+                html = template.render(
+                    {
+                        "row": row,
+                        "task": task,
+                        "clock": clock,
+                        "axis": AXIS,
+                        "oob": OOB,
+                        "branch": BRANCH,
+                    }
+                )
             if row.reusable:
                 drawn_rows.put(row.key, html)
             row.html = html

@@ -296,3 +296,39 @@ def test_event_rows_escape_what_the_data_holds_and_fold_long_data(
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body
     assert '<span title="&lt;b&gt;odd&lt;/b&gt;">' in body
     assert '<pre class="json-data" tabindex="0">{\n  &quot;note&quot;' in body
+
+
+@pytest.mark.parametrize("side_effects", [False, True])
+@pytest.mark.parametrize("artifact_class", [1, 2, 3, 4])
+def test_a_step_not_started_is_drawn_as_the_row_template_draws_it(
+    conversation, side_effects, artifact_class
+):
+    from django.template.loader import get_template
+
+    from dashboard import selectors
+    from dashboard.rows import AXIS, BRANCH, OOB, ROW_TEMPLATE, untouched_row_html
+
+    task = _task(conversation, title="<b>Fetch</b> & co")
+    Step = type(task.steps.first())
+    Step.objects.filter(task=task).update(
+        side_effects=side_effects, artifact_class=artifact_class
+    )
+    _, rows, clock = selectors.task_timeline(task=task)
+    template = get_template(ROW_TEMPLATE)
+    for row in rows:
+        context = {"row": row, "task": task, "clock": clock}
+        context |= {"axis": AXIS, "oob": OOB, "branch": BRANCH}
+        drawn = untouched_row_html(row)
+        assert drawn is not None
+        assert "&lt;b&gt;Fetch&lt;/b&gt; &amp; co" in drawn
+        assert " ".join(drawn.split()) == " ".join(template.render(context).split())
+
+
+def test_a_step_that_ran_is_not_drawn_as_one_not_started(conversation):
+    from dashboard import selectors
+    from dashboard.rows import untouched_row_html
+
+    task = _step(_task(conversation))
+    _, rows, _ = selectors.task_timeline(task=task)
+    assert untouched_row_html(rows[0]) is None  # done
+    assert untouched_row_html(rows[1]) is not None
