@@ -51,7 +51,7 @@ from artifacts.services import (
     sources_check,
 )
 from artifacts.store import PutResult, default_store, sha256_bytes
-from pippa_site.hotsql import db_datetime, hot_cursor
+from pippa_site.hotsql import db_datetime, hot_atomic, hot_cursor
 from tasks.crashpoints import crashpoint
 from tasks.faults import fault_reason, retry_delay
 from tasks.lease import (
@@ -212,7 +212,7 @@ def step(*, task_id: int, worker_id: str) -> StepOutcome | None:
     call: the renewal reserving the event's seq, one ``UPDATE … RETURNING``
     that picks and starts the step, and the event.
     """
-    with transaction.atomic(), hot_cursor() as cursor:
+    with hot_atomic(), hot_cursor() as cursor:
         lease = lease_take(cursor, task_id, worker_id, reserve=1)
         if lease is None:
             lease_close_stopped(cursor, task_id, worker_id)
@@ -458,7 +458,7 @@ def _call(row: _StepRow, worker_id: str, *, rule: str = "") -> StepOutcome:
         )
     inline = payload.get("stored") == STORED_INLINE
     try:
-        with transaction.atomic(), hot_cursor() as cursor:
+        with hot_atomic(), hot_cursor() as cursor:
             if inline:  # the bytes commit with the event that names them
                 default_store().put_inline(output.data, sha=payload["sha"])
             lease_append(
@@ -745,7 +745,7 @@ def _finish(
     A widget's preview is rendered after that commit (``preview``), or by a
     caller inside a transaction of its own once that one commits.
     """
-    with transaction.atomic(), hot_cursor() as cursor:
+    with hot_atomic(), hot_cursor() as cursor:
         artifact_id = _artifact_record(row, payload)
         task_status = _step_done(cursor, row, worker_id, artifact_id, payload, pre)
     outcome = StepOutcome(
