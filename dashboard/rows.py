@@ -21,14 +21,17 @@ from __future__ import annotations
 from collections import OrderedDict
 from threading import Lock
 
+from django.template.defaultfilters import filesizeformat
 from django.template.loader import get_template
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 from django.utils import dateformat, timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
 
 from dashboard.selectors import EventPage, StepRow, TaskClock
+from dashboard.templatetags.pippa import duration
 from dashboard.templatetags.pippa_words import (
+    attempt_words,
     class_meaning,
     class_word,
     event_words,
@@ -136,6 +139,133 @@ def untouched_row_html(row: StepRow) -> str | None:
     )
 
 
+# A step done in one attempt with a plain output: most of a busy page, drawn
+# as the step-row partial would (tests/tasks/test_views_live.py compares them).
+DONE_ROW = (
+    '\n    <li{oob} class="step step-done" id="step-{position}">\n'
+    '      <div class="step-head">\n'
+    '        <span class="pos" aria-hidden="true">{position}</span>\n'
+    '        <span class="step-title"><span class="visually-hidden">Step {position}: '
+    "</span><bdi>{title}</bdi></span>\n"
+    '        <span class="badge status-done">{status}</span>\n'
+    '        <span class="cls cls-{cls}" title="{meaning}">{word}</span>\n'
+    "      </div>\n"
+    '      <p class="step-meta">\n        {attempts}\n{took}{outside}      </p>\n'
+    "{bars}"
+    '      <div class="output">\n{preview}'
+    '        <p class="output-meta">\n'
+    '          <a href="{detail_url}"><bdi>{output_title}</bdi></a>\n'
+    "          · {media_type} · {size}\n"
+    '          · <a href="{source_url}" download>Download</a>\n'
+    "        </p>\n      </div>\n      {branch}\n    </li>\n"
+)
+DONE_BARS = (
+    '      <svg class="bars" viewBox="0 0 {axis} 14" preserveAspectRatio="none" '
+    'width="100%" height="14" role="img" aria-label="When the attempts of step '
+    "{position} ran, on the task's time axis\">\n"
+    '        <rect class="bar-track" x="0" y="6" width="100%" height="2"></rect>\n'
+    '        <rect class="bar bar-{outcome}" x="{x}" y="2" width="{w}" height="10">'
+    "<title>Attempt {number}: {words}{took}</title></rect>\n      </svg>\n"
+)
+EXCERPT = (
+    '          <pre class="excerpt" id="excerpt-{step}-{artifact}" hx-preserve '
+    'tabindex="0">{text}{more}</pre>\n'
+)
+IMAGE = (
+    '          <img class="thumb" src="{src}" id="thumb-{step}-{artifact}" '
+    'hx-preserve alt="Output of step {position}: {title}" loading="lazy" '
+    'width="160">\n'
+)
+
+
+def done_row_html(row: StepRow, task: Task, clock: TaskClock) -> str | None:
+    """Draw the row of a step done in one attempt without the template, or None.
+
+    Only the plain case: one attempt or none, no notes, no error, an output
+    shown as an excerpt, an image or a download. Anything else is the
+    template's.
+    """
+    step, a = row.step, row.step.output
+    plain = (
+        step.status == Step.Status.DONE
+        and a is not None
+        and row.advice is None
+        and len(row.attempts) <= 1
+        and not row.failed_attempts
+        and not row.notes
+        and not step.error
+        and row.preview in ("excerpt", "image", "binary")
+    )
+    if not plain:
+        return None
+    try:
+        detail_url = reverse("artifacts:detail", args=[a.pk])
+        source_url = reverse("artifacts:source", args=[a.pk])
+    except NoReverseMatch:
+        return None
+    bars = ""
+    if row.attempts and clock.started_at:
+        attempt = row.attempts[0]
+        took = attempt.duration
+        bars = format_html(
+            DONE_BARS,
+            axis=AXIS,
+            position=step.position,
+            outcome=attempt.outcome,
+            x=attempt.bar_x,
+            w=attempt.bar_w,
+            number=attempt.number,
+            words=attempt_words(attempt.outcome),
+            took=f", {duration(took)}" if took else "",
+        )
+    if row.preview == "excerpt":
+        preview = format_html(
+            EXCERPT,
+            step=step.pk,
+            artifact=a.pk,
+            text=row.excerpt,
+            more="…" if row.excerpt_truncated else "",
+        )
+    elif row.preview == "image":
+        preview = format_html(
+            IMAGE,
+            src=source_url,
+            step=step.pk,
+            artifact=a.pk,
+            position=step.position,
+            title=a.title or "image",
+        )
+    else:
+        preview = ""
+    if step.attempts:
+        attempts = f"attempt {step.attempts} of {step.max_attempts}"
+    else:
+        attempts = "not started"
+    return format_html(
+        DONE_ROW,
+        oob=OOB,
+        position=step.position,
+        title=step.title,
+        status=step.get_status_display(),
+        cls=step.artifact_class,
+        meaning=class_meaning(step.artifact_class),
+        word=class_word(step.artifact_class),
+        attempts=attempts,
+        took=format_html("        · took {}\n", duration(step.duration))
+        if step.duration
+        else "",
+        outside=mark_safe(OUTSIDE) if step.side_effects else "",
+        bars=bars,
+        preview=preview,
+        detail_url=detail_url,
+        output_title=a.title or "Output",
+        media_type=a.media_type,
+        size=filesizeformat(a.size),
+        source_url=source_url,
+        branch=BRANCH if step.position < task.steps_total else "",
+    )
+
+
 def rows_draw(
     *, rows: list[StepRow], task: Task, clock: TaskClock, oob: bool = False
 ) -> None:
@@ -146,7 +276,7 @@ def rows_draw(
     template = None
     for row in rows:
         if not row.html:
-            html = untouched_row_html(row)
+            html = untouched_row_html(row) or done_row_html(row, task, clock)
             if html is None:
                 template = template or get_template(ROW_TEMPLATE)
                 html = template.render(

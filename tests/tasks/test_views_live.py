@@ -332,3 +332,59 @@ def test_a_step_that_ran_is_not_drawn_as_one_not_started(conversation):
     _, rows, _ = selectors.task_timeline(task=task)
     assert untouched_row_html(rows[0]) is None  # done
     assert untouched_row_html(rows[1]) is not None
+
+
+def _same_as_the_template(task: Task, draw) -> int:
+    """Compare each row ``draw`` takes with the row partial; return how many."""
+    from django.template.loader import get_template
+
+    from dashboard import selectors
+    from dashboard.rows import AXIS, BRANCH, OOB, ROW_TEMPLATE
+
+    _, rows, clock = selectors.task_timeline(task=task)
+    template = get_template(ROW_TEMPLATE)
+    taken = 0
+    for row in rows:
+        drawn = draw(row, task, clock)
+        if drawn is None:
+            continue
+        taken += 1
+        context = {"row": row, "task": task, "clock": clock}
+        context |= {"axis": AXIS, "oob": OOB, "branch": BRANCH}
+        assert " ".join(drawn.split()) == " ".join(template.render(context).split())
+    return taken
+
+
+@pytest.mark.parametrize("stopped", [False, True])
+def test_a_step_done_in_one_attempt_is_drawn_as_the_row_template_draws_it(
+    conversation, stopped
+):
+    from dashboard.rows import done_row_html
+
+    task = _step(_task(conversation, title="<i>Fetch</i>"), times=2)
+    if stopped:  # a stopped task's rows offer a branch; and outside effects
+        Task.objects.filter(pk=task.pk).update(status=Task.Status.PAUSED)
+        task.steps.update(side_effects=True)
+        task.refresh_from_db()
+    assert _same_as_the_template(task, done_row_html) == 2
+
+
+@pytest.mark.parametrize(
+    ("media_type", "payload"),
+    [
+        ("image/png", b"\x89PNG\r\n\x1a\n"),
+        ("application/octet-stream", b"\x00\x01"),
+        ("text/plain", b"<b>x</b> " * 200),
+    ],
+)
+def test_outputs_shown_as_image_download_or_excerpt_are_drawn_as_the_template_does(
+    make_task, conversation, media_type, payload
+):
+    from dashboard.rows import done_row_html
+    from tests.tasks.dashboard_data import add_steps
+
+    task = make_task(conversation=conversation, status=Task.Status.DONE)
+    add_steps(task, 3, done=2, media_type=media_type, payload=payload)
+    Task.objects.filter(pk=task.pk).update(title="<Odd> & title")
+    task.refresh_from_db()
+    assert _same_as_the_template(task, done_row_html) == 2
