@@ -25,6 +25,7 @@ from pippa_site.hotsql import (
     db_is_postgresql,
     hot_cursor,
     joined_atomic,
+    utc_now,
 )
 from pippa_site.text import title_clean
 
@@ -161,7 +162,7 @@ def artifact_insert(
     if len(meta_json) > MAX_META_CHARS:
         raise ArtifactError(ERR_META_TOO_LARGE)
     check_sha(sha256)
-    now = db_datetime(timezone.now())
+    now = db_datetime(utc_now())
     postgresql = db_is_postgresql()
     table, edges = T_ARTIFACT, T_SOURCE
     json_mark = "CAST(%s AS jsonb)" if postgresql else "%s"

@@ -32,9 +32,8 @@ from typing import BinaryIO
 
 from django.conf import settings
 from django.db import connection
-from django.utils import timezone
 
-from pippa_site.hotsql import hot_cursor
+from pippa_site.hotsql import db_datetime, hot_cursor, utc_now
 
 SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")
 CHUNK = 1024 * 1024
@@ -175,7 +174,7 @@ class BlobStore:
         stored again add nothing. ``sha`` may be given when already computed.
         """
         sha = sha or hashlib.sha256(data).hexdigest()
-        created = connection.ops.adapt_datetimefield_value(timezone.now())
+        created = db_datetime(utc_now())
         with hot_cursor() as cursor:
             cursor.execute(
                 f"INSERT INTO {INLINE_TABLE} (sha256, size, data, created_at) "

@@ -146,9 +146,16 @@ def db_datetime(value: datetime | None):
     fraction of its cost."""
     if value is None or not _sqlite():
         return value
-    if value.tzinfo is not None:
+    if value.tzinfo is UTC:
+        value = value.replace(tzinfo=None)
+    elif value.tzinfo is not None:
         value = value.astimezone(UTC).replace(tzinfo=None)
     return str(value)
+
+
+def utc_now() -> datetime:
+    """``timezone.now()`` as this project runs it (USE_TZ is always on)."""
+    return datetime.now(UTC)
 
 
 def hot_cursor() -> HotCursor:

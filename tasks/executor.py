@@ -16,8 +16,9 @@
    ``payload_persisted`` with its sha.
 7. In one transaction: the artifact row, the ownership link, the step's output
    ref and ``done``, ``tool_result_persisted``. Only then return the result.
-8. The lease was renewed by every write; it is released when the task stops
-   being runnable (done, failed, needs review).
+8. The lease was renewed at the step's start (and by the keeper through the
+   call) and checked by every write; it is released when the task stops being
+   runnable (done, failed, needs review).
 
 Every write after the lease is taken is conditional on still holding it, so a
 worker that lost its lease cannot record a result. The hot path uses a few
@@ -51,7 +52,7 @@ from artifacts.services import (
     sources_check,
 )
 from artifacts.store import PutResult, default_store, sha256_bytes
-from pippa_site.hotsql import db_datetime, hot_atomic, hot_cursor
+from pippa_site.hotsql import db_datetime, hot_atomic, hot_cursor, utc_now
 from tasks.crashpoints import crashpoint
 from tasks.faults import fault_reason, retry_delay
 from tasks.lease import (
@@ -278,7 +279,7 @@ def _start_next(cursor, task_id: int, worker_id: str, lease: Lease) -> _StepRow 
     ``tool_call_started`` under the seq the lease renewal reserved.
     None (nothing written) for every other case.
     """
-    moment = timezone.now()
+    moment = utc_now()
     now = _dt(moment)
     cursor.execute(
         f"UPDATE {T_STEP} SET status = 'running', attempts = attempts + 1, "
@@ -799,7 +800,7 @@ def _step_done(
 ) -> str:
     """Link the output, mark the step done, log ``tool_result_persisted`` under
     the lease; close the task when it was the last step. Return its status."""
-    now = _dt(timezone.now())
+    now = _dt(utc_now())
     cursor.execute(
         f"INSERT INTO {T_LINK} (artifact_id, task_id, step_id, role, created_at) "
         f"VALUES (%s, %s, %s, %s, %s) ON CONFLICT (task_id, artifact_id, role) DO NOTHING",
@@ -824,6 +825,9 @@ def _step_done(
         worker_id,
         entries,
         extra_set=", steps_done = steps_done + 1",
+        # The next step's start renews it; a worker that moves on leaves it
+        # to run out from there, not a full lease later.
+        renew=False,
     )
     if done < total:
         return Task.Status.RUNNING

@@ -37,7 +37,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from pippa_site.errors import LeaseConflict
-from pippa_site.hotsql import db_datetime, hot_cursor
+from pippa_site.hotsql import db_datetime, hot_cursor, utc_now
 from tasks.faults import fault_reason
 from tasks.models import Event, Task
 from tasks.services import events_append, events_insert
@@ -100,7 +100,7 @@ def lease_take(
     3. A dead lease is taken over (``lease_taken_over`` names the previous
        owner), a free one taken (``lease_taken``); the UPDATE re-checks both.
     """
-    now = timezone.now()
+    now = utc_now()
     until = _dt(now + timedelta(seconds=settings.PIPPA_LEASE_SECONDS))
     # A running task's renewal leaves its status alone: a column in the SET
     # list is an index entry rewritten (tasks_task_status), value or no.
@@ -182,7 +182,7 @@ def lease_append(
     checks the lease without moving its expiry (the payload's commit, right
     after a call the lease keeper renewed through: one index entry less).
     """
-    now = timezone.now()
+    now = utc_now()
     renewal = ", lease_expires_at = %s" if renew else ""
     until = (
         [_dt(now + timedelta(seconds=settings.PIPPA_LEASE_SECONDS))] if renew else []
