@@ -295,7 +295,9 @@ def test_event_rows_escape_what_the_data_holds_and_fold_long_data(
     assert "<script>alert(1)</script>" not in body
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body
     assert '<span title="&lt;b&gt;odd&lt;/b&gt;">' in body
-    assert '<pre class="json-data" tabindex="0">{\n  &quot;note&quot;' in body
+    # Folded and pretty-printed (PostgreSQL's jsonb may order the keys its own way).
+    assert '<pre class="json-data" tabindex="0">{\n  &quot;' in body
+    assert "&quot;note&quot;: &quot;&lt;script&gt;" in body
 
 
 @pytest.mark.parametrize("side_effects", [False, True])
