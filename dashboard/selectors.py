@@ -362,8 +362,12 @@ def _media_kind(media_type: str) -> str:
     return "binary"
 
 
-def _excerpt(artifact: Artifact) -> tuple[str, bool, bool]:
-    """Return (text, truncated, missing) for the head of a text artifact."""
+def _excerpt(artifact: Artifact, heads: dict | None = None) -> tuple[str, bool, bool]:
+    """Return (text, truncated, missing) for the head of a text artifact
+    (from ``heads``, a page's heads read at once, when given)."""
+    if heads is not None:
+        head = heads.get(artifact.sha256)
+        return _excerpt_of(head) if head is not None else ("", False, True)
     return _blob_excerpt(artifact.sha256)
 
 
@@ -374,11 +378,15 @@ def _blob_excerpt(sha: str) -> tuple[str, bool, bool]:
             head = fh.read(EXCERPT_BYTES + 1)
     except (BlobError, OSError):
         return "", False, True
+    return _excerpt_of(head)
+
+
+def _excerpt_of(head: bytes) -> tuple[str, bool, bool]:
     truncated = len(head) > EXCERPT_BYTES
     return head[:EXCERPT_BYTES].decode("utf-8", errors="replace"), truncated, False
 
 
-def _step_row(step: Step) -> StepRow:
+def _step_row(step: Step, heads: dict | None = None) -> StepRow:
     row = StepRow(step=step)
     artifact = step.output
     if artifact is None:
@@ -392,7 +400,7 @@ def _step_row(step: Step) -> StepRow:
             row.preview = "no-preview"
             row.excerpt = str(state.get("reason") or "")
     if row.preview == "excerpt":
-        row.excerpt, row.excerpt_truncated, missing = _excerpt(artifact)
+        row.excerpt, row.excerpt_truncated, missing = _excerpt(artifact, heads)
         if missing:
             row.preview = "missing"
     return row
@@ -591,11 +599,25 @@ def task_timeline_changes(
 
 def _rows(steps, task: Task, clock: TaskClock, drawn: DrawnLookup | None):
     rows = []
+    keyed = []
     for step in steps:
         step.task = task  # the page already holds it; resume advice reads it
         key = settled_row_key(step, task, clock)
         html = drawn(key) if key is not None and drawn is not None else None
-        row = StepRow(step=step, html=html) if html else _step_row(step)
+        keyed.append((step, key, html))
+    # The text outputs' heads at once (small outputs are inline rows).
+    heads = default_store().heads(
+        [
+            step.output.sha256
+            for step, _, html in keyed
+            if not html
+            and step.output is not None
+            and _preview_kind(step.output) == "excerpt"
+        ],
+        EXCERPT_BYTES + 1,
+    )
+    for step, key, html in keyed:
+        row = StepRow(step=step, html=html) if html else _step_row(step, heads)
         row.key = key
         rows.append(row)
     fresh = [row for row in rows if not row.html]

@@ -234,3 +234,22 @@ def test_an_inline_output_downloads_for_its_owner_only(
 
     client.force_login(other)
     assert client.get(url).status_code == 404
+
+
+@pytest.mark.django_db
+def test_a_pages_heads_come_from_files_and_inline_rows_in_one_query(
+    make_conversation, settings, django_assert_num_queries
+):
+    task = fetch_task(make_conversation(), 40, 50)
+    run_task(task.pk)
+    inline = [s.output.sha256 for s in Step.objects.filter(task=task)]
+    file = default_store().put_bytes(b"a file's bytes, longer than the head")
+    missing = "0" * 64
+
+    with django_assert_num_queries(1):
+        heads = default_store().heads([*inline, file.sha256, missing], 10)
+
+    assert heads[file.sha256] == b"a file's b"
+    assert {sha: len(h) for sha, h in heads.items() if sha in inline} == dict.fromkeys(inline, 10)
+    assert all(default_store().get(sha)[:10] == heads[sha] for sha in inline)
+    assert missing not in heads

@@ -390,3 +390,18 @@ def test_outputs_shown_as_image_download_or_excerpt_are_drawn_as_the_template_do
     Task.objects.filter(pk=task.pk).update(title="<Odd> & title")
     task.refresh_from_db()
     assert _same_as_the_template(task, done_row_html) == 2
+
+
+@pytest.mark.parametrize("month", range(1, 13))
+def test_event_times_are_written_as_the_date_filter_writes_them(month):
+    from datetime import UTC, datetime
+
+    from django.utils import dateformat, timezone
+
+    from dashboard.rows import _event_times
+
+    at = timezone.localtime(datetime(2026, month, month + 3, 7, 5, 9, 12, tzinfo=UTC))
+    assert _event_times(at) == (
+        dateformat.format(at, "l j F Y, H:i:s.u e"),
+        dateformat.format(at, "j M Y, H:i:s"),
+    )
