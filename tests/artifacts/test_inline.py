@@ -250,6 +250,8 @@ def test_a_pages_heads_come_from_files_and_inline_rows_in_one_query(
         heads = default_store().heads([*inline, file.sha256, missing], 10)
 
     assert heads[file.sha256] == b"a file's b"
-    assert {sha: len(h) for sha, h in heads.items() if sha in inline} == dict.fromkeys(inline, 10)
+    assert {sha: len(h) for sha, h in heads.items() if sha in inline} == dict.fromkeys(
+        inline, 10
+    )
     assert all(default_store().get(sha)[:10] == heads[sha] for sha in inline)
     assert missing not in heads
