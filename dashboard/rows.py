@@ -129,6 +129,19 @@ UNTOUCHED_ROW = (
 OUTSIDE = '        · <span class="warn">acts outside Pippa</span>\n'
 
 
+def _head(step: Step) -> dict:
+    """What every row's head line shows of its step (both fast rows)."""
+    return {
+        "oob": OOB,
+        "position": step.position,
+        "title": step.title,
+        "status": step.get_status_display(),
+        "cls": step.artifact_class,
+        "meaning": class_meaning(step.artifact_class),
+        "word": class_word(step.artifact_class),
+    }
+
+
 def untouched_row_html(row: StepRow) -> str | None:
     """Draw the row of a step never started without the template, or None."""
     step = row.step
@@ -147,13 +160,7 @@ def untouched_row_html(row: StepRow) -> str | None:
         return None
     return html_format(
         UNTOUCHED_ROW,
-        oob=OOB,
-        position=step.position,
-        title=step.title,
-        status=step.get_status_display(),
-        cls=step.artifact_class,
-        meaning=class_meaning(step.artifact_class),
-        word=class_word(step.artifact_class),
+        **_head(step),
         outside=mark_safe(OUTSIDE) if step.side_effects else "",
     )
 
@@ -262,13 +269,7 @@ def done_row_html(row: StepRow, task: Task, clock: TaskClock) -> str | None:
         attempts = "not started"
     return html_format(
         DONE_ROW,
-        oob=OOB,
-        position=step.position,
-        title=step.title,
-        status=step.get_status_display(),
-        cls=step.artifact_class,
-        meaning=class_meaning(step.artifact_class),
-        word=class_word(step.artifact_class),
+        **_head(step),
         attempts=attempts,
         took=html_format("        · took {}\n", duration(step.duration))
         if step.duration
