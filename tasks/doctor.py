@@ -248,11 +248,15 @@ def _delete_in_chunks(model, condition: str, label: str, total: int, progress) -
 
 
 def _in_flight_payloads() -> set[str]:
-    """Shas that a running step's ``payload_persisted`` names: an open envelope
-    the next worker may adopt, however long its store was down."""
+    """Shas that an open envelope's ``payload_persisted`` names: a running
+    step's, which the next worker may adopt however long its store was down,
+    and a step's that waits for a person, whose decision card offers the
+    saved output ("Use the saved output")."""
     # From the few running steps to their events (the step index), not a
     # scan of every event joined to its step (0.2 s on 100k events).
-    running = Step.objects.filter(status=Step.Status.RUNNING).values("id")
+    running = Step.objects.filter(
+        status__in=[Step.Status.RUNNING, Step.Status.NEEDS_REVIEW]
+    ).values("id")
     return {
         sha
         for sha in Event.objects.filter(

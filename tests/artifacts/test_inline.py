@@ -255,3 +255,21 @@ def test_a_pages_heads_come_from_files_and_inline_rows_in_one_query(
     )
     assert all(default_store().get(sha)[:10] == heads[sha] for sha in inline)
     assert missing not in heads
+
+
+@pytest.mark.django_db
+def test_the_doctor_keeps_the_saved_output_a_person_is_asked_about(make_conversation):
+    task = task_create(
+        conversation=make_conversation(),
+        title="notify",
+        steps=[{"title": "notify", "tool": "test.effect", "args": {}}],
+    )
+    crash_at(task.pk, "after_payload:0")
+    expire_lease(task.pk)
+    assert step(task_id=task.pk, worker_id="fresh").status == "needs_review"
+    saved = Event.objects.get(task=task, kind="payload_persisted").data["sha"]
+
+    report = doctor_run(repair=True, grace_seconds=0)
+
+    assert report.finding("orphan_blobs").found == 0
+    assert InlineBlob.objects.filter(sha256=saved).exists()  # "Use the saved output"

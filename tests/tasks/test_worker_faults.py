@@ -23,6 +23,7 @@ from artifacts.store import BlobStore
 from tasks.doctor import doctor_run
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
+from tasks.resume import envelope_read
 from tasks.tools import tools_load
 from tests.conftest import REPO
 from tests.support.executing import check_invariants, invocations
@@ -104,7 +105,12 @@ def assert_settled(worker: Worker, blob_root: Path) -> None:
     assert "Traceback" not in err, err[-3000:]
     assert not Task.objects.filter(status="running").exists()
     assert not Task.objects.exclude(lease_owner="").exists()
-    named = set(Artifact.objects.values_list("sha256", flat=True))
+    # Every blob is an artifact's, or the saved output of a step that waits
+    # for a person (its decision card offers it: "Use the saved output").
+    named = set(Artifact.objects.values_list("sha256", flat=True)) | {
+        (envelope_read(step.pk).payload or {}).get("sha")
+        for step in Step.objects.filter(status="needs_review")
+    }
     assert {sha for sha, _ in BlobStore(blob_root).iter_shas()} <= named
     report = doctor_run(grace_seconds=0, store=BlobStore(blob_root))
     assert report.clean, [f.as_dict() for f in report.findings if f.remaining]
