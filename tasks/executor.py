@@ -54,7 +54,7 @@ from artifacts.services import (
 from artifacts.store import PutResult, default_store, sha256_bytes
 from pippa_site.hotsql import db_datetime, hot_atomic, hot_cursor, utc_now
 from tasks.crashpoints import crashpoint
-from tasks.faults import fault_reason, retry_delay
+from tasks.faults import REASON_DISK_FULL, fault_reason, retry_delay
 from tasks.lease import (
     Lease,
     LeaseLost,
@@ -450,8 +450,16 @@ def _call(row: _StepRow, worker_id: str, *, rule: str = "") -> StepOutcome:
     if lost:
         raise LeaseLost(f"task {row.task_id}: lease lost during the call")
     if failure is not None:
+        # A tool that met a full disk (its own file under the files root) has
+        # failed, but the worker must not retry into the same full disk: the
+        # outcome carries the fault, and the worker backs off and probes.
+        full = fault_reason(failure) == REASON_DISK_FULL
         return _record_failure(
-            row, worker_id, f"{type(failure).__name__}: {failure}", rule
+            row,
+            worker_id,
+            f"{type(failure).__name__}: {failure}",
+            rule,
+            fault=REASON_DISK_FULL if full else "",
         )
     if unsaved is not None:
         return _output_unsaved(
@@ -667,13 +675,15 @@ def unnamed_blobs_record() -> None:
 
 
 def _record_failure(
-    row: _StepRow, worker_id: str, error: str, rule: str
+    row: _StepRow, worker_id: str, error: str, rule: str, *, fault: str = ""
 ) -> StepOutcome:
     """The tool failed: retry after a back-off, or fail the step when out of attempts.
 
     The back-off (``tasks.faults.retry_delay``) is stored on the step as
     ``next_attempt_at``; the lease is released and the task queued, and no
-    worker takes it again before then (``Task.objects.runnable``).
+    worker takes it again before then (``Task.objects.runnable``). A ``fault``
+    (the tool met a full disk) is named in the event and handed to the
+    worker, which stops stepping until its store probe passes.
     """
     error = error[:1000]
     exhausted = row.attempts >= row.max_attempts
@@ -697,6 +707,8 @@ def _record_failure(
             "error": error[:500],
             "will_retry": not exhausted,
         }
+        if fault:
+            data["reason"] = fault
         if next_at:
             data["retry_in_seconds"] = round(delay, 1)
             data["next_attempt_at"] = next_at.isoformat()
@@ -728,6 +740,7 @@ def _record_failure(
         rule=rule,
         error=error,
         next_attempt_at=next_at,
+        fault=fault,
     )
 
 

@@ -6,8 +6,8 @@ Crash points, the faults tests make on purpose, are ``tasks.crashpoints``.
   person reads on the timeline ("disk full", "the database is locked").
 - ``backoff_delay`` is the one back-off rule: exponential, capped, jittered.
   Tool retries and a worker waiting out its database both use it.
-- ``store_probe`` says whether the blob folder (and an SQLite database's
-  folder) can take a write again.
+- ``store_probe`` says whether the blob folder (and the files root, and an
+  SQLite database's folder) can take a write again.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, connection
+
+from tasks.tools import files_root
 
 # -- reasons ------------------------------------------------------------------
 
@@ -139,12 +141,16 @@ def store_probe(*, needed: int = 0) -> str:
     """Return "" when the blob store and the database can be written again, else why not.
 
     The blob folder must take a small fsynced write and have ``needed`` bytes
-    (the write that failed) plus a margin free; an SQLite database's folder
-    likewise. The database must answer. A full SQLite file shows itself only
-    on a real write: the next step is that write, and fails into a longer
-    back-off if the space is still missing.
+    (the write that failed) plus a margin free; the class-1 files root and an
+    SQLite database's folder likewise. The database must answer. A full SQLite
+    file shows itself only on a real write: the next step is that write, and
+    fails into a longer back-off if the space is still missing.
     """
     reason = _probe_folder(Path(settings.BLOB_DIR) / "tmp", needed)
+    if reason:
+        return reason
+    # Class-1 tools write under the files root (beside the blobs unless moved).
+    reason = _probe_folder(files_root(), 0)
     if reason:
         return reason
     if connection.vendor == "sqlite":

@@ -37,10 +37,16 @@ ERR_NO_CLOSES = "no closes for {symbol} between {start} and {end}"
 ERR_OUTAGE = "the search service is unavailable (simulated outage)"
 
 
+SIDE_CHANNEL_RECORD = 512
+
+
 def side_channel_note(ctx: ToolContext, name: str, phase: str) -> None:
     """Append one JSON line about this call to $PIPPA_TOOL_LOG, if set.
 
     Tests count real tool invocations through it, across processes (O_APPEND).
+    Each line is padded to a fixed record (``SIDE_CHANNEL_RECORD`` bytes, a
+    divisor of the page size), so no write crosses a page boundary: a SIGKILL
+    can cut a write short only between pages, so it never tears a line.
     """
     path = os.environ.get("PIPPA_TOOL_LOG")
     if not path:
@@ -57,9 +63,11 @@ def side_channel_note(ctx: ToolContext, name: str, phase: str) -> None:
             "t": time.time(),
         }
     )
+    record = line.encode()
+    record += b" " * (-(len(record) + 1) % SIDE_CHANNEL_RECORD) + b"\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, (line + "\n").encode())
+        os.write(fd, record)
     finally:
         os.close(fd)
 

@@ -40,6 +40,7 @@ from tests.support.executing import (
     kinds,
     run_task,
 )
+from tests.support.faults import fill
 
 UNSAVED = "the tool ran; its output could not be saved: disk full"
 
@@ -163,6 +164,53 @@ def test_a_snapshot_that_met_a_full_disk_was_never_shown_so_it_is_taken_again(
     task.refresh_from_db()
     assert task.status == "done"
     check_invariants([task.pk])
+
+
+@pytest.mark.django_db
+def test_a_file_tool_that_meets_a_full_disk_fails_its_attempt_and_stops_the_worker(
+    make_conversation, blob_disk, tool_log, settings
+):
+    """The class-1 tool's own write fails: its attempt, but the disk's fault.
+
+    Retrying at once would only meet the same full disk (a soak once burnt a
+    thousand attempts so): the outcome hands the worker the fault, so it backs
+    off until its probe finds room, which covers the files root too.
+    """
+    settings.PIPPA_RETRY_BASE_SECONDS = 0  # a retry at once: the tight loop
+    task = one_step(make_conversation, "test.file", size=1024)
+    fill(blob_disk.filler)
+
+    outcome = step(task_id=task.pk, worker_id="worker:a")
+
+    assert outcome.fault == REASON_DISK_FULL
+    assert (outcome.status, outcome.task_status) == ("pending", "running")
+    the_step = Step.objects.get(task=task)
+    assert (the_step.status, the_step.attempts) == ("pending", 1)
+    assert "No space left on device" in the_step.error
+    failed = Event.objects.get(task=task, kind="tool_call_failed")
+    assert (failed.data["reason"], failed.data["will_retry"]) == ("disk full", True)
+    assert store_probe() == REASON_DISK_FULL
+
+    blob_disk.free()
+    assert store_probe() == ""
+    outcomes = run_task(task.pk, worker_id="worker:a")
+
+    assert [o.status for o in outcomes] == ["done"]
+    assert invocations(tool_log, "test.file") == {the_step.pk: 2}
+    check_invariants([task.pk])
+
+
+@pytest.mark.django_db
+def test_the_store_probe_finds_a_full_files_root_kept_apart_from_the_blobs(
+    tmpfs, settings, tmp_path
+):
+    fs = tmpfs("filesfs", 1024 * 1024)
+    settings.BLOB_DIR = tmp_path / "blobs"
+    settings.PIPPA_FILES_DIR = str(fs.root / "files")
+    fill(fs.filler)
+    assert store_probe() == REASON_DISK_FULL
+    fs.free()
+    assert store_probe() == ""
 
 
 # -- the result transaction fails (injected at that one statement) -------------
