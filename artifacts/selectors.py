@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from django.db import connection
 from django.http import Http404
 
 from artifacts import keepers
 from artifacts.keepers import OwnerLink
 from artifacts.models import Artifact, ArtifactSource
+from pippa_site.hotsql import row_get
 
 ERR_NOT_FOUND = "No such artifact."
 MAX_TREE_NODES = 200
@@ -45,19 +45,12 @@ def artifact_user_may_see(*, user, artifact_id: int, staff: bool = True) -> bool
 
 def artifact_get_for_user(*, user, artifact_id: int, staff: bool = True) -> Artifact:
     """Return the artifact if ``user`` may see it; raise Http404 otherwise."""
-    # Raw by primary key: every payload, preview and 304 answer starts here, and
-    # building the ORM query costs more than running it. The owner check is on
-    # the row itself.
+    # One statement by primary key: every payload, preview and 304 answer
+    # starts here, and building the ORM query costs more than running it. The
+    # owner check is on the row itself.
     if not getattr(user, "is_authenticated", False):
         raise Http404(ERR_NOT_FOUND)
-    found = list(
-        Artifact.objects.raw(
-            f"SELECT * FROM {connection.ops.quote_name(Artifact._meta.db_table)} "
-            "WHERE id = %s",
-            [int(artifact_id)],
-        )
-    )
-    artifact = found[0] if found else None
+    artifact = row_get(Artifact, int(artifact_id))
     if artifact is None or not (
         artifact.owner_id == user.pk or (staff and user.is_staff)
     ):

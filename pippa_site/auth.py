@@ -14,8 +14,9 @@ from django.contrib.auth.backends import ModelBackend
 from django.contrib.sessions.backends import db
 from django.contrib.sessions.backends.base import VALID_KEY_CHARS
 from django.core.exceptions import ValidationError
-from django.db import connections, router
-from django.utils import timezone
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from pippa_site.hotsql import db_datetime, hot_cursor, row_get, utc_now
 
 _KEY_CHARS = frozenset(VALID_KEY_CHARS)
 
@@ -31,19 +32,12 @@ class SessionStore(db.SessionStore):
             self._session_key = None
             return None
         model = self.model
-        using = router.db_for_read(model)
-        connection = connections[using]
-        table = connection.ops.quote_name(model._meta.db_table)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT session_data FROM {table} "
+        with hot_cursor() as cursor:
+            row = cursor.execute(
+                f"SELECT session_data FROM {_table(model)} "
                 "WHERE session_key = %s AND expire_date > %s",
-                [
-                    key,
-                    connection.ops.adapt_datetimefield_value(timezone.now()),
-                ],
-            )
-            row = cursor.fetchone()
+                [key, db_datetime(utc_now())],
+            ).fetchone()
         if row is None:
             self._session_key = None
             return None
@@ -55,17 +49,15 @@ class UserBackend(ModelBackend):
 
     def get_user(self, user_id):
         model = get_user_model()
-        quote = connections[router.db_for_read(model)].ops.quote_name
-        table, pk = quote(model._meta.db_table), quote(model._meta.pk.column)
         try:
             user_id = model._meta.pk.to_python(user_id)
         except ValidationError:  # a session naming a malformed id is no user
             return None
-        found = list(
-            model._default_manager.raw(
-                f"SELECT * FROM {table} WHERE {pk} = %s", [user_id]
-            )
-        )
-        if not found:
+        user = row_get(model, user_id)
+        if user is None:
             return None
-        return found[0] if self.user_can_authenticate(found[0]) else None
+        return user if self.user_can_authenticate(user) else None
+
+
+def _table(model) -> str:
+    return connections[DEFAULT_DB_ALIAS].ops.quote_name(model._meta.db_table)

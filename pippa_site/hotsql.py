@@ -243,3 +243,55 @@ class hot_atomic:  # noqa: N801 - used like transaction.atomic
                 db.connection.execute("ROLLBACK")
         except Error:
             db.close()  # something is wrong with the connection: drop it
+
+
+_BIGINT_MIN, _BIGINT_MAX = -(2**63), 2**63 - 1
+
+
+def row_get(model, pk: Any):
+    """``model`` row ``pk`` as an instance, or None: one statement, no query building.
+
+    Every request that names a row by its id (a session's user, a preview's
+    artifact) starts with this read; the ORM's ``get()`` and even a
+    ``RawQuerySet`` cost several times the statement itself. The columns are
+    the model's concrete fields in order and go through the same converters
+    the ORM applies (dates on SQLite, JSON, booleans), so the instance is the
+    one ``Model.objects.get(pk=pk)`` would give.
+    """
+    if isinstance(pk, int) and not _BIGINT_MIN <= pk <= _BIGINT_MAX:
+        return None  # no row has it (and the drivers refuse to send it)
+    db = connections[DEFAULT_DB_ALIAS]
+    plans = db.__dict__.setdefault("_pippa_row_plans", {})
+    plan = plans.get(model)
+    if plan is None:
+        plan = plans[model] = _row_plan(db, model)
+    sql, names, converters = plan
+    with hot_cursor() as cursor:
+        row = cursor.execute(sql, [pk]).fetchone()
+    if row is None:
+        return None
+    if converters:
+        row = list(row)
+        for i, functions, column in converters:
+            value = row[i]
+            for convert in functions:
+                value = convert(value, column, db)
+            row[i] = value
+    return model.from_db(DEFAULT_DB_ALIAS, names, row)
+
+
+def _row_plan(db, model) -> tuple[str, list[str], list]:
+    meta = model._meta
+    quote = db.ops.quote_name
+    fields = meta.concrete_fields
+    sql = (
+        f"SELECT {', '.join(quote(f.column) for f in fields)} "
+        f"FROM {quote(meta.db_table)} WHERE {quote(meta.pk.column)} = %s"
+    )
+    converters = []
+    for i, field in enumerate(fields):
+        column = field.get_col(meta.db_table)
+        functions = db.ops.get_db_converters(column) + column.get_db_converters(db)
+        if functions:
+            converters.append((i, functions, column))
+    return sql, [f.attname for f in fields], converters

@@ -245,6 +245,14 @@ def test_another_users_artifact_is_404_on_every_endpoint(client, make_user, owne
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("artifact_id", [2**63 - 1, 2**63, 10**23])
+def test_an_id_past_any_row_is_404_not_a_server_error(dad_client, artifact_id):
+    for name in ("detail", "source", "source_text", "preview"):
+        url = reverse(f"artifacts:{name}", args=[artifact_id])
+        assert dad_client.get(url).status_code == 404, name
+
+
+@pytest.mark.django_db
 def test_artifact_endpoints_need_login(client, owned):
     _, artifact = owned
     response = client.get(reverse("artifacts:source", args=[artifact.pk]))
