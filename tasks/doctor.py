@@ -68,6 +68,7 @@ DEFAULT_GRACE_SECONDS = 3600
 CHUNK = 20000
 SAMPLE = 10
 PROGRESS_EVERY = 2000
+INTEGRITY_BATCH = 500  # artifacts whose blobs are checked together
 
 ACTOR = "doctor"
 ENVELOPE_OPEN_REASON = "tool call left open on a task no worker will pick up ({status})"
@@ -199,34 +200,40 @@ def _orphan_checks() -> list[OrphanCheck]:
     return own + [check for checks in _registered for check in checks()]
 
 
-def _count(model, condition: str) -> tuple[int, list[int]]:
+def _count(model, condition: str) -> tuple[int, list[int], tuple[int, int] | None]:
+    """(count, the first ids, (lowest id, highest id) or None) of the matching rows."""
     table = _q(model)
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT COUNT(*) FROM {table} x WHERE {condition}")
-        count = cursor.fetchone()[0]
+        cursor.execute(
+            f"SELECT COUNT(*), MIN(x.id), MAX(x.id) FROM {table} x WHERE {condition}"
+        )
+        count, low, high = cursor.fetchone()
         ids: list[int] = []
-        if count:
+        if count:  # from the first match on, not again from the table's start
             cursor.execute(
-                f"SELECT x.id FROM {table} x WHERE {condition} ORDER BY x.id LIMIT {SAMPLE}"
+                f"SELECT x.id FROM {table} x WHERE x.id >= %s AND {condition} "
+                f"ORDER BY x.id LIMIT {SAMPLE}",
+                [low],
             )
             ids = [row[0] for row in cursor.fetchall()]
-    return count, ids
+    return count, ids, (low, high) if count else None
 
 
-def _delete_in_chunks(model, condition: str, label: str, total: int, progress) -> int:
+def _delete_in_chunks(
+    model, condition: str, span: tuple[int, int], label: str, total: int, progress
+) -> int:
     """Delete matching rows a range of ids per short transaction; return rows deleted.
 
     Set-based, no row comes back to Python: each statement deletes the
     matching rows among ``CHUNK`` consecutive ids (a primary-key range scan),
     so a chunk never scans again what the ones before it passed and no
-    transaction holds the write lock for more than ``CHUNK`` rows.
+    transaction holds the write lock for more than ``CHUNK`` rows. Only the
+    ids ``span`` covers are visited: the check's snapshot found its rows
+    there (a deleted conversation's rows lie together), so the rest of a
+    large table is never scanned again.
     """
     table = _q(model)
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT MIN(id), MAX(id) FROM {table}")
-        low, high = cursor.fetchone()
-    if low is None:
-        return 0
+    low, high = span
     deleted = 0
     start = low - 1
     while start < high:
@@ -234,7 +241,7 @@ def _delete_in_chunks(model, condition: str, label: str, total: int, progress) -
             cursor.execute(
                 f"DELETE FROM {table} AS x WHERE x.id > %s AND x.id <= %s "
                 f"AND {condition}",
-                [start, start + CHUNK],
+                [start, min(start + CHUNK, high)],
             )
             n = max(cursor.rowcount, 0)
         start += CHUNK
@@ -333,25 +340,27 @@ def _integrity_scan(
     rows = (
         Artifact.objects.order_by("pk")
         .values_list("pk", "sha256", "size", "integrity")
-        .iterator(chunk_size=2000)
+        .iterator(chunk_size=INTEGRITY_BATCH)
     )
     flagged = {Artifact.Integrity.MISSING, Artifact.Integrity.CORRUPT}
-    for n, (pk, sha, size, integrity) in enumerate(rows, start=1):
-        try:
-            on_disk = store.size(sha)
-        except (FileNotFoundError, ValueError):
-            state = Artifact.Integrity.MISSING
-        else:
-            if on_disk != size or (verify and not store.verify(sha)):
+    checked = 0
+    for batch in batched(rows, INTEGRITY_BATCH):
+        states = store.states([sha for _, sha, _, _ in batch], verify=verify)
+        for pk, sha, size, integrity in batch:
+            there = states.get(sha)
+            if there is None:
+                state = Artifact.Integrity.MISSING
+            elif there != (size, True):
                 state = Artifact.Integrity.CORRUPT
             else:
                 state = Artifact.Integrity.OK
-        if state != Artifact.Integrity.OK:
-            damaged[pk] = state
-        elif integrity in flagged:
-            restored.append(pk)
-        if n % PROGRESS_EVERY == 0:
-            progress(f"checked {n:,}/{total:,} artifact blobs")
+            if state != Artifact.Integrity.OK:
+                damaged[pk] = state
+            elif integrity in flagged:
+                restored.append(pk)
+        before, checked = checked, checked + len(batch)
+        if checked // PROGRESS_EVERY != before // PROGRESS_EVERY:
+            progress(f"checked {checked:,}/{total:,} artifact blobs")
     return damaged, restored
 
 
@@ -495,14 +504,29 @@ def _check(
     verify: bool,
     integrity: bool,
     progress: Progress,
+    spans: dict[str, tuple[int, int] | None] | None = None,
 ) -> dict[str, tuple[int, list, Any]]:
-    """Return {key: (count, sample, detail)} for every check."""
+    """Return {key: (count, sample, detail)} for every check.
+
+    ``spans`` (the check after a repair) limits each orphan check to the ids
+    where the check before found its rows: what is left of what was found.
+    Rows that lost a parent since that snapshot are the next run's to find
+    (the repair never touched them); a check that found none is not run again.
+    """
     now = timezone.now()
     results: dict[str, tuple[int, list, Any]] = {}
     for check in _orphan_checks():
         progress(f"checking {check.label}")
-        count, sample = _count(check.model, check.condition)
-        results[check.key] = (count, sample, None)
+        if spans is None:
+            results[check.key] = _count(check.model, check.condition)
+        elif (span := spans.get(check.key)) is None:
+            results[check.key] = (0, [], None)  # none found, none repaired
+        else:
+            results[check.key] = _count(
+                check.model,
+                f"x.id >= {int(span[0])} AND x.id <= {int(span[1])} "
+                f"AND {check.condition}",
+            )
 
     progress("checking artifacts nothing alive keeps")
     unowned = unowned_artifacts(created_before=now - timedelta(seconds=grace_seconds))
@@ -593,8 +617,9 @@ def doctor_run(
     report = _report(repair, before)
     if repair:
         repaired = _repair(run, before, report)
+        spans = {check.key: before[check.key][2] for check in _orphan_checks()}
         with _one_read():
-            after = run.check(integrity=False)
+            after = run.check(integrity=False, spans=spans)
         after["damaged_blobs"] = (_still_damaged(before), [], None)
         _tally(report, after, repaired)
     report.seconds = time.perf_counter() - started
@@ -608,13 +633,16 @@ class _Run:
     verify: bool
     progress: Progress
 
-    def check(self, *, integrity: bool) -> dict[str, tuple[int, list, Any]]:
+    def check(
+        self, *, integrity: bool, spans: dict | None = None
+    ) -> dict[str, tuple[int, list, Any]]:
         return _check(
             store=self.store,
             grace_seconds=self.grace_seconds,
             verify=self.verify,
             integrity=integrity,
             progress=self.progress,
+            spans=spans,
         )
 
 
@@ -667,10 +695,10 @@ def _repair_orphans(before: dict, progress: Progress) -> None:
     checks = _orphan_checks()
     checks.reverse()
     for check in checks:
-        found = before[check.key][0]
+        found, _, span = before[check.key]
         if check.fixable and found:
             _delete_in_chunks(
-                check.model, check.condition, check.label, found, progress
+                check.model, check.condition, span, check.label, found, progress
             )
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from django.db import OperationalError
+from django.db import OperationalError, connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from artifacts.models import Artifact, InlineBlob
+from artifacts.models import Artifact, ArtifactClass, InlineBlob
+from artifacts.services import artifact_insert
 from artifacts.store import default_store
-from tasks.doctor import doctor_run
+from tasks.doctor import _integrity_scan, doctor_run
 from tasks.executor import step
 from tasks.models import Event, Step
 from tasks.plan import task_create
@@ -215,6 +217,57 @@ def test_the_doctor_sweeps_an_unnamed_inline_row_and_flags_a_corrupt_one(
     kept.refresh_from_db()
     assert kept.integrity == "corrupt"
     assert InlineBlob.objects.filter(sha256=kept.sha256).exists()  # never deleted
+
+
+def inline_artifact(owner, data: bytes) -> int:
+    """An artifact row over bytes kept inline, as the executor writes one."""
+    put = default_store().put_inline(data)
+    return artifact_insert(
+        owner_id=owner.pk,
+        sha256=put.sha256,
+        size=put.size,
+        media_type="text/plain",
+        artifact_class=ArtifactClass.SNAPSHOT,
+        inline=True,
+    ).id
+
+
+def integrity_scan(verify: bool = True) -> dict[int, str]:
+    damaged, _ = _integrity_scan(
+        default_store(), verify=verify, progress=lambda _: None
+    )
+    return damaged
+
+
+@pytest.mark.django_db
+def test_the_integrity_scan_reads_inline_blobs_together_not_a_query_each(make_user):
+    owner = make_user(username="many-inline")
+    counts = []
+    for n in (3, 40):
+        Artifact.objects.all().delete()
+        for i in range(n):
+            inline_artifact(owner, f"inline bytes {n}:{i}".encode())
+        with CaptureQueriesContext(connection) as queries:
+            assert integrity_scan() == {}
+        counts.append(len(queries))
+    assert counts[0] == counts[1]
+
+
+@pytest.mark.django_db
+def test_the_integrity_scan_finds_a_missing_and_a_resized_inline_blob(make_user):
+    owner = make_user(username="damaged-inline")
+    gone, shrunk, whole = (
+        inline_artifact(owner, data)
+        for data in (b"will vanish", b"will shrink", b"stays whole")
+    )
+    sha = dict(Artifact.objects.values_list("pk", "sha256"))
+    InlineBlob.objects.filter(sha256=sha[gone]).delete()
+    InlineBlob.objects.filter(sha256=sha[shrunk]).update(size=3, data=b"wil")
+
+    for verify in (False, True):
+        damaged = integrity_scan(verify)
+        assert damaged == {gone: "missing", shrunk: "corrupt"}, verify
+        assert whole not in damaged
 
 
 @pytest.mark.django_db
