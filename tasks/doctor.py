@@ -34,7 +34,9 @@ is not open.
 Every figure comes from one consistent read (a read-only snapshot
 transaction that blocks no writer), and ``--repair`` touches only what that
 read found, each item re-checked at its write, so it is safe beside live
-workers: ``repaired`` never exceeds ``found``.
+workers: ``repaired`` never exceeds ``found``. An orphan check's repair and
+the count after it visit only the ids where that read found the check's
+rows; a row that lost its parent since is the next run's to find.
 """
 
 from __future__ import annotations
