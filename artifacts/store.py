@@ -291,15 +291,8 @@ class BlobStore:
                     found[sha] = fh.read(size)
             except OSError:  # not a file here (or unreadable): maybe inline
                 rest.append(sha)
-        for start in range(0, len(rest), 500):
-            chunk = rest[start : start + 500]
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    f"SELECT sha256, substr(data, 1, %s) FROM {INLINE_TABLE} "
-                    f"WHERE sha256 IN ({', '.join(['%s'] * len(chunk))})",
-                    [size, *chunk],
-                )
-                found.update((sha, bytes(head)) for sha, head in cursor.fetchall())
+        for sha, head in _inline_rows(rest, "substr(data, 1, %s)", [size]):
+            found[sha] = bytes(head)
         return found
 
     def get(self, sha: str) -> bytes:
@@ -345,22 +338,14 @@ class BlobStore:
                 found[sha] = (size, digest.hexdigest() == sha)
             except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
                 rest.append(sha)
-        column = "data" if verify else "size"
-        for start in range(0, len(rest), 500):
-            chunk = rest[start : start + 500]
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    f"SELECT sha256, size, {column} FROM {INLINE_TABLE} "
-                    f"WHERE sha256 IN ({', '.join(['%s'] * len(chunk))})",
-                    chunk,
-                )
-                for sha, size, value in cursor.fetchall():
-                    if verify:
-                        data = bytes(value)
-                        intact = hashlib.sha256(data).hexdigest() == sha
-                        found[sha] = (len(data), intact)
-                    else:
-                        found[sha] = (size, True)
+        if not verify:
+            found.update(
+                (sha, (size, True)) for sha, size in _inline_rows(rest, "size")
+            )
+            return found
+        for sha, data in _inline_rows(rest, "data"):
+            data = bytes(data)
+            found[sha] = (len(data), hashlib.sha256(data).hexdigest() == sha)
         return found
 
     def verify(self, sha: str) -> bool:
@@ -395,6 +380,19 @@ class BlobStore:
 
 
 INLINE_TABLE = "artifacts_inlineblob"  # artifacts.models.InlineBlob
+
+
+def _inline_rows(shas: list[str], column: str, params=()) -> Iterator[tuple]:
+    """(sha, ``column``) of each inline row among ``shas``, 500 shas a query."""
+    for start in range(0, len(shas), 500):
+        chunk = shas[start : start + 500]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT sha256, {column} FROM {INLINE_TABLE} "
+                f"WHERE sha256 IN ({', '.join(['%s'] * len(chunk))})",
+                [*params, *chunk],
+            )
+            yield from cursor.fetchall()
 
 
 def _inline_read(sha: str, column: str):
