@@ -181,7 +181,7 @@ class BlobStore:
         ``payload_persisted`` event): both commit, or neither. The same bytes
         stored again add nothing. ``sha`` may be given when already computed.
         """
-        sha = sha or hashlib.sha256(data).hexdigest()
+        sha = sha or sha256_bytes(data)
         created = db_datetime(utc_now())
         with hot_cursor() as cursor:
             cursor.execute(
@@ -330,12 +330,9 @@ class BlobStore:
                 if not verify:
                     found[sha] = (os.stat(path).st_size, True)
                     continue
-                digest, size = hashlib.sha256(), 0
                 with open(path, "rb") as fh:
-                    for chunk in iter(lambda fh=fh: fh.read(CHUNK), b""):
-                        digest.update(chunk)
-                        size += len(chunk)
-                found[sha] = (size, digest.hexdigest() == sha)
+                    size, digest = _read_digest(fh)
+                found[sha] = (size, digest == sha)
             except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
                 rest.append(sha)
         if not verify:
@@ -345,7 +342,7 @@ class BlobStore:
             return found
         for sha, data in _inline_rows(rest, "data"):
             data = bytes(data)
-            found[sha] = (len(data), hashlib.sha256(data).hexdigest() == sha)
+            found[sha] = (len(data), sha256_bytes(data) == sha)
         return found
 
     def verify(self, sha: str) -> bool:
@@ -354,11 +351,8 @@ class BlobStore:
             fh = self.open(sha)
         except BlobMissing:
             return False
-        digest = hashlib.sha256()
         with fh:
-            for chunk in iter(lambda: fh.read(CHUNK), b""):
-                digest.update(chunk)
-        return digest.hexdigest() == sha
+            return _read_digest(fh)[1] == sha
 
     # -- removing -----------------------------------------------------------
 
@@ -407,6 +401,15 @@ def _chunks_of(data: bytes) -> Iterator[memoryview]:
     view = memoryview(data)
     for start in range(0, len(view), CHUNK):
         yield view[start : start + CHUNK]
+
+
+def _read_digest(fh: BinaryIO) -> tuple[int, str]:
+    """(size, sha256 hex) of what is left to read in ``fh``, a chunk at a time."""
+    digest, size = hashlib.sha256(), 0
+    for chunk in iter(lambda: fh.read(CHUNK), b""):
+        digest.update(chunk)
+        size += len(chunk)
+    return size, digest.hexdigest()
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -341,11 +341,13 @@ def _load(report: Report, env: dict, *, tool: str, tasks: int) -> None:
             Task.objects.filter(pk__in=pool).update(status=Task.Status.PAUSED)
 
     alone = statistics.median(rates["alone"])
-    waits = f"steps wait {PACED_SECONDS * 1000:.0f} ms like a brain call, "
+    waits = (
+        f"steps wait {PACED_SECONDS * 1000:.0f} ms like a brain call, " if paced else ""
+    )
     kind = "paced tasks; " if paced else ""
     report.add(
         group="load",
-        figure=f"worker steps/s, 2 workers, {waits if paced else ''}{VIEWERS} "
+        figure=f"worker steps/s, 2 workers, {waits}{VIEWERS} "
         "viewers polling every "
         f"2 s, median of {len(rates['viewers'])} windows "
         f"({len(seen.pages)} page opens + {len(seen.polls)} polls, "

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from artifacts.models import Artifact
 from pippa_site.hotsql import hot_atomic, hot_cursor, joined_atomic, row_get
 from tasks.models import Conversation
 
@@ -123,10 +125,6 @@ def test_inside_a_test_transaction_it_is_a_savepoint(owner):
 
 @pytest.mark.django_db
 def test_a_row_read_by_id_is_the_instance_the_orm_would_give(make_artifact, make_user):
-    from django.contrib.auth import get_user_model
-
-    from artifacts.models import Artifact
-
     artifact = make_artifact(meta={"preview": {"sha256": "ab" * 32}, "n": [1, 2]})
     user = make_user(username="row-get", is_staff=True)
 
@@ -150,6 +148,4 @@ def test_a_row_read_by_id_is_the_instance_the_orm_would_give(make_artifact, make
 @pytest.mark.django_db
 @pytest.mark.parametrize("pk", [0, -1, 2**63 - 1, 2**63, -(2**63) - 1, 10**30])
 def test_a_row_read_by_an_id_no_row_has_is_none(pk):
-    from artifacts.models import Artifact
-
     assert row_get(Artifact, pk) is None
