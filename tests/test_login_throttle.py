@@ -125,6 +125,17 @@ def test_api_token_failures_count_per_address(client, make_user):
     good = token_create(user=make_user(), name="runner").raw
     for i in range(6):
         _api(client, f"pip_wrong{i}")
+
+    # The guessing address is locked out, even with a good token...
+    locked = _api(client, good)
+    assert locked.status_code == 429
+    assert "too many failed API token attempts" in locked.json()["detail"]
+    assert set(
+        AccessAttempt.objects.filter(username=API_TOKEN_NAME).values_list(
+            "ip_address", flat=True
+        )
+    ) == {"127.0.0.1"}
+    # ...and another address with the same token is not.
     other = client.get(
         "/api/v1/conversations",
         HTTP_AUTHORIZATION=f"Bearer {good}",

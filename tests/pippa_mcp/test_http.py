@@ -22,7 +22,8 @@ from tests.pippa_mcp.conftest import (
 from tests.support.asyncrun import run_async
 from tests.support.executing import invocations
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# The SDK's client against the live server.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 WIDGET = (
     '<svg xmlns="http://www.w3.org/2000/svg" width="120" height="60">'

@@ -56,6 +56,7 @@ def _shas(task: dict) -> dict[int, str]:
     return {s["position"]: s["output"]["sha256"] for s in task["steps"] if s["output"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 def test_a_server_killed_mid_step_is_resumed_by_a_client_with_another_name(
     transport, stdio_session, http_server, mcp_url, token_for, user, tool_log
@@ -137,6 +138,7 @@ def test_a_server_killed_mid_step_is_resumed_by_a_client_with_another_name(
     check_invariants([task_id])
 
 
+@pytest.mark.slow
 def test_a_server_killed_after_a_snapshot_was_saved_adopts_it_on_resume(
     stdio_session, user, tool_log
 ):
@@ -169,6 +171,7 @@ def test_a_server_killed_after_a_snapshot_was_saved_adopts_it_on_resume(
     assert invocations(tool_log)[ran["step"]["id"]] == 1
 
 
+@pytest.mark.slow
 def test_the_stdio_server_of_another_user_sees_none_of_it(
     stdio_session, make_user, make_task, user
 ):

@@ -164,6 +164,7 @@ class Rollback(Exception):
 
 
 @pytest.mark.django_db
+@pytest.mark.slow  # 60 generated histories: ~15 s alone, more on a busy machine
 @settings(
     max_examples=60,
     deadline=None,
