@@ -65,7 +65,7 @@ browser:
 axe:
 	@bash .ci/install-axe
 
-# The README's pictures: docs/screenshots/*.png at 1280 and 390 px, light and dark.
+# The pictures in README and docs/look.md: docs/screenshots/*.png at 1280 and 390 px, light and dark.
 screenshots: install-test browser
 	PIPPA_DOCS_SCREENSHOTS=1 $(VENV)/bin/pytest -q -p no:randomly tests/test_browser_screenshots.py
 

@@ -1,8 +1,8 @@
 """Settings for Pippa Stateful, read from the environment.
 
 Every knob has a default that lets a fresh checkout run: SQLite in the data
-dir, a secret key generated once and kept there, DEBUG off. The README's
-configuration table lists the variables.
+dir, a secret key generated once and kept there, DEBUG off. The table in
+docs/configuration.md lists the variables.
 """
 
 from __future__ import annotations
