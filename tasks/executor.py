@@ -68,6 +68,7 @@ from tasks.lease import (
     parse_dt,
 )
 from tasks.models import Conversation, Event, LinkRole, Step, Task, TaskArtifact
+from tasks.notify import notify_step_waiting
 from tasks.resume import (
     ADOPT,
     CALL_AGAIN,
@@ -388,6 +389,7 @@ def _fail_exhausted(cursor, row: _StepRow, worker_id: str, pre: list) -> StepOut
         f"UPDATE {T_STEP} SET status = 'failed', finished_at = %s WHERE id = %s",
         [_dt(timezone.now()), row.id],
     )
+    notify_step_waiting(step_id=row.id, owner_id=row.owner_id, reason="failed")
     entries = [
         *pre,
         (
@@ -714,6 +716,7 @@ def _record_failure(
             data["next_attempt_at"] = next_at.isoformat()
         entries = [(Event.Kind.TOOL_CALL_FAILED, row.id, data)]
         if exhausted:
+            notify_step_waiting(step_id=row.id, owner_id=row.owner_id, reason="failed")
             entries.append((Event.Kind.STEP_FAILED, row.id, {"attempts": row.attempts}))
             task_status = lease_close(
                 cursor, row.task_id, worker_id, Task.Status.FAILED, entries
@@ -923,6 +926,9 @@ def _review(row: _StepRow, worker_id: str, advice, env: Envelope) -> StepOutcome
         cursor.execute(
             f"UPDATE {T_STEP} SET status = 'needs_review', error = %s WHERE id = %s",
             [advice.words, row.id],
+        )
+        notify_step_waiting(
+            step_id=row.id, owner_id=row.owner_id, reason="needs_review"
         )
         entries = [
             (Event.Kind.UNCERTAIN_RESOLVED, row.id, _note(advice, env, worker_id)),
