@@ -33,7 +33,9 @@ from tasks.notify import (
     notify_step_waiting,
 )
 from tasks.plan import task_create
+from tasks.services import conversation_delete
 from tests.support.executing import crash_at, expire_lease, run_task
+from tests.support.leftovers import assert_no_leftovers, subtree_snapshot
 from tests.support.receivers import HttpSink, SmtpSink
 
 LINK = re.compile(r"https?://\S+")
@@ -406,3 +408,29 @@ def test_the_settings_page_is_for_logged_in_people_only(client):
     page = client.get(reverse("notify_settings"))
     assert page.status_code == 302
     assert "/login/" in page["Location"]
+
+
+# -- deletion ---------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_deleting_a_conversation_takes_its_notices_and_deleting_a_person_their_settings(
+    make_user, make_conversation, mail_server, django_capture_on_commit_callbacks
+):
+    dad = person(make_user, "dad", "dad@example.org")
+    mum = person(make_user, "mum", "mum@example.org")
+    task = effect_set_aside(make_conversation, dad)
+    effect_set_aside(make_conversation, mum)
+    before = subtree_snapshot(task.conversation_id)
+    assert before.notices
+
+    with django_capture_on_commit_callbacks(execute=True):
+        conversation_delete(conversation_id=task.conversation_id)
+
+    assert_no_leftovers(before)
+    assert list(Notice.objects.values_list("owner__username", flat=True)) == ["mum"]
+    mum.delete()
+    assert not Notice.objects.exists()
+    assert list(NotifySettings.objects.values_list("user__username", flat=True)) == [
+        "dad"
+    ]
