@@ -74,6 +74,17 @@ ERR_NO_MAIL_SERVER = (
     "PIPPA_NOTIFY_URLS), so it cannot send e-mail to “{address}”; give an "
     "Apprise URL instead (ntfy, Telegram, Signal, Matrix, …)"
 )
+ERR_MAIL_SERVER_BAD = (
+    "this site's mail server URL (PIPPA_NOTIFY_URLS) is not one Apprise can use, "
+    "so it cannot send e-mail now; ask whoever runs the site, or give an Apprise URL"
+)
+ERR_SITE_URL_BAD = (
+    "PIPPA_NOTIFY_URLS entry {n} ({scheme}://…) is not one Apprise can use"
+)
+ERR_SITE_URL_UNUSED = (
+    "PIPPA_NOTIFY_URLS entry {n} ({scheme}://…) is not a mail server and is not used:"
+    " other channels are each person's own address on Settings → Notifications"
+)
 ERR_BAD_URL = (
     "Apprise does not know how to send to “{address}”: check the URL against "
     "the Apprise documentation (e.g. ntfys://ntfy.sh/my-topic)"
@@ -183,6 +194,8 @@ def notify_address_check(address: str) -> str:
         server = mail_server_url()
         if not server:
             raise NotifyError(ERR_NO_MAIL_SERVER.format(address=shown))
+        if _apprise().Apprise.instantiate(server) is None:
+            raise NotifyError(ERR_MAIL_SERVER_BAD)
         url = _with_query(server, "to", address)
     else:
         url = address
@@ -197,6 +210,18 @@ def mail_server_url() -> str:
         if urlsplit(url).scheme.lower() in MAIL_SCHEMES:
             return url
     return ""
+
+
+def notify_site_problems() -> list[str]:
+    """What is wrong with PIPPA_NOTIFY_URLS, in words (no secrets); the worker logs it."""
+    problems = []
+    for n, url in enumerate(settings.PIPPA_NOTIFY_URLS, start=1):
+        scheme = urlsplit(url).scheme.lower() or "?"
+        if scheme not in MAIL_SCHEMES:
+            problems.append(ERR_SITE_URL_UNUSED.format(n=n, scheme=scheme))
+        elif _apprise().Apprise.instantiate(url) is None:
+            problems.append(ERR_SITE_URL_BAD.format(n=n, scheme=scheme))
+    return problems
 
 
 def _with_query(url: str, name: str, value: str) -> str:

@@ -19,17 +19,21 @@ from django.utils import timezone
 from tasks import crashpoints
 from tasks.actions import step_resolve
 from tasks.crashpoints import SimulatedCrash
-from tasks.models import Notice, NotifySettings, Step, Task
+from tasks.doctor import doctor_run
+from tasks.models import Event, Notice, NotifySettings, Step, Task
 from tasks.notify import (
     DROPPED_DECIDED,
     DROPPED_OFF,
     ERR_BAD_EMAIL,
     ERR_NO_ADDRESS,
     ERR_NO_MAIL_SERVER,
+    ERR_SITE_URL_BAD,
+    ERR_SITE_URL_UNUSED,
     HEADER_MESSAGE_ID,
     message_id_header,
     notify_deliver,
     notify_settings_save,
+    notify_site_problems,
     notify_step_waiting,
 )
 from tasks.plan import task_create
@@ -338,6 +342,37 @@ def test_a_transition_written_twice_still_makes_one_notice(
     assert Notice.objects.filter(step=step).count() == 1
 
 
+@pytest.mark.django_db
+def test_a_call_the_doctor_hands_to_a_person_tells_its_owner(
+    make_user, make_conversation, mail_server
+):
+    dad = person(make_user, "dad", "dad@example.org")
+    task = task_create(
+        conversation=make_conversation(owner=dad),
+        title="Search",
+        steps=[{"title": "search", "tool": "test.snapshot", "args": {}}],
+    )
+    step = Step.objects.get(task=task)
+    # A call left open on a task no worker will step again (it failed).
+    Step.objects.filter(pk=step.pk).update(status=Step.Status.RUNNING)
+    Event.objects.create(
+        task=task,
+        step=step,
+        seq=task.last_seq + 1,
+        kind=Event.Kind.TOOL_CALL_STARTED,
+        created_at=timezone.now() - timedelta(hours=2),
+    )
+    Task.objects.filter(pk=task.pk).update(
+        status=Task.Status.FAILED, last_seq=task.last_seq + 1
+    )
+
+    doctor_run(repair=True, verify=False)
+
+    assert Step.objects.get(pk=step.pk).status == Step.Status.NEEDS_REVIEW
+    notice = Notice.objects.get()
+    assert (notice.owner, notice.step, notice.reason) == (dad, step, "needs_review")
+
+
 # -- the settings page ----------------------------------------------------------
 
 
@@ -434,3 +469,17 @@ def test_deleting_a_conversation_takes_its_notices_and_deleting_a_person_their_s
     assert list(NotifySettings.objects.values_list("user__username", flat=True)) == [
         "dad"
     ]
+
+
+def test_the_site_urls_are_checked_without_showing_their_secrets(settings):
+    settings.PIPPA_NOTIFY_URLS = [
+        "mailtos://user:s3cret@smtp.example.org?from=pippa@example.org",
+        "ntfys://ntfy.sh/everyone",
+        "mailto://",
+    ]
+    problems = notify_site_problems()
+    assert problems == [
+        ERR_SITE_URL_UNUSED.format(n=2, scheme="ntfys"),
+        ERR_SITE_URL_BAD.format(n=3, scheme="mailto"),
+    ]
+    assert "s3cret" not in " ".join(problems)

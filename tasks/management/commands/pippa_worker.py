@@ -35,7 +35,7 @@ from tasks.executor import StepOutcome, step, unnamed_blobs_record
 from tasks.faults import fault_delay, fault_reason, store_probe
 from tasks.lease import LeaseLost, lease_release
 from tasks.models import Task
-from tasks.notify import notify_deliver
+from tasks.notify import notify_deliver, notify_site_problems
 from tasks.tools import tools_load
 
 log = logging.getLogger("pippa.worker")
@@ -93,6 +93,8 @@ class Command(BaseCommand):
             for sig in (signal.SIGTERM, signal.SIGINT)
         }
         self._finish_pending_unlinks()
+        for problem in notify_site_problems():
+            log.warning("%s: %s", self.worker_id, problem)
         if self.verbose:
             self.stdout.write(f"{self.worker_id}: stepping runnable tasks")
         self.current: int | None = None
