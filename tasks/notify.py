@@ -38,7 +38,7 @@ from urllib.parse import quote, urlsplit
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Max, Q
 from django.urls import reverse
 from django.utils import timezone
@@ -276,8 +276,16 @@ def notify_deliver(*, worker_id: str, limit: int = 20) -> DeliveryReport:
     )
     for owner_id in owners:
         ids = _claim(owner_id, worker_id)
-        if ids:
+        if not ids:
+            continue
+        try:
             _send_claimed(owner_id, ids, worker_id, report)
+        except DatabaseError:
+            raise  # the worker's fault state: back off, reconnect
+        except Exception:  # noqa: BLE001 - a sender's bug must not stop the worker
+            # The claim runs out and the message is tried again, same id.
+            log.exception("%s: message to user %s not sent", worker_id, owner_id)
+            report.failed += 1
     return report
 
 
@@ -422,11 +430,21 @@ def _send_claimed(owner_id: int, ids: list[int], worker_id: str, report) -> None
     )
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+def _line(text: str, limit: int = 200) -> str:
+    """One line of a person's text: no line breaks (a mail header stays one)."""
+    return _CONTROL.sub(" ", text)[:limit].strip()
+
+
 def message_text(items: list[_Item]) -> tuple[str, str]:
     """The title and body of one message about ``items`` (plain text, links whole)."""
     if len(items) == 1:
         item = items[0]
-        title = f"Pippa: step {item.position} of “{item.task_title}” waits for you"
+        title = (
+            f"Pippa: step {item.position} of “{_line(item.task_title)}” waits for you"
+        )
     else:
         title = f"Pippa: {len(items)} decisions wait for you"
     lines = []
@@ -437,10 +455,11 @@ def message_text(items: list[_Item]) -> tuple[str, str]:
             else "failed and waits for your decision"
         )
         lines.append(
-            f"“{item.task_title}”, step {item.position} “{item.step_title}” {what}."
+            f"“{_line(item.task_title)}”, step {item.position}"
+            f" “{_line(item.step_title)}” {what}."
         )
         if item.error:
-            lines.append(f"Why: {item.error[:300]}")
+            lines.append(f"Why: {_line(item.error, 300)}")
         lines.append(f"Decide: {item.link}")
         lines.append("")
     lines.append("You get this because notifications are on in your Pippa settings.")
@@ -485,7 +504,10 @@ def _send(
 ) -> str | None:
     """Send through Apprise to every address; None when all took it, else why not."""
     apprise = _apprise()
-    _patch_msgid()
+    try:
+        _patch_msgid()
+    except (ImportError, AttributeError):  # another Apprise: its own Message-ID
+        log.warning("this Apprise's e-mail plugin cannot take a stable Message-ID")
     header = message_id_header(message_id)
     sender = apprise.Apprise(asset=apprise.AppriseAsset(async_mode=False))
     for address in addresses:

@@ -342,6 +342,23 @@ def test_a_transition_written_twice_still_makes_one_notice(
     assert Notice.objects.filter(step=step).count() == 1
 
 
+@pytest.mark.slow
+@pytest.mark.django_db
+def test_a_hostile_title_stays_one_line_and_adds_no_recipient(
+    make_user, make_conversation, smtp
+):
+    dad = person(make_user, "dad", "dad@example.org")
+    effect_set_aside(make_conversation, dad, "Pay\r\nBcc: thief@example.net\r\n\r\nhi")
+
+    assert notify_deliver(worker_id="worker:mail").messages == 1
+
+    [mail] = smtp.mails
+    assert mail.envelope_to == ["dad@example.org"]
+    assert mail.headers("Bcc") == []
+    assert "\n" not in mail.message["Subject"]
+    assert "Bcc: thief@example.net" in mail.message["Subject"]
+
+
 @pytest.mark.django_db
 def test_a_call_the_doctor_hands_to_a_person_tells_its_owner(
     make_user, make_conversation, mail_server
