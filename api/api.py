@@ -325,7 +325,7 @@ def conversation_create(request: HttpRequest, payload: ConversationIn):
 
 @conversations.get("", response=list[ConversationOut])
 def conversation_list(request: HttpRequest):
-    qs = Conversation.objects.owned_by(request.user).order_by("-updated_at")[:200]
+    qs = Conversation.objects.for_user(request.user).order_by("-updated_at")[:200]
     return [conversation_payload(c) for c in qs]
 
 
@@ -585,16 +585,14 @@ def council_context(
     Earlier turns' text and ``artifact_refs[]`` (refs, never payloads); read an
     artifact's bytes with GET /artifacts/{id}/content. Read-only.
     """
-    council_round = round_get_for_user(
-        user=request.user, round_id=round_id, staff=False
-    )
+    council_round = round_get_for_user(user=request.user, round_id=round_id)
     return context_for(council_round=council_round, participant_id=participant_id)
 
 
 @council.get("/turns/{turn_id}/context", response={200: dict[str, Any], **NOT_FOUND})
 def council_turn_context(request: HttpRequest, turn_id: int):
     """The context document that turn's speaker received, as it was stored."""
-    turn = turn_get_for_user(user=request.user, turn_id=turn_id, staff=False)
+    turn = turn_get_for_user(user=request.user, turn_id=turn_id)
     return json.loads(turn_context_bytes(turn=turn))
 
 

@@ -306,7 +306,7 @@ def turn_add(
     owner = council_round.conversation.owner
     cite_ids = list(dict.fromkeys(int(c) for c in cites))
     for cite_id in cite_ids:
-        if not artifact_user_may_see(user=owner, artifact_id=cite_id, staff=False):
+        if not artifact_user_may_see(user=owner, artifact_id=cite_id):
             raise CouncilError(ERR_UNKNOWN_CITE)
     produced: list[Artifact] = []
     if widget is not None:

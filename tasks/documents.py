@@ -3,7 +3,9 @@
 The doors for programs (the JSON API, the MCP server, the brain runner's
 in-process backend) all use these, so a brain sees the same documents
 whichever way it is connected. Another user's object is reported exactly like
-a missing one (Http404).
+a missing one (Http404). The dashboard reads conversations and tasks through
+the same two getters, passing ``staff=True`` where staff see every row
+(``pippa_site.owners``); a program's door never does.
 """
 
 from __future__ import annotations
@@ -21,16 +23,28 @@ ERR_NO_TASK = "task {id} not found (or not yours)"
 ERR_NO_ARTIFACT = "artifact {id} not found (or not yours)"
 
 
-def conversation_get_for_user(*, user, conversation_id: int) -> Conversation:
-    found = Conversation.objects.owned_by(user).filter(pk=conversation_id).first()
+def conversation_get_for_user(
+    *, user, conversation_id: int, staff: bool = False
+) -> Conversation:
+    """Return the conversation if ``user`` may see it (``pippa_site.owners``:
+    their own; every one to staff only with ``staff=True``); else Http404."""
+    found = (
+        Conversation.objects.for_user(user, staff=staff)
+        .select_related("owner")
+        .filter(pk=conversation_id)
+        .first()
+    )
     if found is None:
         raise Http404(ERR_NO_CONVERSATION.format(id=conversation_id))
     return found
 
 
-def task_get_for_user(*, user, task_id: int) -> Task:
+def task_get_for_user(*, user, task_id: int, staff: bool = False) -> Task:
+    """Return the task if ``user`` may see its conversation (as
+    ``conversation_get_for_user``); else Http404."""
     found = (
-        Task.objects.filter(conversation__in=Conversation.objects.owned_by(user))
+        Task.objects.for_user(user, staff=staff)
+        .select_related("conversation", "conversation__owner", "branched_from")
         .filter(pk=task_id)
         .first()
     )
@@ -42,7 +56,7 @@ def task_get_for_user(*, user, task_id: int) -> Task:
 def artifact_get(*, user, artifact_id: int) -> Artifact:
     """The user's own artifact (staff too see only their own), with an API-worded 404."""
     try:
-        return artifact_get_for_user(user=user, artifact_id=artifact_id, staff=False)
+        return artifact_get_for_user(user=user, artifact_id=artifact_id)
     except Http404:
         raise Http404(ERR_NO_ARTIFACT.format(id=artifact_id)) from None
 

@@ -7,11 +7,21 @@ from django.urls import reverse
 from django.utils import timezone
 
 from artifacts.models import ArtifactClass
+from pippa_site.owners import OwnedQuerySet
 
 ERR_EVENT_IMMUTABLE = "events are append-only: an existing event cannot be changed"
 ERR_EVENT_DELETE = (
     "events are append-only: they leave only with their task's conversation"
 )
+ERR_CONVERSATION_DELETE = (
+    "a conversation leaves only through tasks.services.conversation_delete"
+    "(conversation_id=...), which removes its subtree in one locked transaction,"
+    " then the artifacts nothing keeps and their blobs"
+)
+
+
+class DeleteRefused(Exception):
+    """A ``delete()`` on a model whose rows leave only through a service."""
 
 
 class EventImmutable(Exception):
@@ -30,37 +40,14 @@ class Brain(models.TextChoices):
     OTHER = "other", "Other"
 
 
-class ConversationQuerySet(models.QuerySet):
-    def for_user(self, user) -> ConversationQuerySet:
-        """What the dashboard shows ``user``: their own, or everything to staff."""
-        if user.is_staff:
-            return self
-        return self.filter(owner=user)
-
+class ConversationQuerySet(OwnedQuerySet):
     def owned_by(self, user) -> ConversationQuerySet:
-        """The user's own conversations, staff or not: what an API token reaches."""
-        return self.filter(owner=user)
+        """The user's own conversations: ``for_user(user)``, under its old name
+        for ``pippa_mcp`` until it calls ``for_user``."""
+        return self.for_user(user)
 
     def delete(self):
-        """Delete every conversation through ``conversation_delete``.
-
-        A bulk delete from the admin or the shell must not skip the artifact
-        rule or the blob sweep, so there is no second way out.
-        """
-        # The one import back from the service to its model's module (the
-        # service needs the models first); import-linter knows it.
-        from tasks.services import conversation_delete
-
-        reports = [
-            conversation_delete(conversation_id=pk)
-            for pk in self.values_list("pk", flat=True)
-        ]
-        removed = sum(r.total_removed for r in reports)
-        counts: dict[str, int] = {}
-        for report in reports:
-            for label, n in report.removed_counts().items():
-                counts[label] = counts.get(label, 0) + n
-        return removed, counts
+        raise DeleteRefused(ERR_CONVERSATION_DELETE)
 
     delete.alters_data = True
     delete.queryset_only = True
@@ -96,15 +83,14 @@ class Conversation(models.Model):
         return reverse("tasks:conversation", args=[self.pk])
 
     def delete(self, using=None, keep_parents=False):
-        from tasks.services import conversation_delete  # as in QuerySet.delete
-
-        report = conversation_delete(conversation_id=self.pk)
-        return report.total_removed, report.removed_counts()
+        raise DeleteRefused(ERR_CONVERSATION_DELETE)
 
     delete.alters_data = True
 
 
-class TaskQuerySet(models.QuerySet):
+class TaskQuerySet(OwnedQuerySet):
+    owner_field = "conversation__owner"
+
     def lease_dead(self) -> TaskQuerySet:
         """Tasks no worker holds live: no holder, no expiry, or past it.
 
@@ -242,7 +228,9 @@ class Task(models.Model):
         return round(100 * self.steps_done / self.steps_total)
 
 
-class StepQuerySet(models.QuerySet):
+class StepQuerySet(OwnedQuerySet):
+    owner_field = "task__conversation__owner"
+
     def not_done(self) -> StepQuerySet:
         return self.exclude(status__in=[Step.Status.DONE, Step.Status.SKIPPED])
 
@@ -502,6 +490,10 @@ class LinkRole(models.TextChoices):
     REFERENCED = "referenced", "referenced"
 
 
+class TaskArtifactQuerySet(OwnedQuerySet):
+    owner_field = "task__conversation__owner"
+
+
 class TaskArtifact(models.Model):
     """Ownership link: a task (and step) persisted or points at an artifact."""
 
@@ -525,6 +517,8 @@ class TaskArtifact(models.Model):
     )
     role = models.CharField(max_length=16, choices=Role, default=Role.PERSISTED)
     created_at = models.DateTimeField(default=timezone.now)
+
+    objects = TaskArtifactQuerySet.as_manager()
 
     class Meta:
         constraints = [
