@@ -477,9 +477,6 @@ def current_step_page(*, task: Task) -> int:
     return min(task.steps_done, max(task.steps_total - 1, 0)) // STEPS_PER_PAGE + 1
 
 
-FINISHED_STEPS = (Step.Status.DONE, Step.Status.SKIPPED)
-
-
 def _untouched(step: Step) -> bool:
     return (
         step.status == Step.Status.PENDING
@@ -489,7 +486,7 @@ def _untouched(step: Step) -> bool:
 
 
 # The same rule as a filter (a live update reads the unsettled steps always).
-SETTLED_Q = Q(status__in=FINISHED_STEPS) | Q(
+SETTLED_Q = Q(status__in=Step.Status.finished()) | Q(
     status=Step.Status.PENDING, attempts=0, next_attempt_at__isnull=True
 )
 
@@ -504,7 +501,7 @@ def settled_row_key(step: Step, task: Task, clock: TaskClock) -> tuple | None:
     Nothing else of the task goes in (its branch link, shown once the task is
     idle, is put in on the way out: dashboard.rows).
     """
-    if step.status not in FINISHED_STEPS and not _untouched(step):
+    if not step.is_finished and not _untouched(step):
         return None
     out = step.output
     output = (

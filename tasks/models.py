@@ -231,8 +231,13 @@ class Task(models.Model):
 class StepQuerySet(OwnedQuerySet):
     owner_field = "task__conversation__owner"
 
+    def finished(self) -> StepQuerySet:
+        """Steps done or skipped (``StepStatus.finished``)."""
+        return self.filter(status__in=StepStatus.finished())
+
     def not_done(self) -> StepQuerySet:
-        return self.exclude(status__in=[Step.Status.DONE, Step.Status.SKIPPED])
+        """Steps not finished: what the executor still has to run or settle."""
+        return self.exclude(status__in=StepStatus.finished())
 
     def needs_you(self) -> StepQuerySet:
         """Steps waiting for a person's decision: the one "needs you" rule.
@@ -264,6 +269,20 @@ class StepStatus(models.TextChoices):
     FAILED = "failed", "failed"
     NEEDS_REVIEW = "needs_review", "needs review"
     SKIPPED = "skipped", "skipped"
+
+    @classmethod
+    def finished(cls) -> tuple[StepStatus, ...]:
+        """The statuses of a finished step: done, or skipped by a person.
+
+        The one definition: a finished step counts in ``Task.steps_done``, is
+        never run again, and a plan rewrite keeps it as it is.
+        """
+        return (cls.DONE, cls.SKIPPED)
+
+    @classmethod
+    def finished_sql(cls) -> str:
+        """``finished()`` as an SQL list, for the executor's hand-written statements."""
+        return "(" + ", ".join(f"'{s}'" for s in cls.finished()) + ")"
 
 
 class Step(models.Model):
@@ -352,6 +371,10 @@ class Step(models.Model):
     @property
     def class_label(self) -> str:
         return ArtifactClass(self.artifact_class).label
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in StepStatus.finished()
 
     @property
     def duration(self):

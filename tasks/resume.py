@@ -314,11 +314,7 @@ def resume_context(task: Task) -> dict[str, Any]:
         Step.objects.filter(task=task).select_related("output").order_by("position")
     )
     next_position = next(
-        (
-            s.position
-            for s in steps
-            if s.status not in (Step.Status.DONE, Step.Status.SKIPPED)
-        ),
+        (s.position for s in steps if not s.is_finished),
         None,
     )
     out_steps = []
@@ -336,7 +332,7 @@ def resume_context(task: Task) -> dict[str, Any]:
             "idempotency_key": s.idempotency_key(),
             "output": artifact_ref(s.output) if s.output_id else None,
         }
-        if s.status not in (Step.Status.DONE, Step.Status.SKIPPED):
+        if not s.is_finished:
             advice = resume_advice(s, task=task)
             entry["resume"] = {"rule": advice.rule, "words": advice.words}
             if s.error:
