@@ -244,10 +244,16 @@ class WorkerIn(InSchema):
     ]
 
 
+# The response shapes mirror tasks.documents (artifact_ref, step_payload,
+# task_summary, task_payload), which builds them for every door; a test holds
+# the two to the same keys.
+
+
 class ArtifactRefOut(Schema):
     id: int
     sha256: str
     artifact_class: int
+    class_label: str
     media_type: str
     title: str
     size: int
@@ -274,7 +280,7 @@ class StepOut(Schema):
     output: ArtifactRefOut | None
 
 
-class TaskOut(Schema):
+class TaskSummaryOut(Schema):
     id: int
     conversation_id: int
     title: str
@@ -283,6 +289,9 @@ class TaskOut(Schema):
     steps_total: int
     steps_done: int
     lease_owner: str
+
+
+class TaskOut(TaskSummaryOut):
     steps: list[StepOut]
 
 

@@ -29,8 +29,8 @@ from artifacts.services import artifact_store
 from council.models import CouncilRound, Participant, Turn, TurnArtifact
 from pippa_site.errors import Invalid
 from pippa_site.text import TextError, text_check, title_clean
+from tasks.documents import artifact_ref as brain_ref
 from tasks.models import Brain, Conversation
-from tasks.resume import artifact_ref as brain_ref
 
 CONTEXT_SCHEMA = "pippa.council.context/1"
 CONTEXT_MEDIA_TYPE = "application/json"
@@ -115,7 +115,7 @@ def round_start(
 def artifact_ref(artifact: Artifact, *, role: str | None = None) -> dict:
     """Return the ref a participant receives for ``artifact``: metadata and URLs only.
 
-    The brain-facing ref of ``tasks.resume.artifact_ref``, plus where to read
+    The ref of ``tasks.documents.artifact_ref``, plus where to read
     the source and the preview, and the sources it was made from.
     """
     status = preview_status(artifact)

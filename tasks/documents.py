@@ -69,22 +69,34 @@ def artifacts_get(*, user, artifact_ids) -> list[Artifact]:
     ]
 
 
-def artifact_ref_payload(artifact: Artifact | None) -> dict[str, Any] | None:
-    if artifact is None:
-        return None
+# -- the shapes: one artifact ref, one step, one task --------------------------
+# Every door that shows a program these rows builds them here: the task
+# document (the API, MCP's get_task), the resume context (tasks.resume), the
+# council's refs (council.services) and MCP's task list. The API's response
+# schemas (api.api: ArtifactRefOut, StepOut, TaskSummaryOut, TaskOut) mirror
+# them, and tests/api/test_shapes.py holds the two to the same keys.
+
+
+def artifact_ref(artifact: Artifact) -> dict[str, Any]:
+    """The ref of an artifact a program reads: metadata and sha, never the payload."""
     return {
         "id": artifact.pk,
         "sha256": artifact.sha256,
         "artifact_class": artifact.artifact_class,
+        "class_label": artifact.class_label,
         "media_type": artifact.media_type,
         "title": artifact.title,
         "size": artifact.size,
     }
 
 
+def artifact_ref_payload(artifact: Artifact | None) -> dict[str, Any] | None:
+    return None if artifact is None else artifact_ref(artifact)
+
+
 def artifact_payload(artifact: Artifact) -> dict[str, Any]:
     return {
-        **artifact_ref_payload(artifact),
+        **artifact_ref(artifact),
         "source_refs": list(
             artifact.source_links.order_by("position", "id").values_list(
                 "source_id", flat=True
@@ -96,6 +108,7 @@ def artifact_payload(artifact: Artifact) -> dict[str, Any]:
 
 
 def step_payload(step: Step) -> dict[str, Any]:
+    """A step of a plan: what it runs, its class, where it stands, its output's ref."""
     return {
         "id": step.pk,
         "position": step.position,
@@ -112,10 +125,8 @@ def step_payload(step: Step) -> dict[str, Any]:
     }
 
 
-def task_payload(task: Task) -> dict[str, Any]:
-    """The task as it is in the database now, with its steps in order."""
-    task.refresh_from_db()
-    steps = task.steps.select_related("output").order_by("position")
+def task_summary(task: Task) -> dict[str, Any]:
+    """A task without its steps: status and progress (a task list's row)."""
     return {
         "id": task.pk,
         "conversation_id": task.conversation_id,
@@ -125,7 +136,20 @@ def task_payload(task: Task) -> dict[str, Any]:
         "steps_total": task.steps_total,
         "steps_done": task.steps_done,
         "lease_owner": task.lease_owner,
-        "steps": [step_payload(s) for s in steps],
+    }
+
+
+def task_steps(task: Task) -> list[Step]:
+    """The task's steps in order, each with its output row joined."""
+    return list(task.steps.select_related("output").order_by("position"))
+
+
+def task_payload(task: Task) -> dict[str, Any]:
+    """The task as it is in the database now, with its steps in order."""
+    task.refresh_from_db()
+    return {
+        **task_summary(task),
+        "steps": [step_payload(s) for s in task_steps(task)],
     }
 
 

@@ -18,11 +18,14 @@ from typing import Any
 
 from artifacts.models import Artifact, ArtifactClass
 from artifacts.store import CHUNK, default_store
+from tasks.documents import step_payload, task_steps, task_summary
 from tasks.models import Event, Step, Task
 from tasks.tools import files_root
 from tasks.words import relative_text
 
-SCHEMA = "pippa.resume/1"
+# 2: refs say "artifact_class" (was "class"), steps carry the task document's
+# fields (id, error), the task its lease_owner.
+SCHEMA = "pippa.resume/2"
 
 # Kinds that open or close a tool-call envelope, in the step's own log.
 ENVELOPE_KINDS = (
@@ -290,64 +293,28 @@ def resume_advice(step: Step, *, task: Task | None = None) -> ResumeAdvice:
     )
 
 
-def artifact_ref(artifact: Artifact) -> dict[str, Any]:
-    """The brain-facing ref of an artifact: metadata and sha, never the payload."""
-    return {
-        "id": artifact.pk,
-        "sha256": artifact.sha256,
-        "class": artifact.artifact_class,
-        "class_label": artifact.class_label,
-        "media_type": artifact.media_type,
-        "size": artifact.size,
-        "title": artifact.title,
-    }
-
-
 def resume_context(task: Task) -> dict[str, Any]:
     """Return the brain-agnostic document a resumed brain reads.
 
-    The same document for every brain: the plan with statuses, each done
-    step's artifact ref, and for each unfinished step what resume will do.
+    The same document for every brain: the task and its plan in the shapes of
+    the task document (``tasks.documents``: each step with its output's
+    artifact ref), plus each step's idempotency key, and for each unfinished
+    step what resume will do.
     """
     task = Task.objects.get(pk=task.pk)
-    steps = list(
-        Step.objects.filter(task=task).select_related("output").order_by("position")
-    )
-    next_position = next(
-        (s.position for s in steps if not s.is_finished),
-        None,
-    )
+    steps = task_steps(task)
+    next_position = next((s.position for s in steps if not s.is_finished), None)
     out_steps = []
     for s in steps:
-        entry: dict[str, Any] = {
-            "position": s.position,
-            "title": s.title,
-            "tool": s.tool,
-            "args": s.args,
-            "status": s.status,
-            "artifact_class": s.artifact_class,
-            "side_effects": s.side_effects,
-            "attempts": s.attempts,
-            "max_attempts": s.max_attempts,
-            "idempotency_key": s.idempotency_key(),
-            "output": artifact_ref(s.output) if s.output_id else None,
-        }
+        entry = {**step_payload(s), "idempotency_key": s.idempotency_key()}
         if not s.is_finished:
             advice = resume_advice(s, task=task)
             entry["resume"] = {"rule": advice.rule, "words": advice.words}
-            if s.error:
-                entry["error"] = s.error[:500]
         out_steps.append(entry)
     return {
         "schema": SCHEMA,
         "task": {
-            "id": task.pk,
-            "title": task.title,
-            "status": task.status,
-            "brain": task.brain,
-            "conversation_id": task.conversation_id,
-            "steps_total": task.steps_total,
-            "steps_done": task.steps_done,
+            **task_summary(task),
             "branched_from": task.branched_from_id,
             "branched_after_step": task.branched_at,
         },
