@@ -4,7 +4,8 @@ Mounted at ``/api/v1/``; the OpenAPI schema is at ``/api/v1/openapi.json``.
 Every endpoint needs ``Authorization: Bearer <token>`` (tokens are made on
 /settings/tokens/) and is owner-checked: another user's conversation, task or
 artifact answers 404, exactly like one that does not exist. Every error is
-JSON ``{"detail": "..."}`` with a 4xx status that says what was wrong.
+JSON ``{"detail": "..."}`` with a 4xx status that says what was wrong (a
+service's typed refusal adds its ``code``).
 """
 
 from __future__ import annotations

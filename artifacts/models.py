@@ -11,7 +11,7 @@ from pippa_site.owners import OwnedQuerySet
 
 
 class ArtifactClass(models.IntegerChoices):
-    """How a step's output behaves on resume (DESIGN.md, "Four artifact classes")."""
+    """How a step's output behaves on resume (docs/design.md, "Four artifact classes")."""
 
     FILE = 1, "file"  # externally persisted: reuse if present and intact
     FETCH = 2, "fetch"  # idempotent fetch: safe to fetch again

@@ -1,10 +1,11 @@
 """Council rounds: start a round, add turns, serialize the branch context.
 
-The horizontal axis (DESIGN.md): when a participant renders a widget, the next
-speakers receive a *ref* to it in ``artifact_refs[]`` (id, sha256, class,
-media type, title, size, source URL, preview URL, source_refs), never the
-payload. A receiver chooses to read the SVG source or the PNG preview through
-the artifact endpoints. Reading is read-only: no lease, no state change.
+The horizontal axis (docs/design.md, "The council and its refs"): when a
+participant renders a widget, the next speakers receive a *ref* to it in
+``artifact_refs[]`` (``tasks.documents.artifact_ref``: id, sha256,
+artifact_class, class_label, media type, title, size; plus source URL,
+preview URL, source_refs), never the payload. A receiver chooses to read the
+SVG source or the PNG preview through the artifact endpoints. Reading is read-only: no lease, no state change.
 """
 
 from __future__ import annotations

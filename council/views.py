@@ -1,4 +1,5 @@
-"""Council pages and the branch-context endpoints: login-required, owner-checked.
+"""Council pages and the branch-context endpoints: login-required, owner-checked
+(staff see every round here, ``pippa_site.owners``).
 
 Reading a round or a context is read-only: no lease, no state change.
 """

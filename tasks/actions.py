@@ -264,8 +264,9 @@ def step_retry(*, step: Step, actor: str = "") -> Step:
 def task_branch(*, task: Task, after_position: int, actor: str = "") -> Task:
     """Make a new task in the same conversation keeping steps 1..k and their outputs.
 
-    1. Refuse a ``k`` out of range, or one that keeps an unfinished step.
-    2. Create the branch task, done if it keeps every step, else queued.
+    1. Refuse a ``k`` out of range, one that keeps every step (the branch
+       would have nothing to run), or one that keeps an unfinished step.
+    2. Create the branch task, queued.
     3. Copy every step: kept ones with their status, attempts and output,
        the rest as new pending steps; link the kept outputs as referenced.
     4. Log ``task_branched`` on both tasks.

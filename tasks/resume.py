@@ -1,8 +1,8 @@
 """What a resumed brain reads, and what resume will do with each step.
 
 ``resume_context(task)`` is the one document every brain gets: the plan with
-statuses, each done step's artifact ref (never its payload) and, for a step
-left in the uncertain state, the rule resume will apply. ``resume_advice`` is
+statuses, each done step's artifact ref (never its payload) and, for each
+unfinished step, the rule resume will apply. ``resume_advice`` is
 the same rule for one step, in words a person understands; the executor acts
 on exactly the decision ``uncertain_decide`` returns, so the advice shown is
 the thing that happens.
@@ -171,7 +171,8 @@ def sources_alive(ids: list[int] | None) -> bool:
 
 
 def uncertain_decide(step: Step, env: Envelope) -> ResumeAdvice:
-    """Apply DESIGN.md's class table to a step whose envelope is open."""
+    """Apply docs/design.md's class table ("Four artifact classes, four resume
+    rules") to a step whose envelope is open."""
     has_payload = bool(env.payload and env.payload.get("sha"))
     if step.side_effects and env.unsaved:
         return ResumeAdvice(

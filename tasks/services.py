@@ -1,4 +1,5 @@
-"""Writes that span tables: conversations, the event log, deletion."""
+"""Writes that span tables: conversations, the event log, a task's brain and
+uploads, widget previews, deletion."""
 
 from __future__ import annotations
 
