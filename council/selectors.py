@@ -25,28 +25,16 @@ def round_get_for_user(*, user, round_id: int, staff: bool = False) -> CouncilRo
     """Return the round if ``user`` may see its conversation (``pippa_site.owners``;
     staff see every round only with ``staff=True``, as the council pages pass);
     else Http404."""
-    found = (
-        CouncilRound.objects.for_user(user, staff=staff)
-        .select_related("conversation")
-        .filter(pk=round_id)
-        .first()
+    return CouncilRound.objects.select_related("conversation").get_for_user(
+        user, round_id, staff=staff, error=ERR_ROUND_NOT_FOUND
     )
-    if found is None:
-        raise Http404(ERR_ROUND_NOT_FOUND)
-    return found
 
 
 def turn_get_for_user(*, user, turn_id: int, staff: bool = False) -> Turn:
     """Return the turn if ``user`` may see its round (as ``round_get_for_user``)."""
-    found = (
-        Turn.objects.for_user(user, staff=staff)
-        .select_related("round", "round__conversation", "participant")
-        .filter(pk=turn_id)
-        .first()
-    )
-    if found is None:
-        raise Http404(ERR_TURN_NOT_FOUND)
-    return found
+    return Turn.objects.select_related(
+        "round", "round__conversation", "participant"
+    ).get_for_user(user, turn_id, staff=staff, error=ERR_TURN_NOT_FOUND)
 
 
 def next_participant(*, council_round: CouncilRound) -> Participant | None:

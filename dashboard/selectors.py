@@ -37,7 +37,6 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce, Greatest
 from django.http import Http404
-from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
 from artifacts.models import Artifact
@@ -50,6 +49,7 @@ from tasks.models import Conversation, Event, Step, Task, needs_you_q
 from tasks.resume import ADOPT, CALL_AGAIN, envelope_read, resume_advice, resume_context
 from tasks.words import CHOICES, OUTSIDE_RERUN, OUTSIDE_RETRY, RULE_WORDS, actor_words
 
+ERR_NO_STEP = "No such step of this task."
 CONVERSATIONS_PER_PAGE = 50
 STEPS_PER_PAGE = 100
 EVENTS_PER_PAGE = 50
@@ -223,11 +223,10 @@ def task_last_seq_for_user(*, user, task_id: int) -> int:
 
 def step_get_for_user(*, user, task_id: int, step_id: int) -> Step:
     """Return one step of a task ``user`` may see, or raise Http404."""
-    return get_object_or_404(
-        Step.objects.for_user(user, staff=True)
-        .filter(task_id=task_id)
-        .select_related("task", "task__conversation", "output"),
-        pk=step_id,
+    return (
+        Step.objects.filter(task_id=task_id)
+        .select_related("task", "task__conversation", "output")
+        .get_for_user(user, step_id, staff=True, error=ERR_NO_STEP)
     )
 
 

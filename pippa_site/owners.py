@@ -14,7 +14,7 @@ rule, written once here:
 
 Another user's row is reported exactly like a missing one (a 404, never a
 403), so ids reveal nothing. ``OwnedQuerySet.for_user`` applies the rule to a
-query, ``user_sees_row`` to a row already in hand (the one-statement reads of
+query (``get_for_user`` to one row by id), ``user_sees_row`` to a row already in hand (the one-statement reads of
 hot pages), and ``sees_every_row`` is the staff opt-in alone, for hand-written
 SQL.
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any, Self
 
 from django.db import models
+from django.http import Http404
 
 
 def sees_every_row(user: Any, *, staff: bool) -> bool:
@@ -55,3 +56,11 @@ class OwnedQuerySet(models.QuerySet):
         if sees_every_row(user, staff=staff):
             return self
         return self.filter(**{self.owner_field: user.pk})
+
+    def get_for_user(self, user: Any, pk: int, *, staff: bool = False, error: str):
+        """Return row ``pk`` if ``user`` may see it; else raise Http404(``error``),
+        the same for another user's row as for a missing one."""
+        found = self.for_user(user, staff=staff).filter(pk=pk).first()
+        if found is None:
+            raise Http404(error)
+        return found

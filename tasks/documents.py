@@ -28,29 +28,20 @@ def conversation_get_for_user(
 ) -> Conversation:
     """Return the conversation if ``user`` may see it (``pippa_site.owners``:
     their own; every one to staff only with ``staff=True``); else Http404."""
-    found = (
-        Conversation.objects.for_user(user, staff=staff)
-        .select_related("owner")
-        .filter(pk=conversation_id)
-        .first()
+    return Conversation.objects.select_related("owner").get_for_user(
+        user,
+        conversation_id,
+        staff=staff,
+        error=ERR_NO_CONVERSATION.format(id=conversation_id),
     )
-    if found is None:
-        raise Http404(ERR_NO_CONVERSATION.format(id=conversation_id))
-    return found
 
 
 def task_get_for_user(*, user, task_id: int, staff: bool = False) -> Task:
     """Return the task if ``user`` may see its conversation (as
     ``conversation_get_for_user``); else Http404."""
-    found = (
-        Task.objects.for_user(user, staff=staff)
-        .select_related("conversation", "conversation__owner", "branched_from")
-        .filter(pk=task_id)
-        .first()
-    )
-    if found is None:
-        raise Http404(ERR_NO_TASK.format(id=task_id))
-    return found
+    return Task.objects.select_related(
+        "conversation", "conversation__owner", "branched_from"
+    ).get_for_user(user, task_id, staff=staff, error=ERR_NO_TASK.format(id=task_id))
 
 
 def artifact_get(*, user, artifact_id: int) -> Artifact:
