@@ -4,7 +4,8 @@ Mounted at ``/api/v1/``; the OpenAPI schema is at ``/api/v1/openapi.json``.
 Every endpoint needs ``Authorization: Bearer <token>`` (tokens are made on
 /settings/tokens/) and is owner-checked: another user's conversation, task or
 artifact answers 404, exactly like one that does not exist. Every error is
-JSON ``{"detail": "..."}`` with a 4xx status that says what was wrong.
+JSON ``{"detail": "..."}`` with a 4xx status that says what was wrong (a
+service's typed refusal adds its ``code``).
 """
 
 from __future__ import annotations
@@ -244,10 +245,16 @@ class WorkerIn(InSchema):
     ]
 
 
+# The response shapes mirror tasks.documents (artifact_ref, step_payload,
+# task_summary, task_payload), which builds them for every door; a test holds
+# the two to the same keys.
+
+
 class ArtifactRefOut(Schema):
     id: int
     sha256: str
     artifact_class: int
+    class_label: str
     media_type: str
     title: str
     size: int
@@ -274,7 +281,7 @@ class StepOut(Schema):
     output: ArtifactRefOut | None
 
 
-class TaskOut(Schema):
+class TaskSummaryOut(Schema):
     id: int
     conversation_id: int
     title: str
@@ -283,6 +290,9 @@ class TaskOut(Schema):
     steps_total: int
     steps_done: int
     lease_owner: str
+
+
+class TaskOut(TaskSummaryOut):
     steps: list[StepOut]
 
 
@@ -325,7 +335,7 @@ def conversation_create(request: HttpRequest, payload: ConversationIn):
 
 @conversations.get("", response=list[ConversationOut])
 def conversation_list(request: HttpRequest):
-    qs = Conversation.objects.owned_by(request.user).order_by("-updated_at")[:200]
+    qs = Conversation.objects.for_user(request.user).order_by("-updated_at")[:200]
     return [conversation_payload(c) for c in qs]
 
 
@@ -585,16 +595,14 @@ def council_context(
     Earlier turns' text and ``artifact_refs[]`` (refs, never payloads); read an
     artifact's bytes with GET /artifacts/{id}/content. Read-only.
     """
-    council_round = round_get_for_user(
-        user=request.user, round_id=round_id, staff=False
-    )
+    council_round = round_get_for_user(user=request.user, round_id=round_id)
     return context_for(council_round=council_round, participant_id=participant_id)
 
 
 @council.get("/turns/{turn_id}/context", response={200: dict[str, Any], **NOT_FOUND})
 def council_turn_context(request: HttpRequest, turn_id: int):
     """The context document that turn's speaker received, as it was stored."""
-    turn = turn_get_for_user(user=request.user, turn_id=turn_id, staff=False)
+    turn = turn_get_for_user(user=request.user, turn_id=turn_id)
     return json.loads(turn_context_bytes(turn=turn))
 
 

@@ -1,10 +1,11 @@
 """Council rounds: start a round, add turns, serialize the branch context.
 
-The horizontal axis (DESIGN.md): when a participant renders a widget, the next
-speakers receive a *ref* to it in ``artifact_refs[]`` (id, sha256, class,
-media type, title, size, source URL, preview URL, source_refs), never the
-payload. A receiver chooses to read the SVG source or the PNG preview through
-the artifact endpoints. Reading is read-only: no lease, no state change.
+The horizontal axis (docs/design.md, "The council and its refs"): when a
+participant renders a widget, the next speakers receive a *ref* to it in
+``artifact_refs[]`` (``tasks.documents.artifact_ref``: id, sha256,
+artifact_class, class_label, media type, title, size; plus source URL,
+preview URL, source_refs), never the payload. A receiver chooses to read the
+SVG source or the PNG preview through the artifact endpoints. Reading is read-only: no lease, no state change.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from artifacts.services import artifact_store
 from council.models import CouncilRound, Participant, Turn, TurnArtifact
 from pippa_site.errors import Invalid
 from pippa_site.text import TextError, text_check, title_clean
+from tasks.documents import artifact_ref as brain_ref
 from tasks.models import Brain, Conversation
-from tasks.resume import artifact_ref as brain_ref
 
 CONTEXT_SCHEMA = "pippa.council.context/1"
 CONTEXT_MEDIA_TYPE = "application/json"
@@ -115,7 +116,7 @@ def round_start(
 def artifact_ref(artifact: Artifact, *, role: str | None = None) -> dict:
     """Return the ref a participant receives for ``artifact``: metadata and URLs only.
 
-    The brain-facing ref of ``tasks.resume.artifact_ref``, plus where to read
+    The ref of ``tasks.documents.artifact_ref``, plus where to read
     the source and the preview, and the sources it was made from.
     """
     status = preview_status(artifact)
@@ -306,7 +307,7 @@ def turn_add(
     owner = council_round.conversation.owner
     cite_ids = list(dict.fromkeys(int(c) for c in cites))
     for cite_id in cite_ids:
-        if not artifact_user_may_see(user=owner, artifact_id=cite_id, staff=False):
+        if not artifact_user_may_see(user=owner, artifact_id=cite_id):
             raise CouncilError(ERR_UNKNOWN_CITE)
     produced: list[Artifact] = []
     if widget is not None:

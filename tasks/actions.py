@@ -65,7 +65,6 @@ ERR_LEASE_BUSY = (
 )
 
 ACTIONS = ("adopt", "rerun", "fail", "skip")
-FINISHED = (Step.Status.DONE, Step.Status.SKIPPED)
 
 
 class ActionError(Conflict):
@@ -95,7 +94,7 @@ def _settle(
     so a paused task goes back to the worker queue instead of staying paused.
     """
     statuses = list(Step.objects.filter(task=task).values_list("status", flat=True))
-    done = sum(1 for s in statuses if s in FINISHED)
+    done = sum(1 for s in statuses if s in Step.Status.finished())
     if Step.Status.NEEDS_REVIEW in statuses:
         status = Task.Status.NEEDS_REVIEW
     elif Step.Status.FAILED in statuses:
@@ -265,8 +264,9 @@ def step_retry(*, step: Step, actor: str = "") -> Step:
 def task_branch(*, task: Task, after_position: int, actor: str = "") -> Task:
     """Make a new task in the same conversation keeping steps 1..k and their outputs.
 
-    1. Refuse a ``k`` out of range, or one that keeps an unfinished step.
-    2. Create the branch task, done if it keeps every step, else queued.
+    1. Refuse a ``k`` out of range, one that keeps every step (the branch
+       would have nothing to run), or one that keeps an unfinished step.
+    2. Create the branch task, queued.
     3. Copy every step: kept ones with their status, attempts and output,
        the rest as new pending steps; link the kept outputs as referenced.
     4. Log ``task_branched`` on both tasks.
@@ -314,7 +314,7 @@ def _branch_check(steps: list[Step], after_position: int) -> None:
     if after_position == len(steps):
         raise ActionError(ERR_BRANCH_NOTHING)
     for s in steps[:after_position]:
-        if s.status not in FINISHED:
+        if not s.is_finished:
             raise ActionError(
                 ERR_BRANCH_UNFINISHED.format(
                     position=s.position, status=s.get_status_display()

@@ -7,11 +7,21 @@ from django.urls import reverse
 from django.utils import timezone
 
 from artifacts.models import ArtifactClass
+from pippa_site.owners import OwnedQuerySet
 
 ERR_EVENT_IMMUTABLE = "events are append-only: an existing event cannot be changed"
 ERR_EVENT_DELETE = (
     "events are append-only: they leave only with their task's conversation"
 )
+ERR_CONVERSATION_DELETE = (
+    "a conversation leaves only through tasks.services.conversation_delete"
+    "(conversation_id=...), which removes its subtree in one locked transaction,"
+    " then the artifacts nothing keeps and their blobs"
+)
+
+
+class DeleteRefused(Exception):
+    """A ``delete()`` on a model whose rows leave only through a service."""
 
 
 class EventImmutable(Exception):
@@ -30,37 +40,14 @@ class Brain(models.TextChoices):
     OTHER = "other", "Other"
 
 
-class ConversationQuerySet(models.QuerySet):
-    def for_user(self, user) -> ConversationQuerySet:
-        """What the dashboard shows ``user``: their own, or everything to staff."""
-        if user.is_staff:
-            return self
-        return self.filter(owner=user)
-
+class ConversationQuerySet(OwnedQuerySet):
     def owned_by(self, user) -> ConversationQuerySet:
-        """The user's own conversations, staff or not: what an API token reaches."""
-        return self.filter(owner=user)
+        """The user's own conversations: ``for_user(user)``, under its old name
+        for ``pippa_mcp`` until it calls ``for_user``."""
+        return self.for_user(user)
 
     def delete(self):
-        """Delete every conversation through ``conversation_delete``.
-
-        A bulk delete from the admin or the shell must not skip the artifact
-        rule or the blob sweep, so there is no second way out.
-        """
-        # The one import back from the service to its model's module (the
-        # service needs the models first); import-linter knows it.
-        from tasks.services import conversation_delete
-
-        reports = [
-            conversation_delete(conversation_id=pk)
-            for pk in self.values_list("pk", flat=True)
-        ]
-        removed = sum(r.total_removed for r in reports)
-        counts: dict[str, int] = {}
-        for report in reports:
-            for label, n in report.removed_counts().items():
-                counts[label] = counts.get(label, 0) + n
-        return removed, counts
+        raise DeleteRefused(ERR_CONVERSATION_DELETE)
 
     delete.alters_data = True
     delete.queryset_only = True
@@ -96,15 +83,14 @@ class Conversation(models.Model):
         return reverse("tasks:conversation", args=[self.pk])
 
     def delete(self, using=None, keep_parents=False):
-        from tasks.services import conversation_delete  # as in QuerySet.delete
-
-        report = conversation_delete(conversation_id=self.pk)
-        return report.total_removed, report.removed_counts()
+        raise DeleteRefused(ERR_CONVERSATION_DELETE)
 
     delete.alters_data = True
 
 
-class TaskQuerySet(models.QuerySet):
+class TaskQuerySet(OwnedQuerySet):
+    owner_field = "conversation__owner"
+
     def lease_dead(self) -> TaskQuerySet:
         """Tasks no worker holds live: no holder, no expiry, or past it.
 
@@ -242,9 +228,16 @@ class Task(models.Model):
         return round(100 * self.steps_done / self.steps_total)
 
 
-class StepQuerySet(models.QuerySet):
+class StepQuerySet(OwnedQuerySet):
+    owner_field = "task__conversation__owner"
+
+    def finished(self) -> StepQuerySet:
+        """Steps done or skipped (``StepStatus.finished``)."""
+        return self.filter(status__in=StepStatus.finished())
+
     def not_done(self) -> StepQuerySet:
-        return self.exclude(status__in=[Step.Status.DONE, Step.Status.SKIPPED])
+        """Steps not finished: what the executor still has to run or settle."""
+        return self.exclude(status__in=StepStatus.finished())
 
     def needs_you(self) -> StepQuerySet:
         """Steps waiting for a person's decision: the one "needs you" rule.
@@ -276,6 +269,20 @@ class StepStatus(models.TextChoices):
     FAILED = "failed", "failed"
     NEEDS_REVIEW = "needs_review", "needs review"
     SKIPPED = "skipped", "skipped"
+
+    @classmethod
+    def finished(cls) -> tuple[StepStatus, ...]:
+        """The statuses of a finished step: done, or skipped by a person.
+
+        The one definition: a finished step counts in ``Task.steps_done``, is
+        never run again, and a plan rewrite keeps it as it is.
+        """
+        return (cls.DONE, cls.SKIPPED)
+
+    @classmethod
+    def finished_sql(cls) -> str:
+        """``finished()`` as an SQL list, for the executor's hand-written statements."""
+        return "(" + ", ".join(f"'{s}'" for s in cls.finished()) + ")"
 
 
 class Step(models.Model):
@@ -364,6 +371,10 @@ class Step(models.Model):
     @property
     def class_label(self) -> str:
         return ArtifactClass(self.artifact_class).label
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in StepStatus.finished()
 
     @property
     def duration(self):
@@ -502,6 +513,10 @@ class LinkRole(models.TextChoices):
     REFERENCED = "referenced", "referenced"
 
 
+class TaskArtifactQuerySet(OwnedQuerySet):
+    owner_field = "task__conversation__owner"
+
+
 class TaskArtifact(models.Model):
     """Ownership link: a task (and step) persisted or points at an artifact."""
 
@@ -525,6 +540,8 @@ class TaskArtifact(models.Model):
     )
     role = models.CharField(max_length=16, choices=Role, default=Role.PERSISTED)
     created_at = models.DateTimeField(default=timezone.now)
+
+    objects = TaskArtifactQuerySet.as_manager()
 
     class Meta:
         constraints = [

@@ -1,4 +1,5 @@
-"""Writes that span tables: conversations, the event log, deletion."""
+"""Writes that span tables: conversations, the event log, a task's brain and
+uploads, widget previews, deletion."""
 
 from __future__ import annotations
 
@@ -438,6 +439,9 @@ def conversation_delete(*, conversation_id: int) -> DeletionReport:
 
     unnamed = _payload_shas_without_rows(conversation_id, report)
 
+    # One statement, and the schema's ON DELETE CASCADE does the rest: the
+    # model's own delete() refuses (it names this service), and no collector
+    # loads a row.
     table = connection.ops.quote_name(Conversation._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(f"DELETE FROM {table} WHERE id = %s", [conversation_id])

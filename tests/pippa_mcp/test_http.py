@@ -425,7 +425,7 @@ def test_a_council_widget_is_read_by_ref_as_image_and_as_source_by_the_next_clie
     context, ref, image, source, wrong = run(next_speaker)
     assert context["for"]["name"] == "Codex"
     assert ref["media_type"] == "image/svg+xml"
-    assert ref["class"] == 4
+    assert ref["artifact_class"] == 4
     assert "<svg" not in json.dumps(context)  # refs, never payloads
     assert not image.is_error
     meta, picture = image.content
