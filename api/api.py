@@ -73,24 +73,18 @@ class BearerToken(HttpBearer):
     """A token acts as its own user only, staff or not: every endpoint reaches
     the token owner's conversations, tasks and artifacts, nobody else's.
 
-    Failed tokens count against the client's address with the login policy
-    (``pippa_site.throttle``); a locked-out address gets 429.
+    A valid token always answers; failing tokens count against the client's
+    address with the login policy (``pippa_site.throttle.api_token_user``),
+    and past the limit they get 429 with ``Retry-After``.
     """
 
     def authenticate(self, request: HttpRequest, token: str):
-        if throttle.api_token_locked_out(request):
-            _fail(429, throttle.ERR_API_LOCKED.format(minutes=_cooloff_minutes()))
-        user = token_authenticate(raw=token)
-        if user is None:
-            throttle.api_token_failed(request)
-            return None
-        throttle.api_token_succeeded(request)
-        request.user = user
+        user = throttle.api_token_user(
+            request, raw=token, authenticate=token_authenticate
+        )
+        if user is not None:
+            request.user = user
         return user
-
-
-def _cooloff_minutes() -> int:
-    return int(settings.AXES_COOLOFF_TIME.total_seconds() // 60)
 
 
 api = NinjaAPI(
@@ -101,8 +95,9 @@ api = NinjaAPI(
         "the executor, resume context, artifacts and the council context. "
         "A token acts as its own user only, staff or not: every endpoint reaches "
         "the token owner's conversations, tasks and artifacts, and another "
-        "user's answers 404 exactly like one that does not exist. Failed tokens "
-        "are throttled per address with the login policy (429 when locked out)."
+        "user's answers 404 exactly like one that does not exist. Failing tokens "
+        "are throttled per address with the login policy (429 with Retry-After "
+        "when locked out); a valid token always answers."
     ),
     urls_namespace="api",
     auth=BearerToken(),
@@ -155,6 +150,13 @@ def _too_big(request: HttpRequest, exc: Exception) -> HttpResponse:
 def _unauthenticated(request: HttpRequest, exc: Exception) -> HttpResponse:
     response = api.create_response(request, {"detail": ERR_AUTH}, status=401)
     response["WWW-Authenticate"] = 'Bearer realm="pippa"'
+    return response
+
+
+@api.exception_handler(throttle.TokenLockedOut)
+def _locked_out(request: HttpRequest, exc: throttle.TokenLockedOut) -> HttpResponse:
+    response = api.create_response(request, {"detail": str(exc)}, status=429)
+    response["Retry-After"] = str(exc.seconds)
     return response
 
 

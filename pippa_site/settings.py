@@ -242,6 +242,10 @@ AXES_COOLOFF_TIME = timedelta(minutes=env_int("PIPPA_LOGIN_COOLOFF_MINUTES", 15)
 # that pair, not Dad on his own machine.
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
+# A try refused during a lockout is not counted, so nobody sharing Dad's address
+# can keep him locked out by trying again: the cool-off runs from the failure
+# that locked.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_LOCKOUT_CALLABLE = "pippa_site.throttle.lockout_response"
 AXES_CLIENT_IP_CALLABLE = "pippa_site.throttle.client_ip"
 AXES_VERBOSE = False
