@@ -39,7 +39,7 @@ from council.selectors import (
 )
 from pippa_site import throttle
 from pippa_site.errors import LeaseConflict, PippaError
-from pippa_site.text import json_check, text_check
+from pippa_site.text import json_check, media_type_check
 from tasks import actions, lease, plan, services
 from tasks.documents import (
     artifact_get,
@@ -496,7 +496,7 @@ def task_artifact_upload(
         _fail(400, ERR_EMPTY_UPLOAD)
     sources = artifacts_get(user=request.user, artifact_ids=source_refs)
     media_type = (request.content_type or "application/octet-stream")[:255]
-    text_check(media_type, field="Content-Type")
+    media_type_check(media_type, field="Content-Type")
     try:
         artifact = services.task_artifact_upload(
             task=task,

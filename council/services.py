@@ -29,7 +29,7 @@ from artifacts.selectors import artifact_user_may_see
 from artifacts.services import artifact_store
 from council.models import CouncilRound, Participant, Turn, TurnArtifact
 from pippa_site.errors import Invalid
-from pippa_site.text import TextError, text_check, title_clean
+from pippa_site.text import TextError, bidi_strip, text_check, title_clean
 from tasks.documents import artifact_ref as brain_ref
 from tasks.models import Brain, Conversation
 
@@ -289,8 +289,9 @@ def turn_add(
 ) -> Turn:
     """Record a participant's turn, with its widget and what it cites.
 
-    1. Check the participant and the cited artifact ids (each must be visible
-       to the conversation's owner).
+    1. Check the participant, the text (bidi controls are stripped, as
+       from titles) and the cited artifact ids (each must be visible to the
+       conversation's owner).
     2. Store the widget and render its preview (outside any transaction: the
        render may take seconds and must not hold the write lock).
     3. In one transaction: lock the round, take the next order, serialize the
@@ -302,6 +303,8 @@ def turn_add(
     if participant.round_id != council_round.pk:
         raise CouncilError(ERR_WRONG_ROUND)
     _text_check(text, widget_title, widget_media_type)
+    # Like a title, a turn's text must not flip what follows it on a page.
+    text = bidi_strip(text)
     if not text.strip() and widget is None:
         raise CouncilError(ERR_EMPTY_TURN)
     owner = council_round.conversation.owner

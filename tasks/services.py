@@ -23,7 +23,7 @@ from artifacts.models import Artifact
 from artifacts.services import _check_class, artifact_record, blob_put, sources_check
 from pippa_site.errors import Invalid, NotFound
 from pippa_site.hotsql import db_datetime, db_is_postgresql, hot_cursor
-from pippa_site.text import text_check, title_clean
+from pippa_site.text import media_type_check, text_check, title_clean
 from tasks.crashpoints import crashpoint
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 
@@ -237,8 +237,8 @@ def task_artifact_upload(
 
     All or nothing:
 
-    1. Check the step and the sources (each one of the task owner's rows),
-       before any I/O.
+    1. Check the media type (``type/subtype``), the step and the sources
+       (each one of the task owner's rows), before any I/O.
     2. Stream the body into the blob store (at most one chunk in memory).
        Over ``max_bytes`` raises ``BlobTooLarge``; fewer or more bytes than
        ``expected_size`` (the declared Content-Length: a client gone
@@ -254,6 +254,7 @@ def task_artifact_upload(
     from artifacts.preview import WIDGET_MEDIA_TYPES
 
     _check_class(artifact_class)
+    media_type_check(media_type, field="media type")
     owner_id = task.conversation.owner_id
     if step_id is not None and not Step.objects.filter(pk=step_id, task=task).exists():
         raise UploadError(ERR_BAD_STEP.format(id=step_id, task=task.pk))
