@@ -44,10 +44,10 @@ from artifacts.preview import preview_status
 from artifacts.store import BlobError, default_store
 from council.models import CouncilRound
 from pippa_site.owners import sees_every_row
-from tasks.actions import step_resolve_options
+from tasks.actions import ATTENTION_STEPS, Choice, step_decision
 from tasks.models import Conversation, Event, Step, Task, needs_you_q
-from tasks.resume import ADOPT, CALL_AGAIN, envelope_read, resume_advice, resume_context
-from tasks.words import CHOICES, OUTSIDE_RERUN, OUTSIDE_RETRY, RULE_WORDS, actor_words
+from tasks.resume import envelope_read, resume_context
+from tasks.words import CHOICES, RULE_WORDS, actor_words
 
 ERR_NO_STEP = "No such step of this task."
 CONVERSATIONS_PER_PAGE = 50
@@ -59,12 +59,9 @@ EVENTS_PER_PAGE = 50
 # not done, so more than one such step on a page is already unusual.
 MAX_ADVICE_PER_PAGE = 5
 EXCERPT_BYTES = 800
-# Resume advice actions that need no decision from a person.
-NO_DECISION = ("wait", "run", "none")
 
 ACTIVE = (Task.Status.QUEUED, Task.Status.RUNNING)
 ATTENTION = (Task.Status.NEEDS_REVIEW, Task.Status.FAILED)
-ATTENTION_STEPS = (Step.Status.RUNNING, Step.Status.NEEDS_REVIEW, Step.Status.FAILED)
 TEXT_TYPES = (
     "application/json",
     "application/xml",
@@ -278,18 +275,6 @@ class SavedOutput:
 
 
 @dataclass
-class Choice:
-    """One way forward for a step that needs a person."""
-
-    action: str  # adopt, rerun, retry, skip, fail
-    label: str
-    words: str
-    recommended: bool = False
-    confirm: bool = False  # reaches outside again: a confirmation page first
-    warning: str = ""
-
-
-@dataclass
 class StepRow:
     """One timeline row: the step and what the page shows of its output."""
 
@@ -408,15 +393,15 @@ def _advise(rows: list[StepRow], task: Task) -> None:
         return
 
     for row in attention:
-        advice = resume_advice(row.step, task=task)
-        if advice.action in NO_DECISION:
+        decision = step_decision(step=row.step, task=task)
+        if decision is None:
             continue
-        row.advice = advice
-        row.plain_words = RULE_WORDS.get(advice.rule, "")
-        row.resolve_options = list(step_resolve_options(row.step))
+        row.advice = decision.advice
+        row.plain_words = decision.plain_words
+        row.resolve_options = decision.options
         if "adopt" in row.resolve_options:
             row.saved = saved_output(envelope_read(row.step.pk).payload)
-        row.choices = _choices(row)
+        row.choices = decision.choices
 
 
 def saved_output(payload: dict | None) -> SavedOutput | None:
@@ -438,33 +423,6 @@ def saved_output(payload: dict | None) -> SavedOutput | None:
         if not missing:
             saved.preview, saved.excerpt = "excerpt", text
     return saved
-
-
-def _choices(row: StepRow) -> list[Choice]:
-    """The ways forward for a step that needs a person, the one Pippa would take first."""
-    step = row.step
-    wanted = {ADOPT: "adopt", CALL_AGAIN: "rerun"}.get(row.advice.action)
-    actions = list(row.resolve_options)
-    if step.status in (Step.Status.FAILED, Step.Status.NEEDS_REVIEW):
-        # Starting over is a retry (a new request); for a plain failure it
-        # replaces "run the same call again", which would say the same.
-        if "rerun" in actions and not step.side_effects:
-            actions.remove("rerun")
-        actions.insert(
-            actions.index("fail") if "fail" in actions else len(actions), "retry"
-        )
-    choices = []
-    for action in actions:
-        label, words = CHOICES[action]
-        choice = Choice(action=action, label=label, words=words)
-        if action == wanted:
-            choice.recommended = True
-        if step.side_effects and action in ("rerun", "retry"):
-            choice.confirm = True
-            choice.warning = OUTSIDE_RERUN if action == "rerun" else OUTSIDE_RETRY
-        choices.append(choice)
-    choices.sort(key=lambda c: not c.recommended)
-    return choices
 
 
 def current_step_page(*, task: Task) -> int:
