@@ -39,6 +39,11 @@ TOOLS = {
     "rewrite_plan",
     "resume_context",
     "run_next_step",
+    "pause_task",
+    "resume_task",
+    "cancel_task",
+    "decision_choices",
+    "decide_step",
     "artifact_read",
     "artifact_store",
     "council_round_start",
@@ -209,7 +214,7 @@ def test_bad_arguments_get_a_plain_tool_error_and_the_server_keeps_serving(
         (
             "create_task",
             {"title": "t\x00", "conversation_title": "c", "steps": PLAN},
-            "text may not contain NUL characters",
+            "title contains a character that cannot be stored (NUL or an unpaired surrogate)",
         ),
         (
             "artifact_read",
