@@ -62,7 +62,8 @@ ERR_BRANCH_NOTHING = (
 
 # What a runner is told when no step ran (step_run).
 ERR_NOTHING_TO_RUN = "nothing to run: the task is {status}"
-ERR_PAUSED = "the task is paused; resume it first (POST /tasks/{id}/resume)"
+# The API's wording; the MCP door names its own tool (StepRun.waiting).
+ERR_PAUSED = "the task is paused; resume it first (POST /api/v1/tasks/{id}/resume)"
 ERR_ALL_DONE = "every step is finished: the task is {status}"
 ERR_BLOCKED = "step {position} is {status}: a person must retry or resolve it"
 ERR_NO_DECISION = "step {position} is {status}: it waits for no decision"
