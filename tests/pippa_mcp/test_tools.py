@@ -18,7 +18,7 @@ from pippa_mcp.server import acting_as
 from pippa_site.text import MAX_JSON_DEPTH
 from tasks.models import Conversation, Event, Step, Task
 from tasks.plan import task_create
-from tasks.words import CHOICES, OUTSIDE_RERUN
+from tasks.words import CHOICES, OUTSIDE_RERUN, actor_words
 from tests.pippa_mcp.conftest import PLAN
 from tests.support.asyncrun import run_async
 from tests.support.executing import crash_at, expire_lease
@@ -155,6 +155,7 @@ def test_pause_resume_and_cancel_go_through_the_same_actions_as_the_dashboard(
         task=dads_task, kind__in=["task_paused", "task_cancelled"]
     ).values_list("data__actor", flat=True)
     assert set(actors) == {"mcp:dad"}
+    assert actor_words("mcp:dad") == "dad's agent"
 
 
 # -- deciding a waiting step ----------------------------------------------------------
