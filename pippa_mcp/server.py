@@ -80,8 +80,10 @@ from tasks.documents import (
     artifacts_get,
     conversation_get_for_user,
     conversation_payload,
+    step_payload,
     task_get_for_user,
     task_payload,
+    task_summary,
 )
 from tasks.lease import door_worker_id, lease_release_own
 from tasks.models import Brain, Conversation, Step, Task
@@ -517,16 +519,11 @@ def _task_doc(task: Task) -> dict[str, Any]:
     return _plain_json(doc)
 
 
-def _task_brief(task: Task) -> dict[str, Any]:
-    task.refresh_from_db()
-    return {
-        "id": task.pk,
-        "title": task.title,
-        "status": task.status,
-        "steps_done": task.steps_done,
-        "steps_total": task.steps_total,
-        "uri": _uri("task", task.pk),
-    }
+def _task_brief(task: Task, *, refresh: bool = True) -> dict[str, Any]:
+    """A task without its steps (``task_summary``, the one shape), with its uri."""
+    if refresh:
+        task.refresh_from_db()
+    return {**task_summary(task), "uri": _uri("task", task.pk)}
 
 
 def _artifact_doc(artifact) -> dict[str, Any]:
@@ -575,15 +572,7 @@ def list_tasks(conversation_id: Id) -> list[dict[str, Any]]:
         user=current_user(), conversation_id=conversation_id
     )
     return [
-        {
-            "id": t.pk,
-            "title": t.title,
-            "status": t.status,
-            "brain": t.brain,
-            "steps_done": t.steps_done,
-            "steps_total": t.steps_total,
-            "uri": _uri("task", t.pk),
-        }
+        _task_brief(t, refresh=False)
         for t in conversation.tasks.order_by("created_at", "id")
     ]
 
@@ -756,37 +745,15 @@ def _step_run_answer(task: Task, run: actions.StepRun) -> dict[str, Any]:
         "detail": detail,
         "rule": run.rule,
         "step": None,
-        "task": {
-            "id": task.pk,
-            "status": task.status,
-            "steps_done": task.steps_done,
-            "steps_total": task.steps_total,
-            "uri": _uri("task", task.pk),
-        },
+        "task": _task_brief(task, refresh=False),
     }
     step = run.step
     if step is not None:
-        output = step.output
-        out["step"] = {
-            "id": step.pk,
-            "position": step.position,
-            "title": step.title,
-            "status": step.status,
-            "error": step.error,
-            "artifact_class": step.artifact_class,
-            "output": None
-            if output is None
-            else {
-                "id": output.pk,
-                "sha256": output.sha256,
-                "artifact_class": output.artifact_class,
-                "media_type": output.media_type,
-                "title": output.title,
-                "size": output.size,
-                "uri": _uri("artifact", output.pk),
-                **_excerpt(output),
-            },
-        }
+        out["step"] = _plain_json(step_payload(step))
+        if step.output is not None:
+            out["step"]["output"].update(
+                uri=_uri("artifact", step.output.pk), **_excerpt(step.output)
+            )
     return out
 
 
