@@ -28,6 +28,7 @@ import re
 from contextvars import ContextVar
 from typing import Any
 
+import anyio.to_thread
 import django
 from asgiref.sync import sync_to_async
 
@@ -186,6 +187,12 @@ class Site:
         try:
             async with self.mcp.running():
                 self.pool()
+                # MCP tools run on anyio's worker threads (the SDK's and
+                # pippa_mcp.server's): at most this many at once per process, so
+                # a burst of tool calls leaves the pages their share of the
+                # interpreter; the calls past it wait as coroutines.
+                limiter = anyio.to_thread.current_default_thread_limiter()
+                limiter.total_tokens = settings.PIPPA_MCP_THREADS
                 await send({"type": "lifespan.startup.complete"})
                 started = True
                 message = await receive()

@@ -276,10 +276,11 @@ DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
 DATA_UPLOAD_MAX_NUMBER_FILES = 10
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 
-# Serving (pippa_site/asgi.py, gunicorn_conf.py): threads per web process for
-# Django's synchronous views; MCP over HTTP's largest request body and its
-# requests in flight per token.
+# Serving (pippa_site/asgi.py, gunicorn_conf.py), per web process: threads for
+# Django's synchronous views, and for MCP tool calls; MCP over HTTP's largest
+# request body and its requests in flight per token.
 PIPPA_WEB_THREADS = env_int("PIPPA_WEB_THREADS", 8)
+PIPPA_MCP_THREADS = env_int("PIPPA_MCP_THREADS", 4)
 PIPPA_MCP_MAX_BODY_BYTES = env_int("PIPPA_MCP_MAX_BODY_BYTES", 4 * 1024 * 1024)
 PIPPA_MCP_STREAMS_PER_TOKEN = env_int("PIPPA_MCP_STREAMS_PER_TOKEN", 8)
 

@@ -7,9 +7,14 @@ from __future__ import annotations
 import base64
 import json
 import socket
+import subprocess
+import sys
+import threading
 import time
+import traceback
 import urllib.error
 import urllib.request
+from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -18,6 +23,7 @@ from axes.models import AccessAttempt
 from artifacts.models import Artifact
 from pippa_site.throttle import API_TOKEN_NAME
 from tasks.models import Event, Step, Task
+from tests.conftest import REPO
 from tests.pippa_mcp.conftest import (
     PLAN,
     call,
@@ -676,3 +682,104 @@ def test_requests_in_flight_are_bounded_per_token(
             break
         time.sleep(0.05)
     assert again[0] == 200
+
+
+# -- many calls, some abandoned: nothing left behind ------------------------------
+
+SOAK_CALLS = 2000
+SOAK_CONCURRENCY = 6
+
+
+def _busy_threads() -> list[str]:
+    """Threads (other than this one) running the project's or the SDK's code."""
+    here = threading.get_ident()
+    busy = []
+    for ident, frame in sys._current_frames().items():
+        if ident == here:
+            continue
+        stack = traceback.extract_stack(frame)
+        ours = [
+            f"{f.filename}:{f.lineno}" for f in stack if _ours_or_the_sdks(f.filename)
+        ]
+        if ours:
+            busy.append(
+                f"{ident}: {ours[-1]} ... {stack[-1].filename}:{stack[-1].lineno}"
+            )
+    return busy
+
+
+def _ours_or_the_sdks(filename: str) -> bool:
+    if "/site-packages/" in filename:
+        return "/site-packages/mcp/" in filename
+    return filename.startswith(str(REPO)) and "/tests/" not in filename
+
+
+@pytest.mark.slow
+def test_two_thousand_calls_a_tenth_abandoned_leave_nothing_behind_and_login_answers(
+    asgi_server, mcp_url, token_for, user, python_exe, subprocess_env
+):
+    # Three agents of one user, two connections each.
+    tokens = [token_for(user) for _ in range(3)]
+    token = tokens[0]
+
+    async def setup():
+        async with http_session(mcp_url, token) as mcp:
+            return await task_create(mcp)
+
+    task = run(setup)
+    login = f"{asgi_server.url}/login/"
+    probes: list[float] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            with urllib.request.urlopen(login, timeout=10) as response:
+                response.read()
+                assert response.status == 200
+            probes.append(time.monotonic() - started)
+            time.sleep(0.1)
+
+    def soak() -> Counter:
+        # The load comes from a process of its own: its client work must not
+        # share this interpreter's lock with the server under test.
+        done = subprocess.run(
+            [
+                *(python_exe, "-m", "tests.support.mcp_soak", mcp_url),
+                *(str(SOAK_CALLS), str(SOAK_CONCURRENCY), str(task["id"]), *tokens),
+            ],
+            cwd=REPO,
+            env=subprocess_env,
+            capture_output=True,
+            timeout=600,
+            check=True,
+        )
+        return Counter(json.loads(done.stdout))
+
+    urllib.request.urlopen(login, timeout=10).read()  # a warm page: the idle time
+    baseline = len(asgi_server.tasks())
+    prober = threading.Thread(target=probe, name="login-probe")
+    prober.start()
+    try:
+        outcomes = soak()
+        # And after: the server still answers everyone.
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        prober.join(timeout=30)
+
+    assert sum(outcomes.values()) == SOAK_CALLS, outcomes
+    assert outcomes["answered"] == SOAK_CALLS * 4 // 5
+    assert outcomes["left mid-answer"] + outcomes["left early"] == SOAK_CALLS // 5
+    assert len(probes) > 10
+    assert max(probes) < 1.0, sorted(probes)[-5:]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        tasks, busy = asgi_server.tasks(), _busy_threads()
+        if len(tasks) <= baseline and not busy:
+            break
+        time.sleep(0.5)
+    assert len(tasks) <= baseline, [t.get_coro() for t in tasks]
+    assert busy == []
+    status, _, _ = _post(mcp_url, INIT, Authorization=f"Bearer {token}")
+    assert status == 200
