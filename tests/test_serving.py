@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import gzip
 import http.client
+import json
 import re
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -302,3 +304,65 @@ def test_slow_clients_and_held_streams_do_not_keep_the_login_page_waiting(
     assert {status for status, _ in streams} == {405}
     assert max(seconds for _, seconds in streams) < 1.0
     assert _get(port, "/login/").status == 200
+
+
+@pytest.fixture
+def asgi_server(transactional_db):
+    """The ASGI application under uvicorn, in a thread of this process."""
+    from tests.support.asgi_server import ThreadedServer
+
+    server = ThreadedServer().start()
+    yield server
+    server.stop()
+
+
+def _request(url: str, method: str, body: bytes | None = None, **headers):
+    request = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+@pytest.mark.slow
+def test_a_large_upload_and_its_download_go_through_the_asgi_server_whole(
+    asgi_server, make_user, make_conversation, make_task
+):
+    """Past the form limit only an upload with a good token is read; the download
+    streams back the same bytes."""
+    from api.services import token_create
+
+    user = make_user()
+    task = make_task(conversation=make_conversation(owner=user))
+    token = token_create(user=user, name="uploader").raw
+    payload = bytes(range(256)) * (12 * 1024)  # 3 MiB, past the 2.5 MiB form limit
+    url = f"{asgi_server.url}/api/v1/tasks/{task.pk}/artifacts?artifact_class=2"
+
+    refused = _request(
+        url,
+        "POST",
+        payload,
+        **{"Authorization": "Bearer pip_wrong", "Content-Type": "application/pdf"},
+    )
+    stored = _request(
+        url,
+        "POST",
+        payload,
+        **{"Authorization": f"Bearer {token}", "Content-Type": "application/pdf"},
+    )
+    artifact = json.loads(stored[2])
+    content = _request(
+        f"{asgi_server.url}/api/v1/artifacts/{artifact['id']}/content",
+        "GET",
+        **{"Authorization": f"Bearer {token}"},
+    )
+
+    assert (
+        refused[0],
+        {k.lower(): v for k, v in refused[1].items()}.get("connection"),
+    ) == (401, "close"), refused
+    assert stored[0] == 201
+    assert artifact["size"] == len(payload)
+    assert content[0] == 200
+    assert content[2] == payload
