@@ -83,6 +83,12 @@ def test_htmx_fragments_and_json_are_compressed_too(
     assert b'"openapi"' in gzip.decompress(api.content)
 
 
+def test_mcp_under_a_wsgi_server_says_it_is_served_by_the_asgi_app(client):
+    response = client.post("/mcp/", data="{}", content_type="application/json")
+    assert response.status_code == 501
+    assert "served by the ASGI application" in response.json()["error"]["message"]
+
+
 # --- The production server: gunicorn + uvicorn with pippa_site/gunicorn_conf.py ---
 
 
