@@ -22,6 +22,7 @@ of it is read (413, ``Connection: close``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -50,6 +51,8 @@ ERR_BODY_TOO_LARGE = "request body too large"
 SMALL, LARGE_UPLOAD, TOO_LARGE = "small", "large upload", "too large"
 _CHALLENGE = [(b"www-authenticate", b"Bearer")]
 _END = object()
+# A streamed answer up to this size is read from its file in one go.
+SMALL_STREAM_BYTES = 256 * 1024
 _lease: ContextVar[Lease] = ContextVar("pippa_lease")
 
 
@@ -104,16 +107,33 @@ class PippaASGIHandler(ASGIHandler):
         # The answer is made: sending it (to a slow reader too) needs no thread.
         await _lease.get().exit()
         if response.streaming and not response.is_async:
-            response.streaming_content = _chunks_from_thread(response.streaming_content)
+            response.streaming_content = _chunks_from_thread(
+                response.streaming_content, _declared_length(response)
+            )
         await super().send_response(response, send)
 
 
-async def _chunks_from_thread(iterator):
-    """Yield a synchronous iterator's chunks, each read in a worker thread."""
+async def _chunks_from_thread(iterator, length: int | None):
+    """Yield a synchronous iterator's chunks, read in a worker thread.
+
+    A small answer (a static file, a preview) is read in one go; a larger one a
+    chunk at a time, so a download is never gathered into memory.
+    """
+    loop = asyncio.get_running_loop()
+    if length is not None and length <= SMALL_STREAM_BYTES:
+        for chunk in await loop.run_in_executor(None, list, iterator):
+            yield chunk
+        return
     chunks = iter(iterator)
-    read = sync_to_async(next, thread_sensitive=False)
-    while (chunk := await read(chunks, _END)) is not _END:
+    while (chunk := await loop.run_in_executor(None, next, chunks, _END)) is not _END:
         yield chunk
+
+
+def _declared_length(response) -> int | None:
+    try:
+        return int(response["Content-Length"])
+    except (KeyError, ValueError):
+        return None
 
 
 def _body_kind(scope: dict[str, Any]) -> str:
