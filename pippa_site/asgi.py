@@ -48,6 +48,10 @@ MCP_PATHS = frozenset({"/mcp", "/mcp/"})
 # The one door that takes a body past the form limit (api.api.task_artifact_upload).
 UPLOAD_PATH = re.compile(r"^/api/v1/tasks/\d+/artifacts/?$")
 ERR_BODY_TOO_LARGE = "request body too large"
+ERR_HEADERS_TOO_LARGE = "request headers too large"
+# The request line and headers, as gunicorn's gthread workers bounded them.
+MAX_HEADER_BYTES = 16 * 1024
+MAX_HEADER_FIELDS = 100
 SMALL, LARGE_UPLOAD, TOO_LARGE = "small", "large upload", "too large"
 _CHALLENGE = [(b"www-authenticate", b"Bearer")]
 _END = object()
@@ -146,6 +150,21 @@ def _body_kind(scope: dict[str, Any]) -> str:
     return TOO_LARGE
 
 
+def _headers_too_large(scope: dict[str, Any]) -> bool:
+    """Whether the request line and headers pass the server's bounds.
+
+    h11 refuses a header block past 16 KiB only while it is incomplete; one
+    that arrives in a single read reaches the application, so it is counted
+    here too.
+    """
+    headers = scope.get("headers", [])
+    if len(headers) > MAX_HEADER_FIELDS:
+        return True
+    size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+    size += sum(len(name) + len(value) + 4 for name, value in headers)
+    return size > MAX_HEADER_BYTES
+
+
 def _content_length(scope: dict[str, Any]) -> int | None:
     for name, value in scope.get("headers", []):
         if name == b"content-length":
@@ -191,7 +210,9 @@ class Site:
     async def __call__(self, scope, receive, send):
         kind = scope["type"]
         if kind == "http":
-            if scope["path"] in MCP_PATHS:
+            if _headers_too_large(scope):
+                await _refuse(send, 431, ERR_HEADERS_TOO_LARGE)
+            elif scope["path"] in MCP_PATHS:
                 await self.mcp(scope, receive, send)
             else:
                 await self.django(scope, receive, send)

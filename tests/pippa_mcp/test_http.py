@@ -691,11 +691,16 @@ SOAK_CONCURRENCY = 6
 
 
 def _busy_threads() -> list[str]:
-    """Threads (other than this one) running the project's or the SDK's code."""
+    """Threads (other than this one) in the project's or the SDK's code.
+
+    The lease keeper (``tasks.lease``) is one standing thread per process, not
+    a request's: it is left out.
+    """
     here = threading.get_ident()
+    standing = {t.ident for t in threading.enumerate() if t.name == "pippa-lease"}
     busy = []
     for ident, frame in sys._current_frames().items():
-        if ident == here:
+        if ident == here or ident in standing:
             continue
         stack = traceback.extract_stack(frame)
         ours = [
