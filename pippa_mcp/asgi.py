@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -118,10 +119,16 @@ class MCPApp:
         if raw is None:
             await _refuse(receive, send, 401, ERR_AUTH, headers=_CHALLENGE)
             return
-        user, status = await self.run_sync(bearer_user, scope, raw)
+        user, status, seconds = await self.run_sync(bearer_user, scope, raw)
         if user is None:
             if status == 429:
-                await _refuse(receive, send, 429, _locked_message(), headers=_retry())
+                await _refuse(
+                    receive,
+                    send,
+                    429,
+                    _locked_message(seconds),
+                    headers=_retry(seconds),
+                )
             else:
                 await _refuse(receive, send, 401, ERR_AUTH, headers=_CHALLENGE)
             return
@@ -185,16 +192,14 @@ class MCPApp:
 _CHALLENGE = [(b"www-authenticate", b'Bearer realm="pippa"')]
 
 
-def _retry() -> list[tuple[bytes, bytes]]:
-    seconds = int(settings.AXES_COOLOFF_TIME.total_seconds())
+def _retry(seconds: int) -> list[tuple[bytes, bytes]]:
     return [(b"retry-after", str(seconds).encode())]
 
 
-def _locked_message() -> str:
+def _locked_message(seconds: int) -> str:
     from pippa_site import throttle
 
-    minutes = int(settings.AXES_COOLOFF_TIME.total_seconds() // 60)
-    return throttle.ERR_API_LOCKED.format(minutes=minutes)
+    return throttle.ERR_API_LOCKED.format(minutes=max(1, math.ceil(seconds / 60)))
 
 
 def _header(scope, name: bytes) -> str | None:

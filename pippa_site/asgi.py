@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import re
 from contextvars import ContextVar
@@ -87,16 +88,15 @@ class PippaASGIHandler(ASGIHandler):
     async def _upload_allowed(self, scope, send) -> bool:
         """Check a large upload's token before its body is read (the API checks again)."""
         raw = bearer_token(scope)
-        status = 401
+        status, seconds = 401, 0
         if raw is not None:
-            user, status = await self.site.pool().run(bearer_user, scope, raw)
+            user, status, seconds = await self.site.pool().run(bearer_user, scope, raw)
             if user is not None:
                 return True
         if status == 429:
-            minutes = int(settings.AXES_COOLOFF_TIME.total_seconds() // 60)
-            seconds = str(int(settings.AXES_COOLOFF_TIME.total_seconds()))
+            minutes = max(1, math.ceil(seconds / 60))
             detail = throttle.ERR_API_LOCKED.format(minutes=minutes)
-            await _refuse(send, 429, detail, [(b"retry-after", seconds.encode())])
+            await _refuse(send, 429, detail, [(b"retry-after", str(seconds).encode())])
         else:
             await _refuse(send, 401, "Unauthorized", _CHALLENGE)
         return False

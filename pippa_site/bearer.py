@@ -23,23 +23,33 @@ def bearer_token(scope: dict[str, Any]) -> str | None:
     return None
 
 
-def bearer_user(scope: dict[str, Any], raw: str):
-    """Return (user, 200), or (None, 401 / 429): the API's token rule and throttle.
+def bearer_user(scope: dict[str, Any], raw: str) -> tuple[Any, int, int]:
+    """Return (user, 200, 0), or (None, 401, 0), or (None, 429, seconds left).
 
-    A valid token is looked up before any lockout, so only failing tokens are
-    throttled; a failing one is counted against the client's address.
+    The API's rule: a valid token is looked up before any lockout, so only
+    failing tokens are throttled; a failing one is counted against the
+    client's address.
     """
+    from django.conf import settings
     from django.core.handlers.asgi import ASGIRequest
 
     from api.services import token_authenticate
     from pippa_site import throttle
 
     request = ASGIRequest(scope, io.BytesIO())
+    one_check = getattr(throttle, "api_token_user", None)
+    if one_check is not None:
+        # The throttle's single bearer check, shared with the API's BearerToken.
+        try:
+            user = one_check(request, raw=raw, authenticate=token_authenticate)
+        except throttle.TokenLockedOut as exc:
+            return None, 429, exc.seconds
+        return (user, 200, 0) if user is not None else (None, 401, 0)
     user = token_authenticate(raw=raw)
     if user is not None:
         throttle.api_token_succeeded(request)
-        return user, 200
+        return user, 200, 0
     if throttle.api_token_locked_out(request):
-        return None, 429
+        return None, 429, int(settings.AXES_COOLOFF_TIME.total_seconds())
     throttle.api_token_failed(request)
-    return None, 401
+    return None, 401, 0

@@ -631,7 +631,7 @@ def test_failed_mcp_tokens_are_throttled_with_the_apis_counters(
     assert [s for s, _, _ in statuses[:5]] == [401] * 5
     status, headers, body = statuses[6]
     assert status == 429
-    assert int(headers["retry-after"]) == 15 * 60
+    assert 0 < int(headers["retry-after"]) <= 15 * 60
     assert "too many failed API token attempts" in json.loads(body)["error"]["message"]
     # One counter per address, whichever door the token came through.
     assert api.status_code == 429
