@@ -21,16 +21,17 @@ PYTHON ?= $(shell for c in python3.13 python3.12 python3 \
 .PHONY: prepare run dev test test-all bench lint format venv install install-test install-bench browser axe screenshots clean help
 
 help:
-	@echo "make run    - set up .venv, migrate, load the demo, serve on http://$(HOST):$(PORT) (gunicorn)"
-	@echo "make dev    - the same with Django's development server (auto-reload, DEBUG=1)"
-	@echo "make test     - set up .venv with test extras; run the fast in-process suite in parallel"
-	@echo "make test-all - the same, then every test that starts a process, server or browser"
-	@echo "                (installs Debian's chromium and axe-core; what .ci/run runs)"
-	@echo "make lint     - ruff check, ruff format --check and the import contracts (lint-imports)"
-	@echo "make bench    - print the benchmark table"
-	@echo "make format   - ruff format and ruff check --fix"
+	@echo "make run         - set up .venv, migrate, load the demo, serve on http://$(HOST):$(PORT) (gunicorn)"
+	@echo "make dev         - the same with Django's development server (auto-reload, DEBUG=1)"
+	@echo "make test        - set up .venv with test extras; run the fast in-process suite in parallel"
+	@echo "make test-all    - the same, then every test that starts a process, server or browser"
+	@echo "                   (installs Debian's chromium and axe-core; what .ci/run runs)"
+	@echo "make lint        - ruff check, ruff format --check and the import contracts (lint-imports)"
+	@echo "make format      - ruff format and ruff check --fix"
+	@echo "make bench       - print the benchmark table"
 	@echo "make screenshots - redraw docs/screenshots/*.png"
-	@echo "PYTEST_ARGS=... is passed to pytest; DATABASE_URL=postgres://... tests on PostgreSQL"
+	@echo "PYTEST_ARGS=... goes to pytest, TEST_WORKERS=N sets the workers (auto: one per core);"
+	@echo "DATABASE_URL=postgres://... runs the tests on PostgreSQL"
 
 $(VENV)/.created:
 	@if [ -z "$(PYTHON)" ]; then \
