@@ -9,6 +9,8 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 # pytest-xdist workers for the in-process tests: one per core.
 TEST_WORKERS ?= auto
+# Workers for the tests that start processes, servers or browsers (0: one at a time).
+SLOW_WORKERS ?= $(TEST_WORKERS)
 FAST := not slow and not browser
 
 # The first Python 3.12+ found: PYTHON if given, then PATH, then pyenv's.
@@ -21,16 +23,18 @@ PYTHON ?= $(shell for c in python3.13 python3.12 python3 \
 .PHONY: prepare run dev test test-all bench lint format venv install install-test install-bench browser axe screenshots clean help
 
 help:
-	@echo "make run    - set up .venv, migrate, load the demo, serve on http://$(HOST):$(PORT) (gunicorn + uvicorn, ASGI)"
-	@echo "make dev    - the same under uvicorn with auto-reload and DEBUG=1"
-	@echo "make test     - set up .venv with test extras; run the fast in-process suite in parallel"
-	@echo "make test-all - the same, then every test that starts a process, server or browser"
-	@echo "                (installs Debian's chromium and axe-core; what .ci/run runs)"
-	@echo "make lint     - ruff check, ruff format --check and the import contracts (lint-imports)"
-	@echo "make bench    - print the benchmark table"
-	@echo "make format   - ruff format and ruff check --fix"
+	@echo "make run         - set up .venv, migrate, load the demo, serve on http://$(HOST):$(PORT) (gunicorn + uvicorn, ASGI)"
+	@echo "make dev         - the same under uvicorn with auto-reload and DEBUG=1"
+	@echo "make test        - set up .venv with test extras; run the fast in-process suite in parallel"
+	@echo "make test-all    - the same, then every test that starts a process, server or browser"
+	@echo "                   (installs Debian's chromium and axe-core; what .ci/run runs)"
+	@echo "make lint        - ruff check, ruff format --check and the import contracts (lint-imports)"
+	@echo "make format      - ruff format and ruff check --fix"
+	@echo "make bench       - print the benchmark table"
 	@echo "make screenshots - redraw docs/screenshots/*.png"
-	@echo "PYTEST_ARGS=... is passed to pytest; DATABASE_URL=postgres://... tests on PostgreSQL"
+	@echo "PYTEST_ARGS=... goes to pytest, TEST_WORKERS=N sets the workers (auto: one per core),"
+	@echo "SLOW_WORKERS=N those of test-all's second run (0: one test at a time);"
+	@echo "DATABASE_URL=postgres://... runs the tests on PostgreSQL"
 
 $(VENV)/.created:
 	@if [ -z "$(PYTHON)" ]; then \
@@ -98,13 +102,15 @@ dev: prepare
 test: install-test
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) -m "$(FAST)" $(PYTEST_ARGS)
 
-# Everything. The fast suite in parallel, then the marked tests one at a time:
-# the crash, soak and lease tests time real processes and must not share the
-# cores with each other. Both runs always run; either failing fails the target.
+# Everything. The fast suite in parallel, then the marked tests, a test file
+# to a worker (--dist loadfile): a file's crash, soak or lease tests never run
+# beside each other, and most of their time is spent waiting on processes.
+# SLOW_WORKERS=0 runs them one at a time. Both runs always run; either failing
+# fails the target.
 test-all: install-test browser axe
 	@status=0; \
 	  $(VENV)/bin/pytest -n $(TEST_WORKERS) -m "$(FAST)" $(PYTEST_ARGS) || status=1; \
-	  $(VENV)/bin/pytest -m "not ($(FAST))" $(PYTEST_ARGS) || status=1; \
+	  $(VENV)/bin/pytest -n $(SLOW_WORKERS) --dist loadfile -m "not ($(FAST))" $(PYTEST_ARGS) || status=1; \
 	  exit $$status
 
 # Installs the peers (LangGraph, DBOS) from the bench extra, and Debian's eatmydata

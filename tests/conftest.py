@@ -234,6 +234,20 @@ def dad_client(client, user):
 
 
 @pytest.fixture
+def operator(make_user):
+    """A superuser, the site's operator."""
+    return make_user(username="operator", is_staff=True, is_superuser=True)
+
+
+@pytest.fixture
+def staff_client(client, operator):
+    """The test client, logged in as ``operator`` (``staff_client.user``)."""
+    client.force_login(operator)
+    client.user = operator
+    return client
+
+
+@pytest.fixture
 def make_conversation(make_user):
     from tasks.models import Conversation
 

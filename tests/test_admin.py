@@ -17,14 +17,6 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def staff_client(client, make_user):
-    operator = make_user(username="operator", is_staff=True, is_superuser=True)
-    client.force_login(operator)
-    client.user = operator
-    return client
-
-
-@pytest.fixture
 def world(make_task, make_artifact):
     """One of everything: a task with steps, events, links, artifacts, a round."""
     task = make_task(title="Chart the closes", brain="claude")

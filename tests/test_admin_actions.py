@@ -71,17 +71,6 @@ def _no_crash_left_armed():
 
 
 @pytest.fixture
-def operator(make_user):
-    return make_user(username="operator", is_staff=True, is_superuser=True)
-
-
-@pytest.fixture
-def staff_client(client, operator):
-    client.force_login(operator)
-    return client
-
-
-@pytest.fixture
 def viewer_client(client, make_user):
     """Staff who may look at everything but change nothing."""
     viewer = make_user(username="viewer", is_staff=True)

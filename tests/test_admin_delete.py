@@ -23,13 +23,6 @@ CHANGELIST = "admin:tasks_conversation_changelist"
 
 
 @pytest.fixture
-def staff_client(client, make_user):
-    operator = make_user(username="operator", is_staff=True, is_superuser=True)
-    client.force_login(operator)
-    return client
-
-
-@pytest.fixture
 def shared(make_user):
     """Two conversations of everything; a third keeps the first one's closes."""
     owner = make_user(username="dad")

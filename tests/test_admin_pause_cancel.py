@@ -16,12 +16,6 @@ pytestmark = pytest.mark.django_db
 CHANGELIST = "admin:tasks_task_changelist"
 
 
-@pytest.fixture
-def staff_client(client, make_user):
-    client.force_login(make_user(username="op", is_staff=True, is_superuser=True))
-    return client
-
-
 def _act(client, action: str, tasks, **extra):
     data = {"action": action, "_selected_action": [t.pk for t in tasks], **extra}
     return client.post(reverse(CHANGELIST), data, follow=True)
@@ -38,7 +32,7 @@ def test_staff_pause_a_running_task_from_the_list(staff_client, make_task):
     task.refresh_from_db()
     assert task.status == Task.Status.PAUSED
     paused = Event.objects.get(task=task, kind=Event.Kind.TASK_PAUSED)
-    assert paused.data["actor"] == "staff:op"
+    assert paused.data["actor"] == "staff:operator"
 
 
 def test_cancel_asks_for_confirmation_first_and_changes_nothing_until_then(

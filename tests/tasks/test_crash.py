@@ -19,7 +19,6 @@ from artifacts.services import artifact_store
 from tasks.crashpoints import BOUNDARIES
 from tasks.models import Event, Step, Task, TaskArtifact
 from tasks.plan import task_create
-from tasks.tools import tools_load
 from tests.conftest import REPO
 from tests.support.blobs import blob_lose
 from tests.support.executing import check_invariants, expire_lease, invocations
@@ -63,11 +62,6 @@ EXPECTED_RULE = {
     },
     "after_result": {},
 }
-
-
-@pytest.fixture(autouse=True)
-def _tools():
-    tools_load(["tests.support.tools"])
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import subprocess
 import pytest
 
 from tasks.models import Step, Task
-from tasks.tools import tools_load
 from tests.conftest import REPO
 
 KILLS = int(os.environ.get("PIPPA_SOAK_KILLS", "300"))
@@ -27,7 +26,6 @@ FAULT_KILLS = int(os.environ.get("PIPPA_SOAK_FAULT_KILLS", "150"))
 def test_hundreds_of_random_kills_lose_nothing_and_break_no_class_rule(
     make_conversation, subprocess_env, python_exe, tmp_path
 ):
-    tools_load(["tests.support.tools"])
     conversation = make_conversation()
     summary_file = tmp_path / "soak.json"
     env = {
@@ -69,7 +67,6 @@ def test_hundreds_of_random_kills_lose_nothing_and_break_no_class_rule(
 def test_kills_mixed_with_full_disks_and_lost_databases_still_lose_nothing(
     make_conversation, subprocess_env, python_exe, tmp_path, tmpfs
 ):
-    tools_load(["tests.support.tools"])
     fs = tmpfs("soakfs", 32 * 1024 * 1024)
     conversation = make_conversation()
     summary_file = tmp_path / "soak.json"

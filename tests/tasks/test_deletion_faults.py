@@ -19,7 +19,6 @@ from artifacts.store import default_store
 from tasks.models import Event, Step
 from tasks.plan import task_create
 from tasks.services import conversation_delete, events_append
-from tasks.tools import tools_load
 from tests.conftest import REPO
 from tests.support.executing import crash_at
 from tests.support.leftovers import (
@@ -27,11 +26,6 @@ from tests.support.leftovers import (
     conversation_with_everything,
     subtree_snapshot,
 )
-
-
-@pytest.fixture(autouse=True)
-def _tools():
-    tools_load(["tests.support.tools"])
 
 
 def interrupted_snapshot(conversation) -> str:

@@ -447,10 +447,8 @@ def test_after_an_operator_rerun_the_doctor_leaves_the_step_alone(
 ):
     from tasks.actions import step_resolve
     from tasks.plan import task_create
-    from tasks.tools import tools_load
     from tests.support.executing import crash_at, expire_lease, run_task
 
-    tools_load(["tests.support.tools"])
     task = task_create(
         conversation=make_conversation(),
         title="notify",

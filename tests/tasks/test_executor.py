@@ -32,11 +32,6 @@ from tests.support.executing import (
 from tests.support.plans import DEMO_PLAN
 
 
-@pytest.fixture(autouse=True)
-def _tools(tool_log):
-    """Every test here runs the test tools, counting their calls."""
-
-
 @pytest.fixture
 def demo_task(make_conversation):
     def make(**kwargs):

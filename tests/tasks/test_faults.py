@@ -32,7 +32,6 @@ from tasks.faults import (
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
 from tasks.resume import resume_advice
-from tasks.tools import tools_load
 from tests.support.executing import (
     check_invariants,
     expire_lease,
@@ -43,19 +42,6 @@ from tests.support.executing import (
 from tests.support.faults import fill
 
 UNSAVED = "the tool ran; its output could not be saved: disk full"
-
-
-@pytest.fixture(autouse=True)
-def _tools(monkeypatch, tmp_path):
-    tools_load(["tests.support.tools"])
-    log = tmp_path / "tool-calls.jsonl"
-    monkeypatch.setenv("PIPPA_TOOL_LOG", str(log))
-    return log
-
-
-@pytest.fixture
-def tool_log(tmp_path):
-    return tmp_path / "tool-calls.jsonl"
 
 
 @pytest.fixture

@@ -26,11 +26,6 @@ WIDGET_PLAN = [
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _tools(tool_log):
-    """Every test here runs the test tools, counting their calls."""
-
-
 def _task(make_conversation, *, owner: str, expires, steps=PLAN) -> Task:
     task = task_create(conversation=make_conversation(), title="t", steps=steps)
     Task.objects.filter(pk=task.pk).update(

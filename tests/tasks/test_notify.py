@@ -45,11 +45,6 @@ from tests.support.receivers import HttpSink, SmtpSink
 LINK = re.compile(r"https?://\S+")
 
 
-@pytest.fixture(autouse=True)
-def _tools(tool_log):
-    """The test tools (test.effect has outside effects)."""
-
-
 @pytest.fixture
 def mail_server(settings):
     """A mail server in the settings, with nothing listening: a send would fail."""

@@ -26,7 +26,7 @@ from tasks.actions import (
 from tasks.executor import step
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
-from tasks.tools import ToolContext, ToolResult, tool, tools_load
+from tasks.tools import ToolContext, ToolResult, tool
 from tests.support.executing import crash_at, expire_lease, kinds
 from tests.support.stepping import run_steps
 
@@ -49,8 +49,7 @@ tool("test.stop_midway", artifact_class=2, media_type="text/plain")(_stop_midway
 
 
 @pytest.fixture(autouse=True)
-def _tools(settings):
-    tools_load(["tests.support.tools"])
+def _retry_at_once(settings):
     # Failed attempts retry at once here: these tests are about pause and cancel.
     settings.PIPPA_RETRY_BASE_SECONDS = 0
     settings.PIPPA_RETRY_MAX_SECONDS = 0

@@ -17,11 +17,6 @@ PLAN = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _tools():
-    tools_load(["tests.support.tools"])
-
-
 def plan_of(task: Task) -> list[tuple]:
     return list(
         Step.objects.filter(task=task)

@@ -10,14 +10,8 @@ from tasks.executor import step
 from tasks.models import Step
 from tasks.plan import task_create
 from tasks.resume import resume_advice, resume_context
-from tasks.tools import tools_load
 from tests.support.executing import crash_at, expire_lease, run_task
 from tests.support.plans import DEMO_PLAN
-
-
-@pytest.fixture(autouse=True)
-def _tools():
-    tools_load(["tests.support.tools"])
 
 
 @pytest.mark.django_db

@@ -14,7 +14,6 @@ from django.core.management import call_command
 from tasks.actions import task_resume
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
-from tasks.tools import tools_load
 from tests.conftest import REPO
 from tests.support.executing import check_invariants
 
@@ -24,11 +23,6 @@ PLAN = [
     {"title": "file", "tool": "test.file", "args": {"sleep": 0.01}},
     {"title": "render", "tool": "test.render", "args": {"source": 1}},
 ]
-
-
-@pytest.fixture(autouse=True)
-def _tools():
-    tools_load(["tests.support.tools"])
 
 
 @pytest.fixture

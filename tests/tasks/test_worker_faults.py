@@ -24,17 +24,11 @@ from tasks.doctor import doctor_run
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
 from tasks.resume import envelope_read
-from tasks.tools import tools_load
 from tests.conftest import REPO
 from tests.support.executing import check_invariants, invocations
 from tests.support.faults import pg_terminate_others
 
 WAIT = 120  # seconds any phase may take on a loaded machine before the test fails
-
-
-@pytest.fixture(autouse=True)
-def _tools():
-    tools_load(["tests.support.tools"])
 
 
 class Worker:

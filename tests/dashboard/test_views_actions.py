@@ -17,11 +17,6 @@ pytestmark = pytest.mark.django_db
 WORKER = "worker:test-1"
 
 
-@pytest.fixture
-def conversation(user, make_conversation):
-    return make_conversation(owner=user, title="Prices")
-
-
 def _run(task: Task, times: int = 10) -> Task:
     return run_steps(task, WORKER, times)
 

@@ -41,11 +41,6 @@ def stranger_client(client, make_user):
     return other
 
 
-@pytest.fixture
-def conversation(user, make_conversation):
-    return make_conversation(owner=user, title="Prices")
-
-
 def _run(task: Task, times: int = 10) -> Task:
     return run_steps(task, WORKER, times)
 

@@ -40,17 +40,6 @@ def _fresh_rows():
     drawn_events.clear()
 
 
-@pytest.fixture
-def dad_client(client, user):
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
-def conversation(user, make_conversation):
-    return make_conversation(owner=user, title="Prices")
-
-
 def _task(conversation, steps: int = 3, title: str = "Fetch") -> Task:
     return task_create(
         conversation=conversation,
