@@ -14,7 +14,6 @@ rendering every row made the page take seconds and megabytes for no reader.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,25 +209,54 @@ def task_get_for_user(*, user, task_id: int) -> Task:
     )
 
 
-def task_last_seq_for_user(*, user, task_id: int) -> int:
-    """Return the task's last event seq, or raise Http404 like ``task_get_for_user``.
+def task_poll_state_for_user(*, user, task_id: int) -> tuple[int, bool]:
+    """Return (last event seq, whether a worker holds a live lease) of a task
+    ``user`` may see, or raise Http404 like ``task_get_for_user``.
 
-    The live timeline's idle poll asks only this, every 2 s from every open
-    tab: one indexed row in plain SQL instead of the task with its joins.
+    A live poll compares both with what its page shows: every change of a task
+    appends an event, except a worker that stops answering (its lease runs out
+    without a word), which the lease's state tells. One indexed row.
     """
     q = connection.ops.quote_name
     sql = (
-        f"SELECT t.last_seq FROM {q(Task._meta.db_table)} t"
+        "SELECT t.last_seq, t.lease_owner <> '' AND t.lease_expires_at >= %s"
+        f" FROM {q(Task._meta.db_table)} t"
         f" JOIN {q(Conversation._meta.db_table)} c ON c.id = t.conversation_id"
         " WHERE t.id = %s" + ("" if user.is_staff else " AND c.owner_id = %s")
     )
-    params = [int(task_id)] if user.is_staff else [int(task_id), user.pk]
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    params = [now, int(task_id)] + ([] if user.is_staff else [user.pk])
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
         raise Http404("No Task matches the given query.")
-    return row[0]
+    return row[0], bool(row[1])
+
+
+def step_in_flight(*, task: Task) -> Step | None:
+    """Return the step a worker is calling now (its lease is live), or None."""
+    if not task.lease_live:
+        return None
+    return (
+        Step.objects.filter(task=task, status=Step.Status.RUNNING)
+        .order_by("position")
+        .first()
+    )
+
+
+def worker_busy_elsewhere(*, task: Task) -> bool:
+    """Whether a worker holds a live lease on another task (any owner's).
+
+    Why a queued task waits: one worker steps one task at a time. Says
+    nothing of the other task, which may be another user's.
+    """
+    return (
+        Task.objects.exclude(pk=task.pk)
+        .exclude(lease_owner="")
+        .filter(lease_expires_at__gte=timezone.now())
+        .exists()
+    )
 
 
 def step_get_for_user(*, user, task_id: int, step_id: int) -> Step:
@@ -317,30 +345,10 @@ class StepRow:
     saved: SavedOutput | None = None
     choices: list[Choice] = field(default_factory=list)
     plain_words: str = ""  # what resume will do, in Dad's words
-    # A settled row's identity (see settled_row_key) and, when it was drawn
-    # before, its HTML: such a row reads no blob excerpt and no events.
-    key: tuple | None = None
-    html: str = ""
 
     @property
     def needs_attention(self) -> bool:
         return self.step.status in ATTENTION_STEPS
-
-    @property
-    def reusable(self) -> bool:
-        """Whether the row's HTML may be shown again while its key holds.
-
-        Only a settled row that shows no relative time ("5 min ago" lives in
-        the attempts fold and notes) and no missing blob, which may come back.
-        """
-        return (
-            self.key is not None
-            and self.advice is None
-            and len(self.attempts) <= 1
-            and not self.failed_attempts
-            and not self.notes
-            and self.preview != "missing"
-        )
 
     @property
     def failed_attempts(self) -> list[Attempt]:
@@ -491,86 +499,29 @@ def current_step_page(*, task: Task) -> int:
 FINISHED_STEPS = (Step.Status.DONE, Step.Status.SKIPPED)
 
 
-def _untouched(step: Step) -> bool:
-    return (
-        step.status == Step.Status.PENDING
-        and not step.attempts
-        and step.next_attempt_at is None
-    )
-
-
-# The same rule as a filter (a live update reads the unsettled steps always).
+# Settled steps: done, skipped, or never attempted. Such a row changes only
+# through a transition, which is logged with the step, so a live update redraws
+# a settled row only when an event names its step; the unsettled ones show
+# relative times and running bars, and are redrawn on every update.
 SETTLED_Q = Q(status__in=FINISHED_STEPS) | Q(
     status=Step.Status.PENDING, attempts=0, next_attempt_at__isnull=True
 )
 
 
-def settled_row_key(step: Step, task: Task, clock: TaskClock) -> tuple | None:
-    """Return what a settled step's timeline row is drawn from, or None.
-
-    Settled (SETTLED_Q): done, skipped, or pending and never attempted (no
-    relative time to show). Such a step changes only through a transition
-    that changes one of these (a retry, a resolution, a new generation, a
-    new output, a rendered preview); the clock's start places its bars.
-    Nothing else of the task goes in (its branch link, shown once the task is
-    idle, is put in on the way out: dashboard.rows).
-    """
-    if step.status not in FINISHED_STEPS and not _untouched(step):
-        return None
-    out = step.output
-    output = (
-        None
-        if out is None
-        else (
-            out.pk,
-            out.sha256,
-            out.size,
-            out.media_type,
-            out.title,
-            repr(preview_status(out)),
-        )
-    )
-    return (
-        task.pk,
-        task.steps_total,
-        clock.started_at,
-        step.pk,
-        step.position,
-        step.status,
-        step.title,
-        step.attempts,
-        step.max_attempts,
-        step.generation,
-        step.started_at,
-        step.finished_at,
-        step.error,
-        step.side_effects,
-        step.artifact_class,
-        output,
-    )
-
-
-DrawnLookup = Callable[[tuple], str | None]
-
-
 def task_timeline(
-    *, task: Task, page: str | int | None = None, drawn: DrawnLookup | None = None
+    *, task: Task, page: str | int | None = None
 ) -> tuple[Page, list[StepRow], TaskClock]:
     """Return one page of the task's steps, with previews and resume advice,
-    and the task's clock with every attempt's bar placed on it.
-
-    ``drawn(key)`` returns a settled row's HTML drawn earlier, if any: such
-    a row is not read again (no blob excerpt, none of its events).
-    """
+    and the task's clock with every attempt's bar placed on it."""
     steps = Step.objects.filter(task=task).select_related("output").order_by("position")
     paginator = Paginator(steps, STEPS_PER_PAGE)
     step_page = paginator.get_page(page or current_step_page(task=task))
     clock = task_clock(task=task)
-    return step_page, _rows(step_page.object_list, task, clock, drawn), clock
+    return step_page, _rows(step_page.object_list, task, clock), clock
 
 
 def task_timeline_changes(
-    *, task: Task, page: int, since: int, drawn: DrawnLookup | None = None
+    *, task: Task, page: int, since: int
 ) -> tuple[list[StepRow], TaskClock]:
     """Return the rows of one timeline page that a page drawn at event
     ``since`` lacks, and the task's clock.
@@ -594,36 +545,26 @@ def task_timeline_changes(
         .order_by("position")
     )
     clock = task_clock(task=task)
-    return _rows(steps, task, clock, drawn), clock
+    return _rows(steps, task, clock), clock
 
 
-def _rows(steps, task: Task, clock: TaskClock, drawn: DrawnLookup | None):
-    rows = []
-    keyed = []
+def _rows(steps, task: Task, clock: TaskClock) -> list[StepRow]:
+    steps = list(steps)
     for step in steps:
         step.task = task  # the page already holds it; resume advice reads it
-        key = settled_row_key(step, task, clock)
-        html = drawn(key) if key is not None and drawn is not None else None
-        keyed.append((step, key, html))
     # The text outputs' heads at once (small outputs are inline rows).
     heads = default_store().heads(
         [
             step.output.sha256
-            for step, _, html in keyed
-            if not html
-            and step.output is not None
-            and _preview_kind(step.output) == "excerpt"
+            for step in steps
+            if step.output is not None and _preview_kind(step.output) == "excerpt"
         ],
         EXCERPT_BYTES + 1,
     )
-    for step, key, html in keyed:
-        row = StepRow(step=step, html=html) if html else _step_row(step, heads)
-        row.key = key
-        rows.append(row)
-    fresh = [row for row in rows if not row.html]
-    _advise(fresh, task)
-    _attempts(fresh)
-    _place_bars(clock, fresh)
+    rows = [_step_row(step, heads) for step in steps]
+    _advise(rows, task)
+    _attempts(rows)
+    _place_bars(clock, rows)
     return rows
 
 

@@ -23,11 +23,10 @@ wsgi_app = "pippa_site.wsgi:application"
 worker_class = "gthread"
 # One process per two cores, eight threads each. The machine also runs the
 # step workers, and a web process (one GIL) never takes more than one core from
-# them; threads carry the concurrency of many tabs polling. Each process keeps
-# its own drawn timeline rows (dashboard/rows.py), so fewer, threaded processes
-# draw each row fewer times: on 2 cores, in two consecutive load runs, 1 x 8
-# kept the workers at 0.97x their speed alone under 20 polling tabs, 2 x 4 at
-# 0.59x (a ratio the machine's load moves a lot: docs/serving-and-bench.md).
+# them; threads carry the concurrency of many tabs polling. On 2 cores, in two
+# consecutive load runs, 1 x 8 kept the workers at 0.97x their speed alone
+# under 20 polling tabs, 2 x 4 at 0.59x (a ratio the machine's load moves a
+# lot: docs/serving-and-bench.md).
 workers = _int("PIPPA_WEB_WORKERS", max(1, (os.cpu_count() or 2) // 2))
 threads = _int("PIPPA_WEB_THREADS", 8)
 # A page is milliseconds; a streamed upload of 256 MiB on a slow link is not.

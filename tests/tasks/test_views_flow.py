@@ -275,9 +275,9 @@ def test_dad_pauses_a_running_task_in_one_click_and_resumes_it(
     body = dad_client.get(task.get_absolute_url()).content.decode()
     assert "Pause after this step" in body
     response = dad_client.post(reverse("tasks:task_pause", args=[task.pk]), follow=True)
-    assert "Paused “Long job”: it stops after the step it is on." in (
-        response.content.decode()
-    )
+    # No worker is on it: it stops at once, and the page says after which step.
+    assert "Paused “Long job”." in response.content.decode()
+    assert "Paused before the first step" in response.content.decode()
     task.refresh_from_db()
     assert task.status == Task.Status.PAUSED
     assert Event.objects.get(task=task, kind="task_paused").data["actor"] == "user:dad"
