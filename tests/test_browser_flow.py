@@ -122,9 +122,7 @@ def test_dad_pauses_and_cancels_a_running_task(
     )
     page.goto(f"{page.base_url}{task.get_absolute_url()}")
     first = worker(task.pk)
-    expect(page.locator("#now-line")).to_contain_text(
-        "Now: step", timeout=LIVE_TIMEOUT
-    )
+    expect(page.locator("#now-line")).to_contain_text("Now: step", timeout=LIVE_TIMEOUT)
     page.get_by_role("button", name="Pause after this step").click()
     # A step is in flight (each takes 5 s): the tab says so, keeps asking, and
     # without a reload says where the task stopped once the worker lets go.
@@ -147,9 +145,7 @@ def test_dad_pauses_and_cancels_a_running_task(
 
     page.get_by_role("button", name="Resume: the worker carries on").click()
     second = worker(task.pk)
-    expect(page.locator("#now-line")).to_contain_text(
-        "Now: step", timeout=LIVE_TIMEOUT
-    )
+    expect(page.locator("#now-line")).to_contain_text("Now: step", timeout=LIVE_TIMEOUT)
     page.get_by_role("link", name="Cancel the task…").click()
     expect(page.get_by_role("heading", name="What will happen")).to_be_visible()
     expect(page.locator(".happens")).to_contain_text("cannot be resumed")
