@@ -38,7 +38,7 @@ from django.utils import timezone
 from artifacts.models import Artifact
 from artifacts.preview import preview_status
 from artifacts.store import BlobError, default_store
-from council.models import CouncilRound
+from council.models import CouncilRound, Turn
 from tasks.actions import step_resolve_options
 from tasks.models import Conversation, Event, Step, Task, needs_you_q
 from tasks.resume import ADOPT, CALL_AGAIN, envelope_read, resume_advice, resume_context
@@ -161,6 +161,114 @@ def conversations_needing_you(*, user) -> int:
             )
         )
         .count()
+    )
+
+
+# How many decisions the home page lists; the count says when there are more.
+TODO_LIMIT = 50
+
+
+@dataclass
+class ToDo:
+    """What waits for a person: steps to decide, and paused tasks to resume."""
+
+    decisions: list[Step]
+    paused: list[Task]
+    working: int  # tasks a worker is on or will be (queued, running)
+    more: bool = False  # past TODO_LIMIT
+
+    @property
+    def count(self) -> int:
+        return len(self.decisions) + len(self.paused)
+
+    @property
+    def first_url(self) -> str:
+        return todo_url(self.decisions[0]) if self.decisions else ""
+
+
+def todo_url(step: Step) -> str:
+    """Where a decision's card is: its task page, at the card."""
+    return f"{step.task.get_absolute_url()}#attention-{step.position}"
+
+
+def _lease_live_q(prefix: str = "") -> Q:
+    return ~Q(**{f"{prefix}lease_owner": ""}) & Q(
+        **{f"{prefix}lease_expires_at__gte": timezone.now()}
+    )
+
+
+def todo_for_user(*, user, exclude_task: Task | None = None) -> ToDo:
+    """Return what waits for ``user`` (their own conversations), oldest first.
+
+    A step waits when it needs a person (``needs_you_q``) and no worker is
+    still on it (a step in flight under a pause is not a decision yet). A
+    paused task waits when nothing in it needs a decision: only a resume.
+    Three queries, each on the partial index of attention steps or on the
+    owner's tasks.
+    """
+    steps = (
+        Step.objects.filter(needs_you_q(), task__conversation__owner=user)
+        .exclude(Q(status=Step.Status.RUNNING) & _lease_live_q("task__"))
+        .select_related("task", "task__conversation")
+        .order_by("task__created_at", "task_id", "position")
+    )
+    if exclude_task is not None:
+        steps = steps.exclude(task=exclude_task)
+    decisions = list(steps[: TODO_LIMIT + 1])
+    tasks = Task.objects.filter(conversation__owner=user)
+    paused = list(
+        tasks.filter(status=Task.Status.PAUSED)
+        .exclude(_lease_live_q())
+        .exclude(Exists(Step.objects.filter(needs_you_q(), task=OuterRef("pk"))))
+        .select_related("conversation")
+        .order_by("updated_at", "pk")[: TODO_LIMIT + 1]
+    )
+    more = len(decisions) + len(paused) > TODO_LIMIT
+    decisions = decisions[:TODO_LIMIT]
+    paused = paused[: max(0, TODO_LIMIT - len(decisions))]
+    working = tasks.filter(status__in=ACTIVE).count()
+    return ToDo(decisions=decisions, paused=paused, working=working, more=more)
+
+
+def next_decision_for_user(*, user, after: Task) -> Step | None:
+    """The first decision waiting for ``user`` outside ``after``: "Next decision →"."""
+    return (
+        Step.objects.filter(needs_you_q(), task__conversation__owner=user)
+        .exclude(task=after)
+        .exclude(Q(status=Step.Status.RUNNING) & _lease_live_q("task__"))
+        .select_related("task")
+        .order_by("task__created_at", "task_id", "position")
+        .first()
+    )
+
+
+def dashboard_version(*, user, conversation: Conversation | None = None) -> str:
+    """A fingerprint of what ``user``'s home page (or one conversation page)
+    shows: it changes when any of their tasks logs an event, a task or a
+    conversation comes or goes, or a council round gets a turn. A page's
+    refresh sends it back; the same answer is a 204. Two aggregate queries.
+    """
+    if conversation is not None:
+        conversations = Conversation.objects.filter(pk=conversation.pk)
+    else:
+        conversations = Conversation.objects.for_user(user)
+    totals = conversations.aggregate(
+        v_n=Count("pk", distinct=True),
+        v_changed=Max("updated_at"),
+        v_tasks=Count("tasks", distinct=True),
+        v_seqs=Coalesce(Sum("tasks__last_seq"), 0),
+        v_task_changed=Max("tasks__updated_at"),
+    )
+    totals["rounds"] = Turn.objects.filter(
+        round__conversation__in=conversations
+    ).count()
+    stamp = max(
+        (t.timestamp() for t in (totals["v_changed"], totals["v_task_changed"]) if t),
+        default=0,
+    )
+    return (
+        f"{totals['v_n']}.{totals['v_tasks']}.{totals['v_seqs']}."
+        f"{totals['rounds'] or 0}.{stamp:.6f}"
     )
 
 

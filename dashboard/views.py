@@ -83,6 +83,8 @@ MSG_BAD_SINCE = (
 # for a person (another tab may decide).
 POLL_BUSY_SECONDS = 2
 POLL_IDLE_SECONDS = 10
+# How often the home and conversation pages ask whether anything changed.
+REFRESH_SECONDS = 10
 # A live update past this many events sends the whole timeline instead of
 # looking for the rows they touched.
 LIVE_UPDATE_MAX_EVENTS = 1000
@@ -144,9 +146,19 @@ def _int_or_none(value: str | None) -> int | None:
         return None
 
 
+def _unchanged(request: HttpRequest, version: str) -> bool:
+    """A page's refresh (htmx, ``version`` of what it shows) with nothing new."""
+    return bool(request.htmx) and request.GET.get("version") == version
+
+
 @require_GET
 @dashboard_login_required
 def conversation_list(request: HttpRequest) -> HttpResponse:
+    # The page refreshes itself every REFRESH_SECONDS: a 204 while nothing of
+    # the user's changed, else the to-do list and the results, out of band.
+    version = selectors.dashboard_version(user=request.user)
+    if _unchanged(request, version):
+        return HttpResponse(status=204)
     query = request.GET.get("q", "")[:200]
     needs_you = request.GET.get("needs") == "you"
     page = selectors.conversation_page(
@@ -158,11 +170,16 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
     template = "tasks/conversation_list.html"
     if request.htmx and request.htmx.target == "conversation-results":
         template += "#results"
+    elif request.htmx and request.htmx.target == "refresh":
+        template += "#refreshed"
     context = {
         "page": page,
         "query": query,
         "needs_you": needs_you,
         "needing_you": selectors.conversations_needing_you(user=request.user),
+        "todo": selectors.todo_for_user(user=request.user),
+        "version": version,
+        "refresh_every": REFRESH_SECONDS,
     }
     return render(request, template, context)
 
@@ -173,6 +190,9 @@ def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     conversation = selectors.conversation_get_for_user(
         user=request.user, conversation_id=pk
     )
+    version = selectors.dashboard_version(user=request.user, conversation=conversation)
+    if _unchanged(request, version):
+        return HttpResponse(status=204)
     tasks = selectors.conversation_tasks(conversation=conversation)
     context = {
         "conversation": conversation,
@@ -182,8 +202,13 @@ def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "activity_at": max([conversation.updated_at, *(t.updated_at for t in tasks)]),
         "needs_you": sum(t.needs_you_count for t in tasks),
         "demo_live": _demo_live_offer(conversation, tasks),
+        "version": version,
+        "refresh_every": REFRESH_SECONDS,
     }
-    return render(request, "tasks/conversation_detail.html", context)
+    template = "tasks/conversation_detail.html"
+    if request.htmx and request.htmx.target == "refresh":
+        template += "#refreshed"
+    return render(request, template, context)
 
 
 def _demo_live_offer(conversation, tasks: list[Task]) -> bool:
@@ -269,6 +294,10 @@ def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpRe
         )
         context.update(step_page=step_page, rows=rows, clock=clock)
         context["decisions"] = [row for row in rows if row.advice]
+        if not context["decisions"]:
+            context["next_decision"] = selectors.next_decision_for_user(
+                user=request.user, after=task
+            )
     if fragment != "timeline":
         context["events"] = selectors.task_events(
             task=task,
@@ -353,7 +382,11 @@ def _live_update(request: HttpRequest, task: Task, since: int) -> HttpResponse:
             )
         return reswap(retarget(response, "#timeline"), "outerHTML")
     context.update(
-        step_page=SimpleNamespace(number=number), rows=rows, clock=clock, decisions=[]
+        step_page=SimpleNamespace(number=number),
+        rows=rows,
+        clock=clock,
+        decisions=[],
+        next_decision=selectors.next_decision_for_user(user=request.user, after=task),
     )
     return render(request, "tasks/task_detail.html#live-update", context)
 
