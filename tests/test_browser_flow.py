@@ -206,3 +206,31 @@ def test_dad_sees_a_retried_steps_failed_attempts(
     expect(third.locator("svg.bars rect.bar")).to_have_count(3)
     expect(page.locator(".clock")).to_contain_text("in all")
     screenshot(page, "flow-attempts")
+
+
+def test_a_tab_left_open_on_a_decision_another_tab_took_corrects_itself(
+    logged_in_page, make_conversation
+):
+    page = logged_in_page
+    conversation = make_conversation(owner=page.user, title="Two windows")
+    task = task_create(
+        conversation=conversation, title="Decide once", steps=_four_steps()
+    )
+    interrupt(task, "after_payload:3")
+    url = f"{page.base_url}{task.get_absolute_url()}"
+    page.goto(url)
+    stale = page.locator(".card.attention")
+    expect(stale).to_contain_text("Step 3 needs you")
+    expect(page.locator("#live")).to_have_attribute("hx-trigger", "every 10s")
+
+    other = page.context.new_page()
+    other.goto(url)
+    other.locator(".card.attention").get_by_role(
+        "button", name="Use the saved output"
+    ).click()
+    expect(other.get_by_text("the task goes on by itself")).to_be_visible()
+    other.close()
+
+    # Within one poll (10 s while it waits for a person), no reload.
+    expect(page.locator(".card.attention")).to_have_count(0, timeout=15_000)
+    expect(page.locator("#step-3 .badge")).to_have_text("done")
