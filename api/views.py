@@ -22,7 +22,7 @@ from api.services import (
     token_revoke,
 )
 
-MSG_REVOKED = "Token “{name}” revoked. Runners using it now get 401."
+MSG_REVOKED = "Token “{name}” revoked. A runner that still uses it is now turned away."
 
 
 # The new token between the POST that made it and the page that shows it once.

@@ -99,6 +99,8 @@ COUNT_LABELS = {
     "links": ("artifact link", "artifact links"),
     "artifacts": ("artifact", "artifacts"),
 }
+# Counts of a deletion that only an engineer needs (shown under "Details").
+ENGINEER_COUNTS = ("events", "links")
 RESOLVE_LABELS = {
     "adopt": "the saved output is used; the task goes on by itself",
     "rerun": "the same call runs again; the task goes on by itself",
@@ -125,12 +127,14 @@ def dashboard_login_required(view):
     return wrapper
 
 
-def _counted(report, skip: tuple[str, ...] = ()) -> list[tuple[str, int]]:
+def _counted(
+    report, skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None
+) -> list[tuple[str, int]]:
     """Return a deletion report's counts as (words, number), in report order."""
     return [
         (COUNT_LABELS.get(key, (key, key))[n != 1], n)
         for key, n in report.removed_counts().items()
-        if key not in skip
+        if key not in skip and (only is None or key in only)
     ]
 
 
@@ -254,7 +258,12 @@ def conversation_delete(request: HttpRequest, pk: int) -> HttpResponse:
     return render(
         request,
         "tasks/conversation_delete.html",
-        {"conversation": conversation, "report": report, "counts": _counted(report)},
+        {
+            "conversation": conversation,
+            "report": report,
+            "counts": _counted(report, skip=ENGINEER_COUNTS),
+            "engineer_counts": _counted(report, only=ENGINEER_COUNTS),
+        },
     )
 
 

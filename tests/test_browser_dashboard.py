@@ -103,16 +103,18 @@ def test_a_running_tasks_timeline_updates_live_and_stops_polling_when_done(
     expect(page.locator(".live.on")).to_be_visible()
     _mark_page(page)
 
-    page.locator("details.legend summary").click()  # a fold Dad opened
     child = worker(task.pk)
     # Mid-run: the first step shows as done while the task is still live.
     expect(page.locator("#step-1 .status-done")).to_be_visible(timeout=LIVE_TIMEOUT)
+    page.locator("#step-1 details.step-details summary").click()  # a fold Dad opened
     expect(page.locator("#step-3 .status-done")).to_have_count(0)
     expect(page.locator(".live.on")).to_be_visible()
     # Live updates swap only the rows that changed: the fold stays open, and
     # every row's bars share the axis the last update brought.
     expect(page.locator("#step-2 .status-done")).to_be_visible(timeout=LIVE_TIMEOUT)
-    assert page.locator("details.legend").get_attribute("open") is not None
+    assert (
+        page.locator("#step-1 details.step-details").get_attribute("open") is not None
+    )
     axis = page.locator("#axis-note").get_attribute("data-axis")
     boxes = page.locator("#timeline svg.bars").evaluate_all(
         "svgs => svgs.map(s => s.getAttribute('viewBox'))"

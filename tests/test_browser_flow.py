@@ -100,8 +100,10 @@ def test_dad_cannot_resend_an_outside_call_or_branch_without_confirming(
     for _ in range(3):
         step(task_id=done.pk, worker_id="worker:earlier")
     page.goto(f"{page.base_url}{done.get_absolute_url()}")
-    expect(page.get_by_role("link", name="Branch from step 2…")).to_have_count(0)
-    page.get_by_role("link", name="Branch from step 1…").click()
+    expect(page.get_by_role("link", name="Change course after step 2…")).to_have_count(
+        0
+    )
+    page.get_by_role("link", name="Change course after step 1…").click()
     expect(page.get_by_role("heading", name="What will happen")).to_be_visible()
     expect(page.locator(".happens")).to_contain_text("It runs 1 step again")
     assert Task.objects.filter(branched_from=done).count() == 0

@@ -253,14 +253,16 @@ def test_the_task_page_shows_every_step_in_order_with_status_attempts_and_class(
     assert response.status_code == 200
     positions = [body.index(f"Step number {n}") for n in (1, 2, 3)]
     assert positions == sorted(positions)
-    assert body.count('<span class="cls cls-2" title=') == 3
+    # The artifact class is an engineer's word: only under each row's Details.
+    assert body.count('<summary>Details<span class="visually-hidden"> of step') == 3
+    assert body.count('<span class="cls cls-2">fetch</span>') == 3
     assert ">fetch</span>" in body
     assert "attempt 1 of 3" in body
     assert "took 2.0 s" in body
     assert "✓" not in body  # the check mark comes from CSS, the word from HTML
     assert "done</span>" in body
     assert "pending</span>" in body
-    assert "Brain <strong>codex</strong>" in body
+    assert "Brain <code>codex</code>" in body  # under Details for an engineer
 
 
 def test_the_task_page_says_a_worker_is_on_it_and_folds_the_lease_details(

@@ -244,8 +244,8 @@ def test_branch_is_not_offered_from_the_last_step_of_a_finished_task(
         )
     )
     body = dad_client.get(task.get_absolute_url()).content.decode()
-    assert "Branch from step 1…" in body
-    assert "Branch from step 2" not in body
+    assert "Change course after step 1…" in body
+    assert "Change course after step 2" not in body
     url = reverse("tasks:task_branch", args=[task.pk])
     response = dad_client.post(
         url, {"after_position": 2, "confirm": "yes"}, follow=True
@@ -379,13 +379,18 @@ def test_a_waiting_step_shows_when_its_next_attempt_is(dad_client, conversation)
     assert "next attempt in 1 min" in body
 
 
-def test_the_class_badges_have_a_legend_in_plain_words(dad_client, conversation):
+def test_artifact_classes_are_an_engineers_words_under_each_steps_details(
+    dad_client, conversation
+):
     task = _queued(conversation)
     body = dad_client.get(task.get_absolute_url()).content.decode()
-    legend = body[body.index('<details class="legend">') :]
-    assert "never fetched again" in legend
-    assert "reused if it is still there" in legend
-    assert 'title="data that can be fetched again safely">fetch</span>' in body
+    head = body[: body.index('<h2 id="timeline-heading">')]
+    assert "FILE, FETCH" not in body
+    assert '<span class="cls' not in head
+    details = body[body.index('<details class="engineer step-details">') :]
+    assert '<span class="cls cls-2">fetch</span> data that can be fetched again' in (
+        details
+    )
 
 
 # -- events ------------------------------------------------------------------------

@@ -147,7 +147,9 @@ def test_when_the_task_stops_the_poll_gets_the_whole_timeline_and_no_next_poll(
     assert body.lstrip().startswith('<section id="timeline"')
     assert '<div id="live"></div>' in body  # no trigger: htmx stops polling
     assert all(f'id="step-{n}"' in body for n in (1, 2, 3))
-    assert "Branch from step 1…" in body  # a finished task's rows offer a branch
+    assert (
+        "Change course after step 1…" in body
+    )  # a finished task's rows offer a branch
     assert _poll_url(body) is None
 
 
@@ -225,16 +227,18 @@ def test_rows_offer_their_branch_links_only_while_the_task_is_stopped(
 ):
     task = _step(_task(conversation), times=2)
     running = dad_client.get(task.get_absolute_url()).content.decode()
-    assert "Branch from step" not in running
+    assert "Change course after step" not in running
     Task.objects.filter(pk=task.pk).update(status=Task.Status.PAUSED)
     paused = dad_client.get(task.get_absolute_url()).content.decode()
     assert f'id="branch-{task.steps.get(position=1).pk}"' in paused
-    assert "Branch from step 2…" in paused
-    assert "Branch from step 3…" not in paused  # not done: nothing to branch from
+    assert "Change course after step 2…" in paused
+    assert (
+        "Change course after step 3…" not in paused
+    )  # not done: nothing to branch from
     resumed = Task.objects.filter(pk=task.pk).update(status=Task.Status.QUEUED)
     assert resumed == 1
     assert (
-        "Branch from step"
+        "Change course after step"
         not in dad_client.get(task.get_absolute_url()).content.decode()
     )
 
