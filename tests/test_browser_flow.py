@@ -197,7 +197,7 @@ def test_dad_sees_a_retried_steps_failed_attempts(
 
     page.goto(f"{page.base_url}{task.get_absolute_url()}")
     third = page.locator("#step-3")
-    expect(third.locator("summary")).to_contain_text(
+    expect(third.locator(".attempts summary")).to_contain_text(
         "3 attempts, 2 that did not finish"
     )
     expect(third.locator(".attempt-failed")).to_have_count(2)
