@@ -420,9 +420,12 @@ class SavedOutput:
     size: int
     media_type: str
     title: str
-    preview: str = ""  # "image", "excerpt", "" (shown only as a download)
+    # "image" (raster), "svg" (drawn in an <img>, where no script runs),
+    # "headlines" (a saved search), "excerpt", "" (shown only as a download)
+    preview: str = ""
     excerpt: str = ""
     excerpt_truncated: bool = False
+    headlines: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -561,11 +564,42 @@ def saved_output(payload: dict | None) -> SavedOutput | None:
     kind = _media_kind(media)
     if kind == "image":
         saved.preview = "image"
+    elif media.split(";")[0].strip().lower() == "image/svg+xml":
+        saved.preview = "svg"
     elif kind == "excerpt":
         text, saved.excerpt_truncated, missing = _blob_excerpt(saved.sha)
         if not missing:
             saved.preview, saved.excerpt = "excerpt", text
+            saved.headlines = _headlines(saved.sha, media)
+            if saved.headlines:
+                saved.preview = "headlines"
     return saved
+
+
+MAX_HEADLINES = 10
+
+
+def _headlines(sha: str, media: str) -> list[dict]:
+    """A saved search's results as (title, url) pairs, when it is one.
+
+    A JSON object with a ``results`` list of objects that have a ``title``
+    (the shape of a search tool's answer); anything else is shown as text.
+    """
+    if "json" not in media:
+        return []
+    try:
+        with default_store().open(sha) as fh:
+            data = json.loads(fh.read(256 * 1024))
+    except (BlobError, OSError, ValueError):
+        return []
+    results = data.get("results") if isinstance(data, dict) else None
+    if not isinstance(results, list):
+        return []
+    return [
+        {"title": str(r["title"])[:200], "url": str(r.get("url") or "")[:500]}
+        for r in results[:MAX_HEADLINES]
+        if isinstance(r, dict) and r.get("title")
+    ]
 
 
 def _choices(row: StepRow) -> list[Choice]:

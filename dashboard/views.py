@@ -418,7 +418,8 @@ def step_saved_output(request: HttpRequest, pk: int, step_id: int) -> HttpRespon
     """Serve the output an interrupted call saved, so Dad sees what "use it" adopts.
 
     Only the step's own envelope names the blob (no artifact row exists yet).
-    Never rendered inline unless it is a raster image; always sandboxed.
+    Never rendered inline unless it is a picture (raster or SVG); always
+    sandboxed.
     """
     step = selectors.step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
     saved = selectors.saved_output(envelope_read(step.pk).payload)
@@ -428,8 +429,8 @@ def step_saved_output(request: HttpRequest, pk: int, step_id: int) -> HttpRespon
         handle = default_store().open(saved.sha)
     except (BlobError, OSError) as exc:
         raise Http404("the saved output is gone") from exc
-    inline = saved.preview == "image"
-    if saved.preview == "excerpt":
+    inline = saved.preview in ("image", "svg")
+    if saved.preview in ("excerpt", "headlines"):
         content_type = "text/plain; charset=utf-8"
     elif inline:
         content_type = saved.media_type
@@ -438,11 +439,15 @@ def step_saved_output(request: HttpRequest, pk: int, step_id: int) -> HttpRespon
     response = FileResponse(
         handle,
         content_type=content_type,
-        as_attachment=not inline and saved.preview != "excerpt",
+        as_attachment=not inline and saved.preview not in ("excerpt", "headlines"),
         filename=f"step-{step.position}-saved-output",
     )
     response["X-Content-Type-Options"] = "nosniff"
-    response["Content-Security-Policy"] = "default-src 'none'; sandbox"
+    # Sandboxed, no script: an SVG is drawn only through an <img>, which never
+    # runs one, and opened on its own it runs none either.
+    response["Content-Security-Policy"] = (
+        "default-src 'none'; style-src 'unsafe-inline'; sandbox"
+    )
     return response
 
 

@@ -46,7 +46,7 @@ def test_dad_finds_the_interrupted_task_from_the_list_decides_once_and_watches_i
     card = page.locator(".card.attention")
     expect(card).to_contain_text("Step 3 needs you: Search the news")
     expect(card).to_contain_text("What Pippa would do by itself")
-    expect(card.locator(".saved-output pre.excerpt")).to_contain_text("PIPA")
+    expect(card.locator(".saved-output ol.headlines")).to_contain_text("PIPA")
     expect(page.locator("#resume-button")).to_have_count(0)  # one way forward
     screenshot(page, "flow-decision")
 

@@ -170,7 +170,7 @@ def test_updated_on_the_list_follows_task_activity(dad_client, conversation):
 # -- one way forward ----------------------------------------------------------
 
 
-def test_an_interrupted_task_offers_one_choice_with_the_saved_output_beside_use_it(
+def test_an_interrupted_task_offers_one_choice_with_the_saved_search_as_headlines(
     dad_client, conversation
 ):
     task = _interrupted(conversation, "demo.search", "after_payload", "Search")
@@ -178,10 +178,14 @@ def test_an_interrupted_task_offers_one_choice_with_the_saved_output_beside_use_
     assert 'id="resume-button"' not in body
     card = body[body.index('class="card attention"') :]
     use_it = card.index(">Use the saved output</button>")
-    saved = card.index("The saved output:")
+    saved = card.index("The answer that was saved:")
     assert saved < use_it
-    assert '<pre class="excerpt" id="saved-excerpt-' in card
-    assert "PIPA" in card[saved:use_it]  # the search's saved JSON
+    # The two states in one voice: the answer was saved, not "never recorded".
+    assert "its answer was saved, but the worker stopped before the step" in card
+    assert "never recorded" not in card
+    assert '<ol class="headlines" id="saved-headlines-' in card
+    assert "PIPA" in card[saved:use_it]  # the search's saved headlines
+    assert "{&quot;" not in card[saved:use_it]  # not raw JSON
     first = task.steps.get(position=1)
     link = reverse("tasks:step_saved_output", args=[task.pk, first.pk])
     assert f'href="{link}"' in card
@@ -594,3 +598,42 @@ def test_pippa_demo_run_again_starts_a_fresh_live_task_when_the_last_finished(us
     call_command("pippa_demo", verbosity=0)
     assert demo.tasks.filter(status=Task.Status.QUEUED).count() == 1
     assert demo.tasks.count() == 2
+
+
+def test_an_interrupted_chart_is_drawn_on_its_card_from_a_sandboxed_source(
+    dad_client, conversation
+):
+    task = task_create(
+        conversation=conversation,
+        title="Chart",
+        steps=[
+            {"title": "Fetch closes", "tool": "demo.closes", "args": {}},
+            {"title": "Draw", "tool": "demo.chart", "args": {"source": 1}},
+        ],
+    )
+    step(task_id=task.pk, worker_id=WORKER)
+    crash_at(task.pk, "after_payload", WORKER)
+    expire_lease(task.pk)
+    task_pause(task=Task.objects.get(pk=task.pk), actor="demo")
+    chart = task.steps.get(position=2)
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    card = body[body.index('class="card attention"') :]
+    url = reverse("tasks:step_saved_output", args=[task.pk, chart.pk])
+    assert f'<img class="saved-picture" id="saved-img-{chart.pk}"' in card
+    assert f'src="{url}"' in card
+    assert "not shown here" not in card
+    response = dad_client.get(url)
+    assert response["Content-Type"] == "image/svg+xml"
+    assert "sandbox" in response["Content-Security-Policy"]
+    assert "script-src" not in response["Content-Security-Policy"]
+
+
+def test_an_outside_call_card_says_what_was_sent_where_and_when(
+    dad_client, conversation
+):
+    task = _interrupted(conversation, "demo.notify", "after_started", "Tell Dad")
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    card = body[body.index('class="card attention"') :]
+    assert "<strong>What was sent outside Pippa:</strong>" in card
+    assert "<code>demo.notify</code>" in card
+    assert '<time datetime="' in card[card.index("What was sent") :]
