@@ -303,6 +303,11 @@ def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpRe
         )
         context.update(step_page=step_page, rows=rows, clock=clock)
         context["decisions"] = [row for row in rows if row.advice]
+        if task.status == Task.Status.DONE:
+            # Result first: the last output the finished task made, drawn large.
+            context["final"] = next(
+                (row for row in reversed(rows) if row.step.output_id), None
+            )
         if not context["decisions"]:
             context["next_decision"] = selectors.next_decision_for_user(
                 user=request.user, after=task

@@ -637,3 +637,24 @@ def test_an_outside_call_card_says_what_was_sent_where_and_when(
     assert "<strong>What was sent outside Pippa:</strong>" in card
     assert "<code>demo.notify</code>" in card
     assert '<time datetime="' in card[card.index("What was sent") :]
+
+
+def test_a_finished_task_leads_with_its_final_output_drawn_large(
+    dad_client, conversation
+):
+    task = task_create(
+        conversation=conversation,
+        title="Chart",
+        steps=[
+            {"title": "Fetch closes", "tool": "demo.closes", "args": {}},
+            {"title": "Draw the chart", "tool": "demo.chart", "args": {"source": 1}},
+        ],
+    )
+    task = _run(task)
+    assert task.status == Task.Status.DONE
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    result = body.index('<section class="card final-output"')
+    assert result < body.index('<h2 id="timeline-heading">')
+    section = body[result : body.index("</section>", result)]
+    assert "From step 2, <bdi>Draw the chart</bdi>." in section
+    assert 'class="final-picture"' in section or '<pre class="excerpt"' in section
