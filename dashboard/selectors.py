@@ -792,11 +792,13 @@ class TaskClock:
 
     Bars are in milliseconds from the first call, so a row drawn earlier stays
     right as the task goes on; only the axis (``span_ms``, each bar's
-    ``viewBox``) grows to "now".
+    ``viewBox``) grows to "now". ``worked`` is the span less the time the
+    task spent paused: what "Took" and "Running for" say.
     """
 
     started_at: Any = None
     ended_at: Any = None
+    paused: Any = None  # a timedelta: paused between the first call and the end
 
     @property
     def elapsed(self):
@@ -805,17 +807,28 @@ class TaskClock:
         return None
 
     @property
+    def worked(self):
+        elapsed = self.elapsed
+        if elapsed is None or not self.paused:
+            return elapsed
+        return max(elapsed - self.paused, elapsed * 0)
+
+    @property
     def span_ms(self) -> int:
         elapsed = self.elapsed
         return max(1, round(elapsed.total_seconds() * 1000)) if elapsed else 1
 
 
 def task_clock(*, task: Task) -> TaskClock:
-    """Return the task's span: from its first call to its end (or now, while it
-    runs). One aggregate query over the task's steps."""
-    span = Step.objects.filter(task=task).aggregate(
-        first=Min("started_at"), last=Max("finished_at")
-    )
+    """Return the task's span: from its own first call (a branch's kept steps
+    ran in its parent's time) to its end (or now, while it runs), and the
+    time it spent paused within it. Two queries: an aggregate over the
+    task's steps, and its pause and resume events (index tasks_event_task_kind).
+    """
+    steps = Step.objects.filter(task=task)
+    if task.branched_from_id and task.branched_at:
+        steps = steps.filter(position__gt=task.branched_at)
+    span = steps.aggregate(first=Min("started_at"), last=Max("finished_at"))
     clock = TaskClock(started_at=span["first"])
     if clock.started_at is None:
         return clock
@@ -824,7 +837,28 @@ def task_clock(*, task: Task) -> TaskClock:
     else:
         clock.ended_at = timezone.now()
     clock.ended_at = max(clock.ended_at, clock.started_at)
+    clock.paused = _paused_within(task, clock.started_at, clock.ended_at)
     return clock
+
+
+def _paused_within(task: Task, start, end):
+    """The time between each pause and the resume after it, inside start..end."""
+    marks = Event.objects.filter(
+        task=task,
+        kind__in=[Event.Kind.TASK_PAUSED, Event.Kind.TASK_QUEUED],
+        created_at__gte=start,
+    ).values_list("kind", "created_at")
+    total = end - end
+    since = None
+    for kind, at in marks.order_by("seq"):
+        if kind == Event.Kind.TASK_PAUSED and since is None:
+            since = at
+        elif kind == Event.Kind.TASK_QUEUED and since is not None:
+            total += min(at, end) - since
+            since = None
+    if since is not None and since < end:
+        total += end - since
+    return total
 
 
 def _ms(delta) -> int:

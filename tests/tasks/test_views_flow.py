@@ -352,7 +352,7 @@ def test_a_retried_step_shows_its_failed_attempts_with_their_reasons(
     assert "<strong>dad</strong> started the step over as a new request" in body
     assert 'class="bar bar-failed"' in body
     assert 'class="bar bar-done"' in body
-    assert "in all, from the first call to the last" in body
+    assert ", from its first call to its last." in body
 
 
 def test_the_bars_are_svg_attributes_never_inline_styles(dad_client, conversation):

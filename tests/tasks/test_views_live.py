@@ -397,3 +397,52 @@ def test_a_stale_tab_on_a_decision_another_tab_took_corrects_itself_in_one_poll(
     assert update.status_code == 200
     assert f'id="choose-{step2.pk}-skip"' not in update.content.decode()
     assert "step 2" not in update.content.decode().split('id="timeline-heading"')[0]
+
+
+def test_durations_leave_out_the_time_the_task_was_paused(dad_client, conversation):
+    import time
+
+    from dashboard.selectors import task_clock
+    from tasks.actions import task_pause, task_resume
+
+    task = _step(_task(conversation))
+    task_pause(task=task, actor="user:dad")
+    task.refresh_from_db()
+    paused = dad_client.get(task.get_absolute_url()).content.decode()
+    assert "before the pause" in paused
+    assert "Took" not in paused
+    time.sleep(0.4)  # Dad comes back later
+    task_resume(task=Task.objects.get(pk=task.pk), actor="user:dad")
+    task = _step(Task.objects.get(pk=task.pk))
+    clock = task_clock(task=task)
+    assert clock.paused.total_seconds() >= 0.4
+    assert clock.worked == clock.elapsed - clock.paused
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    assert "paused</p>" not in body
+    assert ", not counting " in body
+
+
+def test_a_branchs_clock_starts_at_its_own_first_call(dad_client, conversation):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tasks.actions import task_branch
+
+    parent = _step(_task(conversation))
+    parent.steps.filter(position=1).update(
+        started_at=timezone.now() - timedelta(hours=2)
+    )
+    Task.objects.filter(pk=parent.pk).update(status=Task.Status.PAUSED)
+    parent.refresh_from_db()
+    branch = task_branch(task=parent, after_position=1, actor="user:dad")
+    _step(branch)
+    body = dad_client.get(branch.get_absolute_url()).content.decode()
+    assert (
+        "2 h"
+        not in body[
+            body.index('id="task-status"') : body.index(
+                "</div>", body.index('id="task-status"')
+            )
+        ]
+    )
