@@ -206,7 +206,7 @@ def test_dad_sees_a_retried_steps_failed_attempts(
         "started the step over as a new request"
     )
     expect(third.locator("svg.bars rect.bar")).to_have_count(3)
-    expect(page.locator(".clock")).to_contain_text("in all")
+    expect(page.locator(".clock")).to_contain_text("from its first call to its last")
     screenshot(page, "flow-attempts")
 
 
