@@ -9,6 +9,10 @@ The conversation page reads task rows only (their denormalised
 one page of steps and one page of events: a 10,000-step timeline is shown 100
 steps at a time, opening at the page that holds the current step, because
 rendering every row made the page take seconds and megabytes for no reader.
+
+Who sees what is ``pippa_site.owners``' rule: the dashboard is where staff see
+every row, so its selectors pass ``staff=True``, and the pages read a single
+conversation or task through ``tasks.documents``' getters with ``staff=True``.
 """
 
 from __future__ import annotations
@@ -32,18 +36,19 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce, Greatest
 from django.http import Http404
-from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
 from artifacts.models import Artifact
 from artifacts.preview import preview_status
 from artifacts.store import BlobError, default_store
 from council.models import CouncilRound, Turn
-from tasks.actions import step_resolve_options
+from pippa_site.owners import sees_every_row
+from tasks.actions import ATTENTION_STEPS, Choice, step_decision
 from tasks.models import Conversation, Event, Step, Task, needs_you_q
-from tasks.resume import ADOPT, CALL_AGAIN, envelope_read, resume_advice, resume_context
-from tasks.words import CHOICES, OUTSIDE_RERUN, OUTSIDE_RETRY, RULE_WORDS, actor_words
+from tasks.resume import envelope_read, resume_context
+from tasks.words import CHOICES, RULE_WORDS, actor_words
 
+ERR_NO_STEP = "No such step of this task."
 CONVERSATIONS_PER_PAGE = 50
 STEPS_PER_PAGE = 100
 EVENTS_PER_PAGE = 50
@@ -53,12 +58,9 @@ EVENTS_PER_PAGE = 50
 # not done, so more than one such step on a page is already unusual.
 MAX_ADVICE_PER_PAGE = 5
 EXCERPT_BYTES = 800
-# Resume advice actions that need no decision from a person.
-NO_DECISION = ("wait", "run", "none")
 
 ACTIVE = (Task.Status.QUEUED, Task.Status.RUNNING)
 ATTENTION = (Task.Status.NEEDS_REVIEW, Task.Status.FAILED)
-ATTENTION_STEPS = (Step.Status.RUNNING, Step.Status.NEEDS_REVIEW, Step.Status.FAILED)
 TEXT_TYPES = (
     "application/json",
     "application/xml",
@@ -100,7 +102,7 @@ def conversation_list(
     the latest change of the conversation or any of its tasks. ``needs_you``
     keeps only conversations with a step waiting for a person.
     """
-    conversations = Conversation.objects.for_user(user)
+    conversations = Conversation.objects.for_user(user, staff=True)
     query = query.strip()
     if query:
         task_match = Task.objects.filter(
@@ -154,7 +156,7 @@ def conversation_page(
 def conversations_needing_you(*, user) -> int:
     """How many of ``user``'s conversations have a step waiting for a person."""
     return (
-        Conversation.objects.for_user(user)
+        Conversation.objects.for_user(user, staff=True)
         .filter(
             Exists(
                 Step.objects.filter(needs_you_q(), task__conversation=OuterRef("pk"))
@@ -251,7 +253,7 @@ def dashboard_version(*, user, conversation: Conversation | None = None) -> str:
     if conversation is not None:
         conversations = Conversation.objects.filter(pk=conversation.pk)
     else:
-        conversations = Conversation.objects.for_user(user)
+        conversations = Conversation.objects.for_user(user, staff=True)
     totals = conversations.aggregate(
         v_n=Count("pk", distinct=True),
         v_changed=Max("updated_at"),
@@ -269,14 +271,6 @@ def dashboard_version(*, user, conversation: Conversation | None = None) -> str:
     return (
         f"{totals['v_n']}.{totals['v_tasks']}.{totals['v_seqs']}."
         f"{totals['rounds'] or 0}.{stamp:.6f}"
-    )
-
-
-def conversation_get_for_user(*, user, conversation_id: int) -> Conversation:
-    """Return the conversation, or raise Http404 if ``user`` may not see it."""
-    return get_object_or_404(
-        Conversation.objects.for_user(user).select_related("owner"),
-        pk=conversation_id,
     )
 
 
@@ -307,16 +301,6 @@ def conversation_rounds(*, conversation: Conversation) -> list[CouncilRound]:
 # -- tasks ---------------------------------------------------------------------
 
 
-def task_get_for_user(*, user, task_id: int) -> Task:
-    """Return the task, or raise Http404 if ``user`` may not see its conversation."""
-    return get_object_or_404(
-        Task.objects.filter(
-            conversation__in=Conversation.objects.for_user(user)
-        ).select_related("conversation", "conversation__owner", "branched_from"),
-        pk=task_id,
-    )
-
-
 def task_poll_state_for_user(*, user, task_id: int) -> tuple[int, bool]:
     """Return (last event seq, whether a worker holds a live lease) of a task
     ``user`` may see, or raise Http404 like ``task_get_for_user``.
@@ -326,14 +310,15 @@ def task_poll_state_for_user(*, user, task_id: int) -> tuple[int, bool]:
     without a word), which the lease's state tells. One indexed row.
     """
     q = connection.ops.quote_name
+    everyone = sees_every_row(user, staff=True)
     sql = (
         "SELECT t.last_seq, t.lease_owner <> '' AND t.lease_expires_at >= %s"
         f" FROM {q(Task._meta.db_table)} t"
         f" JOIN {q(Conversation._meta.db_table)} c ON c.id = t.conversation_id"
-        " WHERE t.id = %s" + ("" if user.is_staff else " AND c.owner_id = %s")
+        " WHERE t.id = %s" + ("" if everyone else " AND c.owner_id = %s")
     )
     now = connection.ops.adapt_datetimefield_value(timezone.now())
-    params = [now, int(task_id)] + ([] if user.is_staff else [user.pk])
+    params = [now, int(task_id)] + ([] if everyone else [user.pk])
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -369,12 +354,10 @@ def worker_busy_elsewhere(*, task: Task) -> bool:
 
 def step_get_for_user(*, user, task_id: int, step_id: int) -> Step:
     """Return one step of a task ``user`` may see, or raise Http404."""
-    return get_object_or_404(
-        Step.objects.filter(
-            task_id=task_id,
-            task__conversation__in=Conversation.objects.for_user(user),
-        ).select_related("task", "task__conversation", "output"),
-        pk=step_id,
+    return (
+        Step.objects.filter(task_id=task_id)
+        .select_related("task", "task__conversation", "output")
+        .get_for_user(user, step_id, staff=True, error=ERR_NO_STEP)
     )
 
 
@@ -426,18 +409,6 @@ class SavedOutput:
     excerpt: str = ""
     excerpt_truncated: bool = False
     headlines: list[dict] = field(default_factory=list)
-
-
-@dataclass
-class Choice:
-    """One way forward for a step that needs a person."""
-
-    action: str  # adopt, rerun, retry, skip, fail
-    label: str
-    words: str
-    recommended: bool = False
-    confirm: bool = False  # reaches outside again: a confirmation page first
-    warning: str = ""
 
 
 @dataclass
@@ -539,15 +510,15 @@ def _advise(rows: list[StepRow], task: Task) -> None:
         return
 
     for row in attention:
-        advice = resume_advice(row.step, task=task)
-        if advice.action in NO_DECISION:
+        decision = step_decision(step=row.step, task=task)
+        if decision is None:
             continue
-        row.advice = advice
-        row.plain_words = RULE_WORDS.get(advice.rule, "")
-        row.resolve_options = list(step_resolve_options(row.step))
+        row.advice = decision.advice
+        row.plain_words = decision.plain_words
+        row.resolve_options = decision.options
         if "adopt" in row.resolve_options:
             row.saved = saved_output(envelope_read(row.step.pk).payload)
-        row.choices = _choices(row)
+        row.choices = decision.choices
 
 
 def saved_output(payload: dict | None) -> SavedOutput | None:
@@ -602,33 +573,6 @@ def _headlines(sha: str, media: str) -> list[dict]:
     ]
 
 
-def _choices(row: StepRow) -> list[Choice]:
-    """The ways forward for a step that needs a person, the one Pippa would take first."""
-    step = row.step
-    wanted = {ADOPT: "adopt", CALL_AGAIN: "rerun"}.get(row.advice.action)
-    actions = list(row.resolve_options)
-    if step.status in (Step.Status.FAILED, Step.Status.NEEDS_REVIEW):
-        # Starting over is a retry (a new request); for a plain failure it
-        # replaces "run the same call again", which would say the same.
-        if "rerun" in actions and not step.side_effects:
-            actions.remove("rerun")
-        actions.insert(
-            actions.index("fail") if "fail" in actions else len(actions), "retry"
-        )
-    choices = []
-    for action in actions:
-        label, words = CHOICES[action]
-        choice = Choice(action=action, label=label, words=words)
-        if action == wanted:
-            choice.recommended = True
-        if step.side_effects and action in ("rerun", "retry"):
-            choice.confirm = True
-            choice.warning = OUTSIDE_RERUN if action == "rerun" else OUTSIDE_RETRY
-        choices.append(choice)
-    choices.sort(key=lambda c: not c.recommended)
-    return choices
-
-
 def current_step_page(*, task: Task) -> int:
     """Return the timeline page that holds the first step not yet done.
 
@@ -638,14 +582,11 @@ def current_step_page(*, task: Task) -> int:
     return min(task.steps_done, max(task.steps_total - 1, 0)) // STEPS_PER_PAGE + 1
 
 
-FINISHED_STEPS = (Step.Status.DONE, Step.Status.SKIPPED)
-
-
 # Settled steps: done, skipped, or never attempted. Such a row changes only
 # through a transition, which is logged with the step, so a live update redraws
 # a settled row only when an event names its step; the unsettled ones show
 # relative times and running bars, and are redrawn on every update.
-SETTLED_Q = Q(status__in=FINISHED_STEPS) | Q(
+SETTLED_Q = Q(status__in=Step.Status.finished()) | Q(
     status=Step.Status.PENDING, attempts=0, next_attempt_at__isnull=True
 )
 

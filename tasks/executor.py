@@ -68,6 +68,7 @@ from tasks.lease import (
     parse_dt,
 )
 from tasks.models import Conversation, Event, LinkRole, Step, Task, TaskArtifact
+from tasks.notify import notify_step_waiting
 from tasks.resume import (
     ADOPT,
     CALL_AGAIN,
@@ -160,6 +161,8 @@ T_STEP = Step._meta.db_table
 T_LINK = TaskArtifact._meta.db_table
 T_ART = Artifact._meta.db_table
 T_SRC = ArtifactSource._meta.db_table
+# Statuses of a finished step (``StepStatus.finished``), as an SQL list.
+FINISHED_SQL = Step.Status.finished_sql()
 
 
 _dt = db_datetime
@@ -177,7 +180,7 @@ def _next_step(cursor, task_id: int) -> _StepRow | None:
         f"s.artifact_class, s.side_effects, s.attempts, s.max_attempts, "
         f"s.generation, c.owner_id, s.next_attempt_at FROM {T_STEP} s "
         f"JOIN {T_TASK} t ON t.id = s.task_id JOIN {T_CONV} c ON c.id = t.conversation_id "
-        f"WHERE s.task_id = %s AND s.status NOT IN ('done', 'skipped') "
+        f"WHERE s.task_id = %s AND s.status NOT IN {FINISHED_SQL} "
         f"ORDER BY s.position LIMIT 1",
         [task_id],
     )
@@ -285,7 +288,7 @@ def _start_next(cursor, task_id: int, worker_id: str, lease: Lease) -> _StepRow 
         f"UPDATE {T_STEP} SET status = 'running', attempts = attempts + 1, "
         f"started_at = %s, finished_at = NULL, next_attempt_at = NULL "
         f"WHERE id = (SELECT id FROM {T_STEP} WHERE task_id = %s "
-        f"AND status NOT IN ('done', 'skipped') ORDER BY position LIMIT 1) "
+        f"AND status NOT IN {FINISHED_SQL} ORDER BY position LIMIT 1) "
         f"AND status = 'pending' AND attempts < max_attempts "
         f"AND (next_attempt_at IS NULL OR next_attempt_at <= %s) "
         f"RETURNING id, position, title, tool, args, artifact_class, side_effects, "
@@ -388,6 +391,7 @@ def _fail_exhausted(cursor, row: _StepRow, worker_id: str, pre: list) -> StepOut
         f"UPDATE {T_STEP} SET status = 'failed', finished_at = %s WHERE id = %s",
         [_dt(timezone.now()), row.id],
     )
+    notify_step_waiting(step_id=row.id, owner_id=row.owner_id, reason="failed")
     entries = [
         *pre,
         (
@@ -714,6 +718,7 @@ def _record_failure(
             data["next_attempt_at"] = next_at.isoformat()
         entries = [(Event.Kind.TOOL_CALL_FAILED, row.id, data)]
         if exhausted:
+            notify_step_waiting(step_id=row.id, owner_id=row.owner_id, reason="failed")
             entries.append((Event.Kind.STEP_FAILED, row.id, {"attempts": row.attempts}))
             task_status = lease_close(
                 cursor, row.task_id, worker_id, Task.Status.FAILED, entries
@@ -923,6 +928,9 @@ def _review(row: _StepRow, worker_id: str, advice, env: Envelope) -> StepOutcome
         cursor.execute(
             f"UPDATE {T_STEP} SET status = 'needs_review', error = %s WHERE id = %s",
             [advice.words, row.id],
+        )
+        notify_step_waiting(
+            step_id=row.id, owner_id=row.owner_id, reason="needs_review"
         )
         entries = [
             (Event.Kind.UNCERTAIN_RESOLVED, row.id, _note(advice, env, worker_id)),

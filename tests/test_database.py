@@ -86,6 +86,7 @@ def _settings_in_child(env: dict[str, str], code: str):
     )
 
 
+@pytest.mark.slow
 def test_synchronous_full_is_a_setting_and_a_wrong_value_is_refused(tmp_path):
     show = (
         "import django; django.setup(); from django.db import connection; "

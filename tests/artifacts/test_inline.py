@@ -22,6 +22,7 @@ from tasks.doctor import _integrity_scan, doctor_run
 from tasks.executor import step
 from tasks.models import Event, Step
 from tasks.plan import task_create
+from tasks.services import conversation_delete
 from tasks.tools import tools_load
 from tests.support.blobs import blob_overwrite
 from tests.support.executing import (
@@ -189,11 +190,11 @@ def test_two_owners_share_one_inline_row_which_goes_with_the_last_of_them(
     assert InlineBlob.objects.filter(sha256=sha).count() == 1  # one copy of the bytes
 
     with django_capture_on_commit_callbacks(execute=True):
-        conversations[0].delete()
+        conversation_delete(conversation_id=conversations[0].pk)
     assert InlineBlob.objects.filter(sha256=sha).exists()
     assert default_store().get(sha)  # bob still reads his output
     with django_capture_on_commit_callbacks(execute=True):
-        conversations[1].delete()
+        conversation_delete(conversation_id=conversations[1].pk)
     assert not InlineBlob.objects.exists()
     assert_no_leftovers()
 

@@ -22,7 +22,8 @@ from tests.pippa_mcp.conftest import (
 from tests.support.asyncrun import run_async
 from tests.support.executing import invocations
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# The SDK's client against the live server.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 WIDGET = (
     '<svg xmlns="http://www.w3.org/2000/svg" width="120" height="60">'
@@ -38,6 +39,11 @@ TOOLS = {
     "rewrite_plan",
     "resume_context",
     "run_next_step",
+    "pause_task",
+    "resume_task",
+    "cancel_task",
+    "decision_choices",
+    "decide_step",
     "artifact_read",
     "artifact_store",
     "council_round_start",
@@ -208,7 +214,7 @@ def test_bad_arguments_get_a_plain_tool_error_and_the_server_keeps_serving(
         (
             "create_task",
             {"title": "t\x00", "conversation_title": "c", "steps": PLAN},
-            "text may not contain NUL characters",
+            "title contains a character that cannot be stored (NUL or an unpaired surrogate)",
         ),
         (
             "artifact_read",
@@ -424,7 +430,7 @@ def test_a_council_widget_is_read_by_ref_as_image_and_as_source_by_the_next_clie
     context, ref, image, source, wrong = run(next_speaker)
     assert context["for"]["name"] == "Codex"
     assert ref["media_type"] == "image/svg+xml"
-    assert ref["class"] == 4
+    assert ref["artifact_class"] == 4
     assert "<svg" not in json.dumps(context)  # refs, never payloads
     assert not image.is_error
     meta, picture = image.content
