@@ -21,8 +21,8 @@ PYTHON ?= $(shell for c in python3.13 python3.12 python3 \
 .PHONY: prepare run dev test test-all bench lint format venv install install-test install-bench browser axe screenshots clean help
 
 help:
-	@echo "make run    - set up .venv, migrate, load the demo, serve on http://$(HOST):$(PORT) (gunicorn)"
-	@echo "make dev    - the same with Django's development server (auto-reload, DEBUG=1)"
+	@echo "make run    - set up .venv, migrate, load the demo, serve on http://$(HOST):$(PORT) (gunicorn + uvicorn, ASGI)"
+	@echo "make dev    - the same under uvicorn with auto-reload and DEBUG=1"
 	@echo "make test     - set up .venv with test extras; run the fast in-process suite in parallel"
 	@echo "make test-all - the same, then every test that starts a process, server or browser"
 	@echo "                (installs Debian's chromium and axe-core; what .ci/run runs)"
@@ -74,20 +74,24 @@ prepare: install
 	$(PY) manage.py collectstatic --noinput -v 0
 	$(PY) manage.py pippa_bootstrap
 
-# Production server: gunicorn (pippa_site/gunicorn_conf.py), whitenoise for static
-# files. A worker runs beside it so demo tasks advance live; Ctrl-C stops both.
+# Production server: gunicorn managing uvicorn workers (pippa_site/gunicorn_conf.py)
+# serving the ASGI app (pippa_site/asgi.py: Django, and MCP at /mcp/), whitenoise
+# for static files. A worker runs beside it so demo tasks advance live; Ctrl-C stops both.
 run: prepare
-	@echo "Pippa Stateful: http://$(HOST):$(PORT)/  (admin: http://$(HOST):$(PORT)/admin/)"
+	@echo "Pippa Stateful: http://$(HOST):$(PORT)/  (admin: http://$(HOST):$(PORT)/admin/, MCP: http://$(HOST):$(PORT)/mcp/)"
 	@trap 'kill 0' EXIT INT TERM; \
 	  $(PY) manage.py pippa_worker & \
 	  HOST=$(HOST) PORT=$(PORT) $(VENV)/bin/gunicorn -c python:pippa_site.gunicorn_conf
 
-# Django's development server: auto-reload and debug pages, for working on the code.
+# The same ASGI app under uvicorn with auto-reload and DEBUG=1, for working on the code.
 dev: prepare
-	@echo "Pippa Stateful (development server): http://$(HOST):$(PORT)/"
+	@echo "Pippa Stateful (development, auto-reload): http://$(HOST):$(PORT)/"
 	@trap 'kill 0' EXIT INT TERM; \
 	  $(PY) manage.py pippa_worker & \
-	  DEBUG=1 $(PY) manage.py runserver $(HOST):$(PORT)
+	  DEBUG=1 $(VENV)/bin/uvicorn pippa_site.asgi:application --reload \
+	    --reload-dir pippa_site --reload-dir tasks --reload-dir artifacts --reload-dir council \
+	    --reload-dir dashboard --reload-dir api --reload-dir brains --reload-dir pippa_mcp \
+	    --host $(HOST) --port $(PORT) --lifespan on --http h11 --no-proxy-headers
 
 # The fast suite: no child process, server or browser (tests/conftest.py
 # refuses one without a marker), so no chromium or axe is needed.

@@ -271,7 +271,8 @@ STORAGES = {
     },
 }
 
-# Request bodies: the WSGI server (gunicorn) streams them; Django reads at most
+# Request bodies: the ASGI server reads them (pippa_site/asgi.py refuses one
+# larger than a form before reading it, except the API's upload); Django reads at most
 # this much of a form or JSON body into memory (more is a 400), and spools
 # uploaded files to disk past FILE_UPLOAD_MAX_MEMORY_SIZE. The API's artifact
 # upload streams into the blob store up to PIPPA_MAX_UPLOAD_BYTES.
@@ -279,6 +280,14 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("PIPPA_MAX_FORM_BYTES", 2_621_440)
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
 DATA_UPLOAD_MAX_NUMBER_FILES = 10
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
+
+# Serving (pippa_site/asgi.py, gunicorn_conf.py), per web process: threads for
+# Django's synchronous views, and for MCP tool calls; MCP over HTTP's largest
+# request body and its requests in flight per token.
+PIPPA_WEB_THREADS = env_int("PIPPA_WEB_THREADS", 8)
+PIPPA_MCP_THREADS = env_int("PIPPA_MCP_THREADS", 4)
+PIPPA_MCP_MAX_BODY_BYTES = env_int("PIPPA_MCP_MAX_BODY_BYTES", 4 * 1024 * 1024)
+PIPPA_MCP_STREAMS_PER_TOKEN = env_int("PIPPA_MCP_STREAMS_PER_TOKEN", 8)
 
 # Executor knobs.
 PIPPA_LEASE_SECONDS = env_int("PIPPA_LEASE_SECONDS", 60)

@@ -16,7 +16,8 @@ urlpatterns = [
     path("artifacts/", include("artifacts.urls")),
     path("council/", include("council.urls")),
     path("api/v1/", api.urls),
-    # Streamable HTTP MCP; both spellings, since a POST cannot follow a slash redirect.
+    # Streamable HTTP MCP: pippa_site.asgi routes both spellings to the SDK's
+    # transport before Django; a WSGI server reaching these says so (501).
     path("mcp/", mcp_endpoint, name="mcp"),
     path("mcp", mcp_endpoint),
     # Anything else under the API answers in the API's own words (JSON 404).

@@ -38,6 +38,7 @@ STARTS_SOMETHING = {
     "stdio_session",
     "http_server",
     "mcp_url",
+    "asgi_server",  # uvicorn serving pippa_site.asgi, in a thread
     "logged_in_page",
     "page",  # pytest-playwright's
     "context",

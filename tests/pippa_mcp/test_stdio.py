@@ -1,6 +1,6 @@
 """The MCP server as a process: killed with SIGKILL mid-step, resumed by another client.
 
-The server is ``manage.py pippa_mcp`` over stdio (or ``runserver`` serving
+The server is ``manage.py pippa_mcp`` over stdio (or uvicorn serving
 /mcp/), driven by the SDK's own client. Real tool calls are counted through
 the side-channel file the test tools append to.
 """
