@@ -48,6 +48,13 @@ class ApiToken(models.Model):
             models.CheckConstraint(
                 condition=~Q(name=""), name="pippa_site_apitoken_name_nonempty"
             ),
+            # One active token per name and user: the list tells tokens apart
+            # by name, and revoking "the laptop" must mean one token.
+            models.UniqueConstraint(
+                fields=["user", "name"],
+                condition=Q(revoked_at__isnull=True),
+                name="pippa_site_apitoken_active_name_uniq",
+            ),
         ]
         indexes = [
             # Token settings page: a user's tokens, newest first.

@@ -6,7 +6,7 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from api.models import ApiToken
@@ -17,6 +17,10 @@ TOKEN_PREFIX = "pip_"
 PREFIX_CHARS = 12
 ERR_TOKEN_NAME = "give the token a name (up to 100 characters)"
 ERR_TOKEN_REVOKED = "that token is already revoked"
+ERR_TOKEN_NAME_TAKEN = (
+    "you already have an active token named “{name}”: choose another name, "
+    "or revoke that one first"
+)
 
 
 class TokenError(Invalid):
@@ -45,9 +49,15 @@ def token_create(*, user, name: str) -> NewToken:
     if not name or len(name) > 100:
         raise TokenError(ERR_TOKEN_NAME)
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    token = ApiToken.objects.create(
-        user=user, name=name, sha256=token_hash(raw), prefix=raw[:PREFIX_CHARS]
-    )
+    try:
+        # Its own savepoint: a refused name leaves the caller's transaction usable.
+        with transaction.atomic():
+            token = ApiToken.objects.create(
+                user=user, name=name, sha256=token_hash(raw), prefix=raw[:PREFIX_CHARS]
+            )
+    except IntegrityError as exc:
+        # pippa_site_apitoken_active_name_uniq: a second active token of that name.
+        raise TokenError(ERR_TOKEN_NAME_TAKEN.format(name=name)) from exc
     return NewToken(token=token, raw=raw)
 
 

@@ -22,17 +22,28 @@ from api.services import (
     token_revoke,
 )
 
-MSG_REVOKED = "Token “{name}” revoked. Runners using it now get 401."
+MSG_REVOKED = "Token “{name}” revoked. A runner that still uses it is now turned away."
 
 
-def _page(request: HttpRequest, **extra) -> HttpResponse:
+# The new token between the POST that made it and the page that shows it once.
+NEW_TOKEN_KEY = "pippa_new_token"
+
+
+def _page(request: HttpRequest, status: int = 200, **extra) -> HttpResponse:
     tokens = ApiToken.objects.for_user(request.user)[:200]
-    return render(request, "pippa_site/tokens.html", {"tokens": tokens, **extra})
+    return render(
+        request, "pippa_site/tokens.html", {"tokens": tokens, **extra}, status=status
+    )
 
 
+@never_cache
 @require_GET
 @login_required
 def token_list(request: HttpRequest) -> HttpResponse:
+    """The tokens; right after one was made, its secret, once (from the session)."""
+    new = request.session.pop(NEW_TOKEN_KEY, None)
+    if isinstance(new, dict):
+        return _page(request, new_token=new.get("raw"), new_name=new.get("name"))
     return _page(request)
 
 
@@ -40,13 +51,15 @@ def token_list(request: HttpRequest) -> HttpResponse:
 @require_POST
 @login_required
 def token_new(request: HttpRequest) -> HttpResponse:
-    """Create a token and show it once; the page is never cached."""
+    """Create a token, then redirect: a reload of the page that shows it makes
+    no second token (POST-redirect-GET), and shows the secret no more."""
     name = request.POST.get("name", "")
     try:
         new = token_create(user=request.user, name=name)
     except TokenError as exc:
-        return _page(request, error=str(exc), name=name[:100])
-    return _page(request, new_token=new.raw, new_name=new.token.name)
+        return _page(request, status=400, error=str(exc), name=name[:100])
+    request.session[NEW_TOKEN_KEY] = {"raw": new.raw, "name": new.token.name}
+    return redirect("tokens:list")
 
 
 @require_http_methods(["GET", "POST"])

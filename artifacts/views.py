@@ -157,8 +157,25 @@ def artifact_detail(request: HttpRequest, artifact_id: int) -> HttpResponse:
             "lineage_svg": lineage_svg(artifact=artifact, lineage=lineage),
             "owners": owners,
             "is_text": artifact.media_type.startswith(TEXT_MEDIA_PREFIXES),
+            "excerpt": _head_text(artifact)
+            if artifact.media_type.startswith(TEXT_MEDIA_PREFIXES)
+            else None,
         },
     )
+
+
+# How much of a text artifact its page shows first, above its details.
+HEAD_BYTES = 4096
+
+
+def _head_text(artifact: Artifact) -> tuple[str, bool] | None:
+    """The start of a text artifact (text, cut short?), or None when unreadable."""
+    try:
+        with default_store().open(artifact.sha256) as fh:
+            head = fh.read(HEAD_BYTES + 1)
+    except (BlobError, OSError):
+        return None
+    return head[:HEAD_BYTES].decode("utf-8", errors="replace"), len(head) > HEAD_BYTES
 
 
 @require_POST

@@ -18,7 +18,6 @@ conversation or task through ``tasks.documents``' getters with ``staff=True``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +41,7 @@ from django.utils import timezone
 from artifacts.models import Artifact
 from artifacts.preview import preview_status
 from artifacts.store import BlobError, default_store
-from council.models import CouncilRound
+from council.models import CouncilRound, Turn
 from pippa_site.owners import sees_every_row
 from tasks.actions import ATTENTION_STEPS, Choice, step_decision
 from tasks.models import Conversation, Event, Step, Task, needs_you_q
@@ -167,6 +166,114 @@ def conversations_needing_you(*, user) -> int:
     )
 
 
+# How many decisions the home page lists; the count says when there are more.
+TODO_LIMIT = 50
+
+
+@dataclass
+class ToDo:
+    """What waits for a person: steps to decide, and paused tasks to resume."""
+
+    decisions: list[Step]
+    paused: list[Task]
+    working: int  # tasks a worker is on or will be (queued, running)
+    more: bool = False  # past TODO_LIMIT
+
+    @property
+    def count(self) -> int:
+        return len(self.decisions) + len(self.paused)
+
+    @property
+    def first_url(self) -> str:
+        return todo_url(self.decisions[0]) if self.decisions else ""
+
+
+def todo_url(step: Step) -> str:
+    """Where a decision's card is: its task page, at the card."""
+    return f"{step.task.get_absolute_url()}#attention-{step.position}"
+
+
+def _lease_live_q(prefix: str = "") -> Q:
+    return ~Q(**{f"{prefix}lease_owner": ""}) & Q(
+        **{f"{prefix}lease_expires_at__gte": timezone.now()}
+    )
+
+
+def todo_for_user(*, user, exclude_task: Task | None = None) -> ToDo:
+    """Return what waits for ``user`` (their own conversations), oldest first.
+
+    A step waits when it needs a person (``needs_you_q``) and no worker is
+    still on it (a step in flight under a pause is not a decision yet). A
+    paused task waits when nothing in it needs a decision: only a resume.
+    Three queries, each on the partial index of attention steps or on the
+    owner's tasks.
+    """
+    steps = (
+        Step.objects.filter(needs_you_q(), task__conversation__owner=user)
+        .exclude(Q(status=Step.Status.RUNNING) & _lease_live_q("task__"))
+        .select_related("task", "task__conversation")
+        .order_by("task__created_at", "task_id", "position")
+    )
+    if exclude_task is not None:
+        steps = steps.exclude(task=exclude_task)
+    decisions = list(steps[: TODO_LIMIT + 1])
+    tasks = Task.objects.filter(conversation__owner=user)
+    paused = list(
+        tasks.filter(status=Task.Status.PAUSED)
+        .exclude(_lease_live_q())
+        .exclude(Exists(Step.objects.filter(needs_you_q(), task=OuterRef("pk"))))
+        .select_related("conversation")
+        .order_by("updated_at", "pk")[: TODO_LIMIT + 1]
+    )
+    more = len(decisions) + len(paused) > TODO_LIMIT
+    decisions = decisions[:TODO_LIMIT]
+    paused = paused[: max(0, TODO_LIMIT - len(decisions))]
+    working = tasks.filter(status__in=ACTIVE).count()
+    return ToDo(decisions=decisions, paused=paused, working=working, more=more)
+
+
+def next_decision_for_user(*, user, after: Task) -> Step | None:
+    """The first decision waiting for ``user`` outside ``after``: "Next decision →"."""
+    return (
+        Step.objects.filter(needs_you_q(), task__conversation__owner=user)
+        .exclude(task=after)
+        .exclude(Q(status=Step.Status.RUNNING) & _lease_live_q("task__"))
+        .select_related("task")
+        .order_by("task__created_at", "task_id", "position")
+        .first()
+    )
+
+
+def dashboard_version(*, user, conversation: Conversation | None = None) -> str:
+    """A fingerprint of what ``user``'s home page (or one conversation page)
+    shows: it changes when any of their tasks logs an event, a task or a
+    conversation comes or goes, or a council round gets a turn. A page's
+    refresh sends it back; the same answer is a 204. Two aggregate queries.
+    """
+    if conversation is not None:
+        conversations = Conversation.objects.filter(pk=conversation.pk)
+    else:
+        conversations = Conversation.objects.for_user(user, staff=True)
+    totals = conversations.aggregate(
+        v_n=Count("pk", distinct=True),
+        v_changed=Max("updated_at"),
+        v_tasks=Count("tasks", distinct=True),
+        v_seqs=Coalesce(Sum("tasks__last_seq"), 0),
+        v_task_changed=Max("tasks__updated_at"),
+    )
+    totals["rounds"] = Turn.objects.filter(
+        round__conversation__in=conversations
+    ).count()
+    stamp = max(
+        (t.timestamp() for t in (totals["v_changed"], totals["v_task_changed"]) if t),
+        default=0,
+    )
+    return (
+        f"{totals['v_n']}.{totals['v_tasks']}.{totals['v_seqs']}."
+        f"{totals['rounds'] or 0}.{stamp:.6f}"
+    )
+
+
 def conversation_tasks(*, conversation: Conversation) -> list[Task]:
     """Return the conversation's tasks in order, each with its "needs you" count.
 
@@ -194,28 +301,55 @@ def conversation_rounds(*, conversation: Conversation) -> list[CouncilRound]:
 # -- tasks ---------------------------------------------------------------------
 
 
-def task_last_seq_for_user(*, user, task_id: int) -> int:
-    """Return the task's last event seq, or raise Http404 like
-    ``tasks.documents.task_get_for_user`` (staff see every task).
+def task_poll_state_for_user(*, user, task_id: int) -> tuple[int, bool]:
+    """Return (last event seq, whether a worker holds a live lease) of a task
+    ``user`` may see, or raise Http404 like ``task_get_for_user``.
 
-    The live timeline's idle poll asks only this, every 2 s from every open
-    tab: one indexed row in plain SQL instead of the task with its joins. The
-    owner rule is ``TaskQuerySet.for_user``'s, written as SQL.
+    A live poll compares both with what its page shows: every change of a task
+    appends an event, except a worker that stops answering (its lease runs out
+    without a word), which the lease's state tells. One indexed row.
     """
     q = connection.ops.quote_name
     everyone = sees_every_row(user, staff=True)
     sql = (
-        f"SELECT t.last_seq FROM {q(Task._meta.db_table)} t"
+        "SELECT t.last_seq, t.lease_owner <> '' AND t.lease_expires_at >= %s"
+        f" FROM {q(Task._meta.db_table)} t"
         f" JOIN {q(Conversation._meta.db_table)} c ON c.id = t.conversation_id"
         " WHERE t.id = %s" + ("" if everyone else " AND c.owner_id = %s")
     )
-    params = [int(task_id)] if everyone else [int(task_id), user.pk]
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    params = [now, int(task_id)] + ([] if everyone else [user.pk])
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
         raise Http404("No Task matches the given query.")
-    return row[0]
+    return row[0], bool(row[1])
+
+
+def step_in_flight(*, task: Task) -> Step | None:
+    """Return the step a worker is calling now (its lease is live), or None."""
+    if not task.lease_live:
+        return None
+    return (
+        Step.objects.filter(task=task, status=Step.Status.RUNNING)
+        .order_by("position")
+        .first()
+    )
+
+
+def worker_busy_elsewhere(*, task: Task) -> bool:
+    """Whether a worker holds a live lease on another task (any owner's).
+
+    Why a queued task waits: one worker steps one task at a time. Says
+    nothing of the other task, which may be another user's.
+    """
+    return (
+        Task.objects.exclude(pk=task.pk)
+        .exclude(lease_owner="")
+        .filter(lease_expires_at__gte=timezone.now())
+        .exists()
+    )
 
 
 def step_get_for_user(*, user, task_id: int, step_id: int) -> Step:
@@ -269,9 +403,12 @@ class SavedOutput:
     size: int
     media_type: str
     title: str
-    preview: str = ""  # "image", "excerpt", "" (shown only as a download)
+    # "image" (raster), "svg" (drawn in an <img>, where no script runs),
+    # "headlines" (a saved search), "excerpt", "" (shown only as a download)
+    preview: str = ""
     excerpt: str = ""
     excerpt_truncated: bool = False
+    headlines: list[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -290,30 +427,10 @@ class StepRow:
     saved: SavedOutput | None = None
     choices: list[Choice] = field(default_factory=list)
     plain_words: str = ""  # what resume will do, in Dad's words
-    # A settled row's identity (see settled_row_key) and, when it was drawn
-    # before, its HTML: such a row reads no blob excerpt and no events.
-    key: tuple | None = None
-    html: str = ""
 
     @property
     def needs_attention(self) -> bool:
         return self.step.status in ATTENTION_STEPS
-
-    @property
-    def reusable(self) -> bool:
-        """Whether the row's HTML may be shown again while its key holds.
-
-        Only a settled row that shows no relative time ("5 min ago" lives in
-        the attempts fold and notes) and no missing blob, which may come back.
-        """
-        return (
-            self.key is not None
-            and self.advice is None
-            and len(self.attempts) <= 1
-            and not self.failed_attempts
-            and not self.notes
-            and self.preview != "missing"
-        )
 
     @property
     def failed_attempts(self) -> list[Attempt]:
@@ -418,11 +535,42 @@ def saved_output(payload: dict | None) -> SavedOutput | None:
     kind = _media_kind(media)
     if kind == "image":
         saved.preview = "image"
+    elif media.split(";")[0].strip().lower() == "image/svg+xml":
+        saved.preview = "svg"
     elif kind == "excerpt":
         text, saved.excerpt_truncated, missing = _blob_excerpt(saved.sha)
         if not missing:
             saved.preview, saved.excerpt = "excerpt", text
+            saved.headlines = _headlines(saved.sha, media)
+            if saved.headlines:
+                saved.preview = "headlines"
     return saved
+
+
+MAX_HEADLINES = 10
+
+
+def _headlines(sha: str, media: str) -> list[dict]:
+    """A saved search's results as (title, url) pairs, when it is one.
+
+    A JSON object with a ``results`` list of objects that have a ``title``
+    (the shape of a search tool's answer); anything else is shown as text.
+    """
+    if "json" not in media:
+        return []
+    try:
+        with default_store().open(sha) as fh:
+            data = json.loads(fh.read(256 * 1024))
+    except (BlobError, OSError, ValueError):
+        return []
+    results = data.get("results") if isinstance(data, dict) else None
+    if not isinstance(results, list):
+        return []
+    return [
+        {"title": str(r["title"])[:200], "url": str(r.get("url") or "")[:500]}
+        for r in results[:MAX_HEADLINES]
+        if isinstance(r, dict) and r.get("title")
+    ]
 
 
 def current_step_page(*, task: Task) -> int:
@@ -434,86 +582,29 @@ def current_step_page(*, task: Task) -> int:
     return min(task.steps_done, max(task.steps_total - 1, 0)) // STEPS_PER_PAGE + 1
 
 
-def _untouched(step: Step) -> bool:
-    return (
-        step.status == Step.Status.PENDING
-        and not step.attempts
-        and step.next_attempt_at is None
-    )
-
-
-# The same rule as a filter (a live update reads the unsettled steps always).
+# Settled steps: done, skipped, or never attempted. Such a row changes only
+# through a transition, which is logged with the step, so a live update redraws
+# a settled row only when an event names its step; the unsettled ones show
+# relative times and running bars, and are redrawn on every update.
 SETTLED_Q = Q(status__in=Step.Status.finished()) | Q(
     status=Step.Status.PENDING, attempts=0, next_attempt_at__isnull=True
 )
 
 
-def settled_row_key(step: Step, task: Task, clock: TaskClock) -> tuple | None:
-    """Return what a settled step's timeline row is drawn from, or None.
-
-    Settled (SETTLED_Q): done, skipped, or pending and never attempted (no
-    relative time to show). Such a step changes only through a transition
-    that changes one of these (a retry, a resolution, a new generation, a
-    new output, a rendered preview); the clock's start places its bars.
-    Nothing else of the task goes in (its branch link, shown once the task is
-    idle, is put in on the way out: dashboard.rows).
-    """
-    if not step.is_finished and not _untouched(step):
-        return None
-    out = step.output
-    output = (
-        None
-        if out is None
-        else (
-            out.pk,
-            out.sha256,
-            out.size,
-            out.media_type,
-            out.title,
-            repr(preview_status(out)),
-        )
-    )
-    return (
-        task.pk,
-        task.steps_total,
-        clock.started_at,
-        step.pk,
-        step.position,
-        step.status,
-        step.title,
-        step.attempts,
-        step.max_attempts,
-        step.generation,
-        step.started_at,
-        step.finished_at,
-        step.error,
-        step.side_effects,
-        step.artifact_class,
-        output,
-    )
-
-
-DrawnLookup = Callable[[tuple], str | None]
-
-
 def task_timeline(
-    *, task: Task, page: str | int | None = None, drawn: DrawnLookup | None = None
+    *, task: Task, page: str | int | None = None
 ) -> tuple[Page, list[StepRow], TaskClock]:
     """Return one page of the task's steps, with previews and resume advice,
-    and the task's clock with every attempt's bar placed on it.
-
-    ``drawn(key)`` returns a settled row's HTML drawn earlier, if any: such
-    a row is not read again (no blob excerpt, none of its events).
-    """
+    and the task's clock with every attempt's bar placed on it."""
     steps = Step.objects.filter(task=task).select_related("output").order_by("position")
     paginator = Paginator(steps, STEPS_PER_PAGE)
     step_page = paginator.get_page(page or current_step_page(task=task))
     clock = task_clock(task=task)
-    return step_page, _rows(step_page.object_list, task, clock, drawn), clock
+    return step_page, _rows(step_page.object_list, task, clock), clock
 
 
 def task_timeline_changes(
-    *, task: Task, page: int, since: int, drawn: DrawnLookup | None = None
+    *, task: Task, page: int, since: int
 ) -> tuple[list[StepRow], TaskClock]:
     """Return the rows of one timeline page that a page drawn at event
     ``since`` lacks, and the task's clock.
@@ -537,36 +628,26 @@ def task_timeline_changes(
         .order_by("position")
     )
     clock = task_clock(task=task)
-    return _rows(steps, task, clock, drawn), clock
+    return _rows(steps, task, clock), clock
 
 
-def _rows(steps, task: Task, clock: TaskClock, drawn: DrawnLookup | None):
-    rows = []
-    keyed = []
+def _rows(steps, task: Task, clock: TaskClock) -> list[StepRow]:
+    steps = list(steps)
     for step in steps:
         step.task = task  # the page already holds it; resume advice reads it
-        key = settled_row_key(step, task, clock)
-        html = drawn(key) if key is not None and drawn is not None else None
-        keyed.append((step, key, html))
     # The text outputs' heads at once (small outputs are inline rows).
     heads = default_store().heads(
         [
             step.output.sha256
-            for step, _, html in keyed
-            if not html
-            and step.output is not None
-            and _preview_kind(step.output) == "excerpt"
+            for step in steps
+            if step.output is not None and _preview_kind(step.output) == "excerpt"
         ],
         EXCERPT_BYTES + 1,
     )
-    for step, key, html in keyed:
-        row = StepRow(step=step, html=html) if html else _step_row(step, heads)
-        row.key = key
-        rows.append(row)
-    fresh = [row for row in rows if not row.html]
-    _advise(fresh, task)
-    _attempts(fresh)
-    _place_bars(clock, fresh)
+    rows = [_step_row(step, heads) for step in steps]
+    _advise(rows, task)
+    _attempts(rows)
+    _place_bars(clock, rows)
     return rows
 
 
@@ -652,11 +733,13 @@ class TaskClock:
 
     Bars are in milliseconds from the first call, so a row drawn earlier stays
     right as the task goes on; only the axis (``span_ms``, each bar's
-    ``viewBox``) grows to "now".
+    ``viewBox``) grows to "now". ``worked`` is the span less the time the
+    task spent paused: what "Took" and "Running for" say.
     """
 
     started_at: Any = None
     ended_at: Any = None
+    paused: Any = None  # a timedelta: paused between the first call and the end
 
     @property
     def elapsed(self):
@@ -665,17 +748,28 @@ class TaskClock:
         return None
 
     @property
+    def worked(self):
+        elapsed = self.elapsed
+        if elapsed is None or not self.paused:
+            return elapsed
+        return max(elapsed - self.paused, elapsed * 0)
+
+    @property
     def span_ms(self) -> int:
         elapsed = self.elapsed
         return max(1, round(elapsed.total_seconds() * 1000)) if elapsed else 1
 
 
 def task_clock(*, task: Task) -> TaskClock:
-    """Return the task's span: from its first call to its end (or now, while it
-    runs). One aggregate query over the task's steps."""
-    span = Step.objects.filter(task=task).aggregate(
-        first=Min("started_at"), last=Max("finished_at")
-    )
+    """Return the task's span: from its own first call (a branch's kept steps
+    ran in its parent's time) to its end (or now, while it runs), and the
+    time it spent paused within it. Two queries: an aggregate over the
+    task's steps, and its pause and resume events (index tasks_event_task_kind).
+    """
+    steps = Step.objects.filter(task=task)
+    if task.branched_from_id and task.branched_at:
+        steps = steps.filter(position__gt=task.branched_at)
+    span = steps.aggregate(first=Min("started_at"), last=Max("finished_at"))
     clock = TaskClock(started_at=span["first"])
     if clock.started_at is None:
         return clock
@@ -684,7 +778,28 @@ def task_clock(*, task: Task) -> TaskClock:
     else:
         clock.ended_at = timezone.now()
     clock.ended_at = max(clock.ended_at, clock.started_at)
+    clock.paused = _paused_within(task, clock.started_at, clock.ended_at)
     return clock
+
+
+def _paused_within(task: Task, start, end):
+    """The time between each pause and the resume after it, inside start..end."""
+    marks = Event.objects.filter(
+        task=task,
+        kind__in=[Event.Kind.TASK_PAUSED, Event.Kind.TASK_QUEUED],
+        created_at__gte=start,
+    ).values_list("kind", "created_at")
+    total = end - end
+    since = None
+    for kind, at in marks.order_by("seq"):
+        if kind == Event.Kind.TASK_PAUSED and since is None:
+            since = at
+        elif kind == Event.Kind.TASK_QUEUED and since is not None:
+            total += min(at, end) - since
+            since = None
+    if since is not None and since < end:
+        total += end - since
+    return total
 
 
 def _ms(delta) -> int:

@@ -7,7 +7,8 @@ Views stay thin: a selector or one service, then ``render`` or a redirect
 
 from __future__ import annotations
 
-from functools import wraps
+import logging
+from functools import partial, wraps
 from types import SimpleNamespace
 from urllib.parse import urlencode
 
@@ -22,6 +23,7 @@ from django.http import (
     HttpResponseBadRequest,
 )
 from django.shortcuts import redirect, render, resolve_url
+from django.template.defaultfilters import pluralize
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -29,7 +31,6 @@ from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
 
 from artifacts.store import BlobError, default_store
 from dashboard import selectors
-from dashboard.rows import drawn_rows, events_draw, rows_draw
 from dashboard.selectors import current_step_page
 from pippa_site.errors import PippaError
 from tasks import actions
@@ -40,6 +41,8 @@ from tasks.models import Step, Task
 from tasks.resume import envelope_read
 from tasks.words import CHOICES, OUTSIDE_RERUN, OUTSIDE_RETRY
 
+logger = logging.getLogger(__name__)
+
 FRAGMENTS = ("timeline", "events")
 MSG_QUEUED = "Queued “{title}” for the worker."
 MSG_RETRIED = "Step {position} will run again."
@@ -47,13 +50,42 @@ MSG_RESOLVED = "Step {position}: {action}."
 MSG_BRANCHED = "Branched a new task that keeps steps 1–{position}."
 MSG_DELETED = "Deleted “{title}” with {summary}."
 MSG_BAD_POSITION = "Choose a step to branch from."
-MSG_PAUSED = "Paused “{title}”: it stops after the step it is on."
-MSG_CANCELLED = "Cancelled “{title}”: it stops after the step it is on."
+MSG_PAUSED = "Paused “{title}”."
+MSG_PAUSING = "Pausing “{title}”: step {position} finishes first, then it stops."
+MSG_CANCELLED = "Cancelled “{title}”."
+MSG_CANCELLING = (
+    "Cancelling “{title}”: step {position} finishes first, then nothing more runs."
+)
+# Refusals say what happened and where things stand now (an action Dad took
+# in a tab that was out of date, most often); the service's own words go to
+# the log, not to him.
+MSG_ALREADY_DECIDED = (
+    "Step {position} was already decided, perhaps in another window: it is "
+    "{status} now. Nothing was done twice."
+)
+MSG_NOT_A_CHOICE = (
+    "Nothing was done: “{label}” is not one of the ways forward for step "
+    "{position} now. The choices it has are shown below."
+)
+MSG_DECIDE_FIRST = (
+    "Nothing was done: step {position} is {status} and waits for your "
+    "decision first; choose what to do with it below."
+)
+MSG_TASK_MOVED_ON = (
+    "Nothing was done: the task is {status} now, perhaps changed in another "
+    "window. The page shows where it stands."
+)
 MSG_DEMO_STARTED = "Started a fresh demo task: watch it advance."
 MSG_BAD_SINCE = (
     "“since” is the last event number the page showed: a whole number from 0 "
     "to {last_seq} for this task."
 )
+# How often a task page polls while a worker may act, and while it waits
+# for a person (another tab may decide).
+POLL_BUSY_SECONDS = 2
+POLL_IDLE_SECONDS = 10
+# How often the home and conversation pages ask whether anything changed.
+REFRESH_SECONDS = 10
 # A live update past this many events sends the whole timeline instead of
 # looking for the rows they touched.
 LIVE_UPDATE_MAX_EVENTS = 1000
@@ -68,6 +100,8 @@ COUNT_LABELS = {
     "links": ("artifact link", "artifact links"),
     "artifacts": ("artifact", "artifacts"),
 }
+# Counts of a deletion that only an engineer needs (shown under "Details").
+ENGINEER_COUNTS = ("events", "links")
 RESOLVE_LABELS = {
     "adopt": "the saved output is used; the task goes on by itself",
     "rerun": "the same call runs again; the task goes on by itself",
@@ -94,12 +128,14 @@ def dashboard_login_required(view):
     return wrapper
 
 
-def _counted(report, skip: tuple[str, ...] = ()) -> list[tuple[str, int]]:
+def _counted(
+    report, skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None
+) -> list[tuple[str, int]]:
     """Return a deletion report's counts as (words, number), in report order."""
     return [
         (COUNT_LABELS.get(key, (key, key))[n != 1], n)
         for key, n in report.removed_counts().items()
-        if key not in skip
+        if key not in skip and (only is None or key in only)
     ]
 
 
@@ -115,9 +151,19 @@ def _int_or_none(value: str | None) -> int | None:
         return None
 
 
+def _unchanged(request: HttpRequest, version: str) -> bool:
+    """A page's refresh (htmx, ``version`` of what it shows) with nothing new."""
+    return bool(request.htmx) and request.GET.get("version") == version
+
+
 @require_GET
 @dashboard_login_required
 def conversation_list(request: HttpRequest) -> HttpResponse:
+    # The page refreshes itself every REFRESH_SECONDS: a 204 while nothing of
+    # the user's changed, else the to-do list and the results, out of band.
+    version = selectors.dashboard_version(user=request.user)
+    if _unchanged(request, version):
+        return HttpResponse(status=204)
     query = request.GET.get("q", "")[:200]
     needs_you = request.GET.get("needs") == "you"
     page = selectors.conversation_page(
@@ -129,11 +175,16 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
     template = "tasks/conversation_list.html"
     if request.htmx and request.htmx.target == "conversation-results":
         template += "#results"
+    elif request.htmx and request.htmx.target == "refresh":
+        template += "#refreshed"
     context = {
         "page": page,
         "query": query,
         "needs_you": needs_you,
         "needing_you": selectors.conversations_needing_you(user=request.user),
+        "todo": selectors.todo_for_user(user=request.user),
+        "version": version,
+        "refresh_every": REFRESH_SECONDS,
     }
     return render(request, template, context)
 
@@ -144,6 +195,9 @@ def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     conversation = conversation_get_for_user(
         user=request.user, conversation_id=pk, staff=True
     )
+    version = selectors.dashboard_version(user=request.user, conversation=conversation)
+    if _unchanged(request, version):
+        return HttpResponse(status=204)
     tasks = selectors.conversation_tasks(conversation=conversation)
     context = {
         "conversation": conversation,
@@ -153,8 +207,13 @@ def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "activity_at": max([conversation.updated_at, *(t.updated_at for t in tasks)]),
         "needs_you": sum(t.needs_you_count for t in tasks),
         "demo_live": _demo_live_offer(conversation, tasks),
+        "version": version,
+        "refresh_every": REFRESH_SECONDS,
     }
-    return render(request, "tasks/conversation_detail.html", context)
+    template = "tasks/conversation_detail.html"
+    if request.htmx and request.htmx.target == "refresh":
+        template += "#refreshed"
+    return render(request, template, context)
 
 
 def _demo_live_offer(conversation, tasks: list[Task]) -> bool:
@@ -200,26 +259,66 @@ def conversation_delete(request: HttpRequest, pk: int) -> HttpResponse:
     return render(
         request,
         "tasks/conversation_delete.html",
-        {"conversation": conversation, "report": report, "counts": _counted(report)},
+        {
+            "conversation": conversation,
+            "report": report,
+            "counts": _counted(report, skip=ENGINEER_COUNTS),
+            "engineer_counts": _counted(report, only=ENGINEER_COUNTS),
+        },
     )
+
+
+def poll_seconds(task: Task) -> int | None:
+    """How often a task page asks what changed: None once nothing can.
+
+    Every 2 s while a worker may act (queued, running, or a step still in
+    flight after a pause or cancel); every 10 s while it waits for a person
+    (paused, a decision), whom another tab may be; never once it is done or
+    cancelled with no step in flight.
+    """
+    if not task.is_idle or task.lease_live:
+        return POLL_BUSY_SECONDS
+    if task.is_open:
+        return POLL_IDLE_SECONDS
+    return None
+
+
+def _status_context(task: Task) -> dict:
+    """What the status card says beside the task: the step in flight, and
+    why a queued task waits."""
+    return {
+        "poll_every": poll_seconds(task),
+        "in_flight": selectors.step_in_flight(task=task),
+        "worker_busy": task.status == Task.Status.QUEUED
+        and not task.lease_live
+        and selectors.worker_busy_elsewhere(task=task),
+    }
 
 
 def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpResponse:
     context: dict = {"task": task, "follow": "page" not in request.GET}
+    context.update(_status_context(task))
     if fragment != "events":
         step_page, rows, clock = selectors.task_timeline(
-            task=task, page=request.GET.get("page"), drawn=drawn_rows.get
+            task=task, page=request.GET.get("page")
         )
-        rows_draw(rows=rows, task=task, clock=clock)
         context.update(step_page=step_page, rows=rows, clock=clock)
         context["decisions"] = [row for row in rows if row.advice]
+        if task.status == Task.Status.DONE:
+            # Result first: the last output the finished task made, drawn large.
+            context["final"] = next(
+                (row for row in reversed(rows) if row.step.output_id), None
+            )
+        if not context["decisions"]:
+            context["next_decision"] = selectors.next_decision_for_user(
+                user=request.user, after=task
+            )
     if fragment != "timeline":
         context["events"] = selectors.task_events(
             task=task,
             kind=request.GET.get("kind", "")[:40],
             before=_int_or_none(request.GET.get("before")),
         )
-        events_draw(page=context["events"])
         context["event_kinds"] = selectors.event_kinds(task=task)
     template = "tasks/task_detail.html" + (f"#{fragment}" if fragment else "")
     return render(request, template, context)
@@ -231,16 +330,20 @@ def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
     # A live poll carries the last event seq it showed: nothing new, nothing
     # to send. htmx swaps nothing on 204: scroll positions, open folds and
     # messages on the page stay as they are, and the poll costs one row.
+    # The page also says whether it showed a worker on the task (``lease``): a
+    # worker that stops answering writes no event, but the page must say so.
     raw_since = request.GET.get("since") if request.htmx else None
     if raw_since is not None:
-        last_seq = selectors.task_last_seq_for_user(user=request.user, task_id=pk)
+        last_seq, lease_live = selectors.task_poll_state_for_user(
+            user=request.user, task_id=pk
+        )
         since = _int_or_none(raw_since)
         if since is None or not 0 <= since <= last_seq:
             return HttpResponseBadRequest(
                 MSG_BAD_SINCE.format(last_seq=last_seq),
                 content_type="text/plain; charset=utf-8",
             )
-        if since == last_seq:
+        if since == last_seq and lease_live == ("lease" in request.GET):
             return HttpResponse(status=204)
     task = task_get_for_user(user=request.user, task_id=pk, staff=True)
     target = request.htmx.target if request.htmx else None
@@ -265,16 +368,17 @@ def _live_update(request: HttpRequest, task: Task, since: int) -> HttpResponse:
     """
     page = request.GET.get("page")
     context: dict = {"task": task, "follow": page is None, "oob": True}
+    context.update(_status_context(task))
     if "events_kind" in request.GET:
         context["events"] = selectors.task_events(
             task=task, kind=request.GET["events_kind"][:40]
         )
         context["event_kinds"] = selectors.event_kinds(task=task)
-        events_draw(page=context["events"])
     # The page it shows now: the one Dad chose, or the current step's.
     number = current_step_page(task=task) if page is None else _int_or_none(page)
     whole = (
         task.is_idle
+        or task.lease_live != ("lease" in request.GET)
         or "full" in request.GET
         or task.last_seq - since > LIVE_UPDATE_MAX_EVENTS
         or number is None
@@ -282,7 +386,7 @@ def _live_update(request: HttpRequest, task: Task, since: int) -> HttpResponse:
     )
     if not whole:
         rows, clock = selectors.task_timeline_changes(
-            task=task, page=number, since=since, drawn=drawn_rows.get
+            task=task, page=number, since=since
         )
         whole = any(row.advice for row in rows)
     if whole:
@@ -292,9 +396,12 @@ def _live_update(request: HttpRequest, task: Task, since: int) -> HttpResponse:
                 render_to_string("tasks/task_detail.html#events", context, request)
             )
         return reswap(retarget(response, "#timeline"), "outerHTML")
-    rows_draw(rows=rows, task=task, clock=clock, oob=True)
     context.update(
-        step_page=SimpleNamespace(number=number), rows=rows, clock=clock, decisions=[]
+        step_page=SimpleNamespace(number=number),
+        rows=rows,
+        clock=clock,
+        decisions=[],
+        next_decision=selectors.next_decision_for_user(user=request.user, after=task),
     )
     return render(request, "tasks/task_detail.html#live-update", context)
 
@@ -317,7 +424,8 @@ def step_saved_output(request: HttpRequest, pk: int, step_id: int) -> HttpRespon
     """Serve the output an interrupted call saved, so Dad sees what "use it" adopts.
 
     Only the step's own envelope names the blob (no artifact row exists yet).
-    Never rendered inline unless it is a raster image; always sandboxed.
+    Never rendered inline unless it is a picture (raster or SVG); always
+    sandboxed.
     """
     step = selectors.step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
     saved = selectors.saved_output(envelope_read(step.pk).payload)
@@ -327,8 +435,8 @@ def step_saved_output(request: HttpRequest, pk: int, step_id: int) -> HttpRespon
         handle = default_store().open(saved.sha)
     except (BlobError, OSError) as exc:
         raise Http404("the saved output is gone") from exc
-    inline = saved.preview == "image"
-    if saved.preview == "excerpt":
+    inline = saved.preview in ("image", "svg")
+    if saved.preview in ("excerpt", "headlines"):
         content_type = "text/plain; charset=utf-8"
     elif inline:
         content_type = saved.media_type
@@ -337,11 +445,15 @@ def step_saved_output(request: HttpRequest, pk: int, step_id: int) -> HttpRespon
     response = FileResponse(
         handle,
         content_type=content_type,
-        as_attachment=not inline and saved.preview != "excerpt",
+        as_attachment=not inline and saved.preview not in ("excerpt", "headlines"),
         filename=f"step-{step.position}-saved-output",
     )
     response["X-Content-Type-Options"] = "nosniff"
-    response["Content-Security-Policy"] = "default-src 'none'; sandbox"
+    # Sandboxed, no script: an SVG is drawn only through an <img>, which never
+    # runs one, and opened on its own it runs none either.
+    response["Content-Security-Policy"] = (
+        "default-src 'none'; style-src 'unsafe-inline'; sandbox"
+    )
     return response
 
 
@@ -362,13 +474,57 @@ def _confirm(request: HttpRequest, task: Task, context: dict) -> HttpResponse:
     return render(request, "tasks/confirm.html", {"task": task, **context})
 
 
-def _act(request: HttpRequest, do, message: str, /, **kwargs) -> None:
-    """Run one of Dad's actions as him; say it was done, or why it was refused."""
+def _act(request: HttpRequest, do, message, /, **kwargs) -> bool:
+    """Run one of Dad's actions as him; say it was done, or what happened instead.
+
+    ``message`` is the words for success (a callable gets the task or step
+    as it is after the action). A refusal is told in Dad's words, from where
+    things stand now, as news rather than an error.
+    """
     try:
         do(**kwargs, actor=_actor(request))
-        messages.success(request, message)
     except PippaError as exc:
-        messages.error(request, str(exc))
+        logger.info("refused %s: %s", do.__name__, exc)
+        messages.info(request, _refusal(kwargs))
+        return False
+    messages.success(request, message() if callable(message) else message)
+    return True
+
+
+def _refusal(kwargs: dict) -> str:
+    """Where things stand after a refused action, in Dad's words."""
+    if "step" in kwargs:
+        step = kwargs["step"]
+        step.refresh_from_db()
+        if step.status not in selectors.ATTENTION_STEPS:
+            return MSG_ALREADY_DECIDED.format(
+                position=step.position, status=step.get_status_display()
+            )
+        label = CHOICES.get(kwargs.get("action", "retry"), ("that", ""))[0]
+        return MSG_NOT_A_CHOICE.format(label=label, position=step.position)
+    task = kwargs["task"]
+    task.refresh_from_db()
+    blocked = (
+        Step.objects.filter(
+            task=task, status__in=[Step.Status.FAILED, Step.Status.NEEDS_REVIEW]
+        )
+        .order_by("position")
+        .first()
+    )
+    if blocked is not None and task.is_open:
+        return MSG_DECIDE_FIRST.format(
+            position=blocked.position, status=blocked.get_status_display()
+        )
+    return MSG_TASK_MOVED_ON.format(status=task.get_status_display())
+
+
+def _in_flight_words(task: Task, done: str, going: str) -> str:
+    """``done`` when the task stopped at once, ``going`` while a step finishes."""
+    task.refresh_from_db()
+    step = selectors.step_in_flight(task=task)
+    if step is None:
+        return done.format(title=task.title)
+    return going.format(title=task.title, position=step.position)
 
 
 def _confirmed(request: HttpRequest) -> bool:
@@ -393,7 +549,8 @@ def task_resume(request: HttpRequest, pk: int) -> HttpResponse:
 @dashboard_login_required
 def task_pause(request: HttpRequest, pk: int) -> HttpResponse:
     task = task_get_for_user(user=request.user, task_id=pk, staff=True)
-    _act(request, actions.task_pause, MSG_PAUSED.format(title=task.title), task=task)
+    words = partial(_in_flight_words, task, MSG_PAUSED, MSG_PAUSING)
+    _act(request, actions.task_pause, words, task=task)
     return _after_action(request, task)
 
 
@@ -402,8 +559,8 @@ def task_pause(request: HttpRequest, pk: int) -> HttpResponse:
 def task_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     task = task_get_for_user(user=request.user, task_id=pk, staff=True)
     if request.method == "POST" and _confirmed(request):
-        message = MSG_CANCELLED.format(title=task.title)
-        _act(request, actions.task_cancel, message, task=task)
+        words = partial(_in_flight_words, task, MSG_CANCELLED, MSG_CANCELLING)
+        _act(request, actions.task_cancel, words, task=task)
         return redirect(task)
     if request.method == "POST":
         return _to_confirmation(request, reverse("tasks:task_cancel", args=[task.pk]))
@@ -417,7 +574,7 @@ def task_cancel(request: HttpRequest, pk: int) -> HttpResponse:
                 "The step running now finishes and its output is saved; no further step starts."
                 if running
                 else "No further step starts.",
-                f"The {task.steps_total - task.steps_done} step(s) not yet done are left as they are.",
+                _steps_left_words(task.steps_total - task.steps_done),
                 "Nothing is deleted: finished steps and their outputs stay.",
                 "A cancelled task cannot be resumed. To go on later, branch it from a finished step.",
             ],
@@ -429,6 +586,14 @@ def task_cancel(request: HttpRequest, pk: int) -> HttpResponse:
             else f"This task is {task.get_status_display()}: there is nothing to cancel.",
         },
     )
+
+
+def _steps_left_words(left: int) -> str:
+    if not left:
+        return "Every step is already done."
+    if left == 1:
+        return "The one step not yet done is left as it is."
+    return f"The {left} steps not yet done are left as they are."
 
 
 def _step_confirm_context(step, action: str) -> dict:
@@ -535,7 +700,7 @@ def _branch_confirm_context(task: Task, position: int, url: str) -> dict:
         "with their outputs (nothing is called again for them)."
         if position
         else "A new task starts in this conversation and runs the whole plan again.",
-        f"It runs {len(again)} step(s) again: "
+        f"It runs {len(again)} step{pluralize(len(again))} again: "
         + ", ".join(f"{s['position']}. {s['title']}" for s in again[:8])
         + ("…" if len(again) > 8 else ""),
         "This task is not changed.",

@@ -48,9 +48,7 @@ wsgi_app = "pippa_site.asgi:application"
 worker_class = "pippa_site.gunicorn_conf.PippaUvicornWorker"
 # One process per two cores. The machine also runs the step workers, and a web
 # process (one GIL) never takes more than one core from them; its threads and
-# its event loop carry the concurrency of many tabs polling. Each process keeps
-# its own drawn timeline rows (dashboard/rows.py), so fewer processes draw each
-# row fewer times.
+# its event loop carry the concurrency of many tabs polling.
 workers = _int("PIPPA_WEB_WORKERS", max(1, (os.cpu_count() or 2) // 2))
 # The heartbeat: a worker whose event loop stops answering for this long is
 # restarted. Views run on threads, so a slow page or upload does not count.

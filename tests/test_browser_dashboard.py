@@ -103,16 +103,18 @@ def test_a_running_tasks_timeline_updates_live_and_stops_polling_when_done(
     expect(page.locator(".live.on")).to_be_visible()
     _mark_page(page)
 
-    page.locator("details.legend summary").click()  # a fold Dad opened
     child = worker(task.pk)
     # Mid-run: the first step shows as done while the task is still live.
     expect(page.locator("#step-1 .status-done")).to_be_visible(timeout=LIVE_TIMEOUT)
+    page.locator("#step-1 details.step-details summary").click()  # a fold Dad opened
     expect(page.locator("#step-3 .status-done")).to_have_count(0)
     expect(page.locator(".live.on")).to_be_visible()
     # Live updates swap only the rows that changed: the fold stays open, and
     # every row's bars share the axis the last update brought.
     expect(page.locator("#step-2 .status-done")).to_be_visible(timeout=LIVE_TIMEOUT)
-    assert page.locator("details.legend").get_attribute("open") is not None
+    assert (
+        page.locator("#step-1 details.step-details").get_attribute("open") is not None
+    )
     axis = page.locator("#axis-note").get_attribute("data-axis")
     boxes = page.locator("#timeline svg.bars").evaluate_all(
         "svgs => svgs.map(s => s.getAttribute('viewBox'))"
@@ -203,8 +205,12 @@ def test_dad_opens_an_artifact_from_the_timeline(
     screenshot(page, "dashboard-chart-task")
     page.locator("#step-2 .output-meta a").first.click()
     page.wait_for_url(f"{page.base_url}/artifacts/{chart.pk}/")
-    expect(page.get_by_text(chart.sha256[:12]).first).to_be_visible()
+    # The picture first; the hash only under an engineer's Details.
+    expect(page.locator(".artifact-first img.detail-preview")).to_be_visible()
+    expect(page.get_by_text(chart.sha256[:12]).first).to_be_hidden()
     screenshot(page, "dashboard-artifact")
+    page.get_by_text("Details for an engineer").click()
+    expect(page.get_by_text(chart.sha256[:12]).first).to_be_visible()
 
 
 def test_dad_deletes_a_conversation_through_the_confirmation(
@@ -216,7 +222,7 @@ def test_dad_deletes_a_conversation_through_the_confirmation(
     page.goto(f"{page.base_url}{conversation.get_absolute_url()}")
     page.get_by_role("link", name="Delete conversation…").click()
     expect(page.get_by_role("heading", name="Will be removed")).to_be_visible()
-    expect(page.locator(".counts")).to_contain_text("tasks")
+    expect(page.locator(".counts").first).to_contain_text("task")
     screenshot(page, "dashboard-delete-confirm")
     page.set_viewport_size(PHONE)
     screenshot(page, "dashboard-delete-confirm-phone")

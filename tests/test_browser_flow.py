@@ -46,7 +46,7 @@ def test_dad_finds_the_interrupted_task_from_the_list_decides_once_and_watches_i
     card = page.locator(".card.attention")
     expect(card).to_contain_text("Step 3 needs you: Search the news")
     expect(card).to_contain_text("What Pippa would do by itself")
-    expect(card.locator(".saved-output pre.excerpt")).to_contain_text("PIPA")
+    expect(card.locator(".saved-output ol.headlines")).to_contain_text("PIPA")
     expect(page.locator("#resume-button")).to_have_count(0)  # one way forward
     screenshot(page, "flow-decision")
 
@@ -100,10 +100,12 @@ def test_dad_cannot_resend_an_outside_call_or_branch_without_confirming(
     for _ in range(3):
         step(task_id=done.pk, worker_id="worker:earlier")
     page.goto(f"{page.base_url}{done.get_absolute_url()}")
-    expect(page.get_by_role("link", name="Branch from step 2…")).to_have_count(0)
-    page.get_by_role("link", name="Branch from step 1…").click()
+    expect(page.get_by_role("link", name="Change course after step 2…")).to_have_count(
+        0
+    )
+    page.get_by_role("link", name="Change course after step 1…").click()
     expect(page.get_by_role("heading", name="What will happen")).to_be_visible()
-    expect(page.locator(".happens")).to_contain_text("It runs 1 step(s) again")
+    expect(page.locator(".happens")).to_contain_text("It runs 1 step again")
     assert Task.objects.filter(branched_from=done).count() == 0
     page.get_by_role("button", name="Yes, branch after step 1").click()
     expect(
@@ -122,31 +124,38 @@ def test_dad_pauses_and_cancels_a_running_task(
     )
     page.goto(f"{page.base_url}{task.get_absolute_url()}")
     first = worker(task.pk)
-    expect(page.locator("#timeline")).to_contain_text(
-        "A worker is on it now.", timeout=LIVE_TIMEOUT
-    )
+    expect(page.locator("#now-line")).to_contain_text("Now: step", timeout=LIVE_TIMEOUT)
     page.get_by_role("button", name="Pause after this step").click()
-    expect(page.get_by_text("it stops after the step it is on")).to_be_visible()
+    # A step is in flight (each takes 5 s): the tab says so, keeps asking, and
+    # without a reload says where the task stopped once the worker lets go.
+    expect(page.locator("#messages")).to_contain_text("“Slow chart”")
+    expect(page.locator("#now-line")).to_contain_text(
+        "Paused after step", timeout=LIVE_TIMEOUT
+    )
     assert first.wait(timeout=60) == 0  # the worker let go at the boundary
-    page.reload()
-    expect(page.locator("#timeline")).to_contain_text("Paused: no worker will touch it")
     task.refresh_from_db()
     assert task.status == Task.Status.PAUSED
     assert task.lease_owner == ""
-    assert task.steps_done < 4
+    assert 0 < task.steps_done < 4
     assert not task.steps.filter(status=Step.Status.RUNNING).exists()
+    done = task.steps_done
+    expect(page.locator("#now-line")).to_contain_text(f"Paused after step {done}")
+    expect(page.locator(f"#step-{done} .badge")).to_have_text("done")
+    expect(page.locator(f"#step-{done + 1} .badge")).to_have_text("pending")
+    expect(page.locator("#live")).to_have_attribute("hx-trigger", "every 10s")
     screenshot(page, "flow-paused")
 
     page.get_by_role("button", name="Resume: the worker carries on").click()
     second = worker(task.pk)
-    expect(page.locator("#timeline")).to_contain_text(
-        "A worker is on it now.", timeout=LIVE_TIMEOUT
-    )
+    expect(page.locator("#now-line")).to_contain_text("Now: step", timeout=LIVE_TIMEOUT)
     page.get_by_role("link", name="Cancel the task…").click()
     expect(page.get_by_role("heading", name="What will happen")).to_be_visible()
     expect(page.locator(".happens")).to_contain_text("cannot be resumed")
     page.get_by_role("button", name="Yes, cancel the task").click()
-    expect(page.get_by_text("Cancelled “Slow chart”")).to_be_visible()
+    expect(page.locator("#messages")).to_contain_text("“Slow chart”")
+    expect(page.locator("#now-line")).to_contain_text(
+        "Cancelled after step", timeout=LIVE_TIMEOUT
+    )
     assert second.wait(timeout=60) == 0
     task.refresh_from_db()
     assert task.status == Task.Status.CANCELLED
@@ -188,7 +197,7 @@ def test_dad_sees_a_retried_steps_failed_attempts(
 
     page.goto(f"{page.base_url}{task.get_absolute_url()}")
     third = page.locator("#step-3")
-    expect(third.locator("summary")).to_contain_text(
+    expect(third.locator(".attempts summary")).to_contain_text(
         "3 attempts, 2 that did not finish"
     )
     expect(third.locator(".attempt-failed")).to_have_count(2)
@@ -197,5 +206,33 @@ def test_dad_sees_a_retried_steps_failed_attempts(
         "started the step over as a new request"
     )
     expect(third.locator("svg.bars rect.bar")).to_have_count(3)
-    expect(page.locator(".clock")).to_contain_text("in all")
+    expect(page.locator(".clock")).to_contain_text("from its first call to its last")
     screenshot(page, "flow-attempts")
+
+
+def test_a_tab_left_open_on_a_decision_another_tab_took_corrects_itself(
+    logged_in_page, make_conversation
+):
+    page = logged_in_page
+    conversation = make_conversation(owner=page.user, title="Two windows")
+    task = task_create(
+        conversation=conversation, title="Decide once", steps=_four_steps()
+    )
+    interrupt(task, "after_payload:3")
+    url = f"{page.base_url}{task.get_absolute_url()}"
+    page.goto(url)
+    stale = page.locator(".card.attention")
+    expect(stale).to_contain_text("Step 3 needs you")
+    expect(page.locator("#live")).to_have_attribute("hx-trigger", "every 10s")
+
+    other = page.context.new_page()
+    other.goto(url)
+    other.locator(".card.attention").get_by_role(
+        "button", name="Use the saved output"
+    ).click()
+    expect(other.get_by_text("the task goes on by itself")).to_be_visible()
+    other.close()
+
+    # Within one poll (10 s while it waits for a person), no reload.
+    expect(page.locator(".card.attention")).to_have_count(0, timeout=15_000)
+    expect(page.locator("#step-3 .badge")).to_have_text("done")

@@ -63,6 +63,7 @@ def test_take_the_readme_screenshots(
         "conversation": data["conversation"].get_absolute_url(),
         "task-needs-you": data["review"].get_absolute_url(),
         "task-running": data["running"].get_absolute_url(),
+        "task-done": data["done"].get_absolute_url(),
         "artifact": widget.get_absolute_url(),
         "council-round": council_round.get_absolute_url(),
         "tokens": "/settings/tokens/",

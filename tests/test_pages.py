@@ -265,7 +265,8 @@ def test_an_htmx_action_shows_its_message_out_of_band_and_the_poll_keeps_it(
 
 
 def test_a_new_token_has_a_copy_button_from_a_static_script(dad_client):
-    body = dad_client.post(reverse("tokens:new"), {"name": "laptop"}).content.decode()
+    response = dad_client.post(reverse("tokens:new"), {"name": "laptop"}, follow=True)
+    body = response.content.decode()
     assert re.search(r'<input [^>]*id="new-token"', body)
     assert '<button type="button" id="copy-token" data-copy="new-token"' in body
     assert re.search(

@@ -72,6 +72,24 @@ def when(value: datetime | None) -> str:
     )
 
 
+@register.filter
+def ago(value: datetime | None) -> str:
+    """``when`` for a time that a live page keeps counting from.
+
+    ``<time class="ago" ...>9 s ago</time>``: static/js/timeline.js moves its
+    words on every few seconds, so a page that has nothing new to fetch still
+    says how long ago it was.
+    """
+    if value is None:
+        return ""
+    return format_html(
+        '<time class="ago" datetime="{}" title="{}">{}</time>',
+        value.isoformat(),
+        absolute_text(value),
+        relative_text(value),
+    )
+
+
 Crumb = tuple[str, str]
 # Pages that are not an object, by URL name: {% breadcrumbs "tokens:list" %}.
 PAGE_LABELS = {"tokens:list": "API tokens"}

@@ -12,3 +12,17 @@ document.addEventListener("htmx:afterSettle", () => {
     svg.setAttribute("viewBox", `0 0 ${axis} 14`);
   }
 });
+
+// "started 9 s ago" keeps counting between polls that bring nothing new
+// (tasks.words.relative_text's words, for the first hour).
+function agoWords(seconds) {
+  if (seconds < 1) return "just now";
+  if (seconds < 60) return `${seconds} s ago`;
+  return `${Math.floor(seconds / 60)} min ago`;
+}
+setInterval(() => {
+  for (const t of document.querySelectorAll("time.ago")) {
+    const seconds = Math.floor((Date.now() - Date.parse(t.dateTime)) / 1000);
+    if (seconds >= 0 && seconds < 3600) t.textContent = agoWords(seconds);
+  }
+}, 5000);

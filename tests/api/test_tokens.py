@@ -14,17 +14,48 @@ pytestmark = pytest.mark.django_db
 
 def test_token_page_creates_a_token_and_shows_it_only_once(client, user):
     client.force_login(user)
-    response = client.post("/settings/tokens/new/", {"name": "codex on the laptop"})
-    assert response.status_code == 200
+    posted = client.post("/settings/tokens/new/", {"name": "codex on the laptop"})
+    assert posted.status_code == 302  # POST-redirect-GET: a reload posts nothing
+    assert posted["Location"] == "/settings/tokens/"
+    response = client.get(posted["Location"])
     assert response["Cache-Control"].startswith("max-age=0")
     token = ApiToken.objects.get(user=user)
     raw = response.context["new_token"]
     assert raw.encode() in response.content
     assert raw.startswith(token.prefix)
-    again = client.get("/settings/tokens/")
+    again = client.get("/settings/tokens/")  # the reload Dad makes
     assert raw.encode() not in again.content
     assert b"codex on the laptop" in again.content
     assert token.prefix.encode() in again.content
+    assert ApiToken.objects.filter(user=user).count() == 1
+
+
+def test_a_second_active_token_of_the_same_name_is_refused_but_not_for_another_user(
+    client, user, make_user
+):
+    client.force_login(user)
+    client.post("/settings/tokens/new/", {"name": "laptop"})
+    response = client.post("/settings/tokens/new/", {"name": "laptop"})
+    assert response.status_code == 400
+    assert "you already have an active token named “laptop”" in (
+        response.content.decode()
+    )
+    assert ApiToken.objects.filter(user=user).count() == 1
+    other = make_user(username="other-token-user")
+    token_create(user=other, name="laptop")  # names are per user
+    # Once revoked, the name is free again.
+    token_revoke(token=ApiToken.objects.get(user=user))
+    assert client.post("/settings/tokens/new/", {"name": "laptop"}).status_code == 302
+    assert ApiToken.objects.filter(user=user, name="laptop").count() == 2
+    assert ApiToken.objects.filter(user=user, name="laptop").active().count() == 1
+
+
+def test_the_database_refuses_two_active_tokens_of_one_name(user):
+    from django.db import IntegrityError, transaction
+
+    token_create(user=user, name="runner")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        ApiToken.objects.create(user=user, name="runner", sha256="b" * 64, prefix="p")
 
 
 def test_only_the_sha256_of_a_token_is_stored(user):
@@ -40,7 +71,7 @@ def test_only_the_sha256_of_a_token_is_stored(user):
 def test_a_token_without_a_name_is_refused_with_a_reason(client, user):
     client.force_login(user)
     response = client.post("/settings/tokens/new/", {"name": "   "})
-    assert response.status_code == 200
+    assert response.status_code == 400
     assert b"give the token a name" in response.content
     assert not ApiToken.objects.exists()
 

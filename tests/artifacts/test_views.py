@@ -36,14 +36,17 @@ def owned(make_conversation, make_task, make_artifact, user):
 
 
 @pytest.mark.django_db
-def test_detail_shows_class_badge_sha_integrity_and_download_links(dad_client, owned):
+def test_detail_shows_the_content_first_and_hashes_only_under_details(
+    dad_client, owned
+):
     task, artifact = owned
     response = dad_client.get(reverse("artifacts:detail", args=[artifact.pk]))
     page = response.content.decode()
     assert response.status_code == 200
-    assert '<span class="cls cls-2"' in page
-    assert ">fetch</span>" in page
-    assert artifact.sha256 in page
+    details = page.index('<details class="card engineer">')
+    assert page.index('<pre class="source-text"') < details  # its text, first
+    assert page.index(artifact.sha256) > details
+    assert page.index("2 · fetch") > details
     assert "intact" in page
     assert reverse("artifacts:verify", args=[artifact.pk]) in page
     assert f'href="/artifacts/{artifact.pk}/source"' in page
@@ -65,8 +68,7 @@ def test_detail_badge_names_each_class_in_words(
     )
     task.artifact_links.create(artifact=artifact)
     page = dad_client.get(reverse("artifacts:detail", args=[artifact.pk])).content
-    assert f'<span class="cls cls-{artifact_class}"'.encode() in page
-    assert f">{word}</span>".encode() in page
+    assert f"<dd>{artifact_class} · {word}</dd>".encode() in page
 
 
 @pytest.mark.django_db
@@ -144,7 +146,7 @@ def test_detail_of_a_widget_shows_its_preview_image_or_why_it_failed(dad_client,
     page = dad_client.get(reverse("artifacts:detail", args=[good.pk])).content.decode()
     assert f'<img class="detail-preview" src="/artifacts/{good.pk}/preview.png"' in page
     page = dad_client.get(reverse("artifacts:detail", args=[bad.pk])).content.decode()
-    assert "the preview failed — malformed XML" in page
+    assert "<strong>No picture:</strong> drawing it failed (malformed XML" in page
 
 
 @pytest.mark.django_db

@@ -57,13 +57,14 @@ def test_round_page_shows_turns_in_order_with_names_brains_text_and_previews(
     response = dad_client.get(council_round.get_absolute_url())
     page = response.content.decode()
     assert response.status_code == 200
-    assert page.index("Here is the map.") < page.index("I read it.")
+    turns = page[page.index('<ol class="turns">') :]  # the outcome quotes the last
+    assert turns.index("Here is the map.") < turns.index("I read it.")
     assert "Ada" in page
     assert "Claude" in page
     assert "Gemini" in page
     assert f'src="/artifacts/{widget.pk}/preview.png"' in page
     assert f'href="/artifacts/{widget.pk}/source/text"' in page
-    assert f"artifact {widget.pk} (<bdi>Risk map</bdi>)" in page  # Grace's citation
+    assert "“<bdi>Risk map</bdi>”</a>" in page  # Grace's citation, by its title
 
 
 @pytest.mark.django_db
@@ -272,3 +273,37 @@ def test_another_users_turn_context_is_404_even_with_the_right_etag(
         headers={"If-None-Match": f'"{sha}"'},
     )
     assert response.status_code == 404
+
+
+@pytest.mark.django_db
+def test_a_round_leads_with_where_they_got_to_and_names_citations_by_title(client):
+    from django.contrib.auth import get_user_model
+
+    from council.demo import demo_round_load
+    from council.models import Turn
+
+    dad = get_user_model().objects.create_user("dad-outcome", password="x")
+    client.force_login(dad)
+    council_round = demo_round_load(owner=dad)
+    last = Turn.objects.filter(round=council_round).order_by("-order").first()
+    body = client.get(council_round.get_absolute_url()).content.decode()
+    outcome = body.index('<section class="card outcome"')
+    assert outcome < body.index('id="participants-h"')
+    assert f"the last word was <bdi>{last.participant.name}</bdi>" in body
+    assert ">artifact " not in body.split('class="cites"')[-1][:400]
+    assert "(JSON)" not in body.split("Details for an engineer")[0]
+
+
+@pytest.mark.django_db
+def test_a_round_nobody_spoke_in_says_there_is_no_conclusion_yet(client):
+    from django.contrib.auth import get_user_model
+
+    from council.demo import demo_round_load
+    from council.models import Turn
+
+    dad = get_user_model().objects.create_user("dad-empty", password="x")
+    client.force_login(dad)
+    council_round = demo_round_load(owner=dad)
+    Turn.objects.filter(round=council_round).delete()
+    body = client.get(council_round.get_absolute_url()).content.decode()
+    assert "No conclusion yet: nobody has spoken." in body

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.db import connection
 from django.db.models import FETCH_RAISE
@@ -251,14 +253,16 @@ def test_the_task_page_shows_every_step_in_order_with_status_attempts_and_class(
     assert response.status_code == 200
     positions = [body.index(f"Step number {n}") for n in (1, 2, 3)]
     assert positions == sorted(positions)
-    assert body.count('<span class="cls cls-2" title=') == 3
+    # The artifact class is an engineer's word: only under each row's Details.
+    assert body.count('<summary>Details<span class="visually-hidden"> of step') == 3
+    assert body.count('<span class="cls cls-2">fetch</span>') == 3
     assert ">fetch</span>" in body
     assert "attempt 1 of 3" in body
     assert "took 2.0 s" in body
     assert "✓" not in body  # the check mark comes from CSS, the word from HTML
     assert "done</span>" in body
     assert "pending</span>" in body
-    assert "Brain <strong>codex</strong>" in body
+    assert "Brain <code>codex</code>" in body  # under Details for an engineer
 
 
 def test_the_task_page_says_a_worker_is_on_it_and_folds_the_lease_details(
@@ -300,13 +304,27 @@ def test_a_text_output_is_shown_as_an_escaped_excerpt_with_size_and_links(
     assert "…</pre>" in body
 
 
-def test_the_running_timeline_polls_and_an_idle_one_does_not(dad_client, running_task):
-    live = dad_client.get(running_task.get_absolute_url()).content.decode()
-    assert 'hx-trigger="every 2s"' in live
+def test_a_task_page_polls_while_anything_can_change_and_slower_when_it_waits(
+    dad_client, running_task
+):
+    def trigger():
+        body = dad_client.get(running_task.get_absolute_url()).content.decode()
+        found = re.search(r'<div id="live"[^>]*hx-trigger="every (\d+)s"', body)
+        return (int(found[1]) if found else None), body
+
+    assert trigger()[0] == 2
+    # Paused, but the worker is still on its step: it may finish any moment.
+    Task.objects.filter(pk=running_task.pk).update(status=Task.Status.PAUSED)
+    assert trigger()[0] == 2
+    # Paused and let go: only a person (another tab) can change it.
+    Task.objects.filter(pk=running_task.pk).update(
+        lease_owner="", lease_expires_at=None
+    )
+    assert trigger()[0] == 10
     Task.objects.filter(pk=running_task.pk).update(status=Task.Status.DONE)
-    idle = dad_client.get(running_task.get_absolute_url()).content.decode()
-    assert 'hx-trigger="every 2s"' not in idle
-    assert "Not running" in idle
+    every, done = trigger()
+    assert every is None
+    assert "Nothing more will change" in done
 
 
 def test_an_htmx_poll_gets_only_the_timeline_fragment(dad_client, running_task):

@@ -53,8 +53,10 @@ def test_the_confirmation_lists_what_goes_and_what_stays_before_anything_is_remo
     assert "<dt>conversation</dt><dd>1</dd>" in body
     assert "<dt>task</dt><dd>1</dd>" in body
     assert f"<dt>steps</dt><dd>{counts['steps']}</dd>" in body
-    assert f"<dt>log events</dt><dd>{counts['events']}</dd>" in body
-    assert f"<dt>artifact links</dt><dd>{counts['links']}</dd>" in body
+    # Log events and artifact links are an engineer's words: under Details.
+    details = body[body.index('<details class="engineer">') :]
+    assert f"<dt>log events</dt><dd>{counts['events']}</dd>" in details
+    assert f"<dt>artifact links</dt><dd>{counts['links']}</dd>" in details
     assert f"<dt>council turns</dt><dd>{counts['turns']}</dd>" in body
     assert "Will stay, because it is shared" in body
     kept = preview.kept_artifacts[0]

@@ -165,7 +165,7 @@ def test_updated_on_the_list_follows_task_activity(dad_client, conversation):
 # -- one way forward ----------------------------------------------------------
 
 
-def test_an_interrupted_task_offers_one_choice_with_the_saved_output_beside_use_it(
+def test_an_interrupted_task_offers_one_choice_with_the_saved_search_as_headlines(
     dad_client, conversation
 ):
     task = _interrupted(conversation, "demo.search", "after_payload", "Search")
@@ -173,10 +173,14 @@ def test_an_interrupted_task_offers_one_choice_with_the_saved_output_beside_use_
     assert 'id="resume-button"' not in body
     card = body[body.index('class="card attention"') :]
     use_it = card.index(">Use the saved output</button>")
-    saved = card.index("The saved output:")
+    saved = card.index("The answer that was saved:")
     assert saved < use_it
-    assert '<pre class="excerpt" id="saved-excerpt-' in card
-    assert "PIPA" in card[saved:use_it]  # the search's saved JSON
+    # The two states in one voice: the answer was saved, not "never recorded".
+    assert "its answer was saved, but the worker stopped before the step" in card
+    assert "never recorded" not in card
+    assert '<ol class="headlines" id="saved-headlines-' in card
+    assert "PIPA" in card[saved:use_it]  # the search's saved headlines
+    assert "{&quot;" not in card[saved:use_it]  # not raw JSON
     first = task.steps.get(position=1)
     link = reverse("tasks:step_saved_output", args=[task.pk, first.pk])
     assert f'href="{link}"' in card
@@ -239,8 +243,8 @@ def test_branch_is_not_offered_from_the_last_step_of_a_finished_task(
         )
     )
     body = dad_client.get(task.get_absolute_url()).content.decode()
-    assert "Branch from step 1…" in body
-    assert "Branch from step 2" not in body
+    assert "Change course after step 1…" in body
+    assert "Change course after step 2" not in body
     url = reverse("tasks:task_branch", args=[task.pk])
     response = dad_client.post(
         url, {"after_position": 2, "confirm": "yes"}, follow=True
@@ -270,9 +274,9 @@ def test_dad_pauses_a_running_task_in_one_click_and_resumes_it(
     body = dad_client.get(task.get_absolute_url()).content.decode()
     assert "Pause after this step" in body
     response = dad_client.post(reverse("tasks:task_pause", args=[task.pk]), follow=True)
-    assert "Paused “Long job”: it stops after the step it is on." in (
-        response.content.decode()
-    )
+    # No worker is on it: it stops at once, and the page says after which step.
+    assert "Paused “Long job”." in response.content.decode()
+    assert "Paused before the first step" in response.content.decode()
     task.refresh_from_db()
     assert task.status == Task.Status.PAUSED
     assert Event.objects.get(task=task, kind="task_paused").data["actor"] == "user:dad"
@@ -343,7 +347,7 @@ def test_a_retried_step_shows_its_failed_attempts_with_their_reasons(
     assert "<strong>dad</strong> started the step over as a new request" in body
     assert 'class="bar bar-failed"' in body
     assert 'class="bar bar-done"' in body
-    assert "in all, from the first call to the last" in body
+    assert ", from its first call to its last." in body
 
 
 def test_the_bars_are_svg_attributes_never_inline_styles(dad_client, conversation):
@@ -374,13 +378,18 @@ def test_a_waiting_step_shows_when_its_next_attempt_is(dad_client, conversation)
     assert "next attempt in 1 min" in body
 
 
-def test_the_class_badges_have_a_legend_in_plain_words(dad_client, conversation):
+def test_artifact_classes_are_an_engineers_words_under_each_steps_details(
+    dad_client, conversation
+):
     task = _queued(conversation)
     body = dad_client.get(task.get_absolute_url()).content.decode()
-    legend = body[body.index('<details class="legend">') :]
-    assert "never fetched again" in legend
-    assert "reused if it is still there" in legend
-    assert 'title="data that can be fetched again safely">fetch</span>' in body
+    head = body[: body.index('<h2 id="timeline-heading">')]
+    assert "FILE, FETCH" not in body
+    assert '<span class="cls' not in head
+    details = body[body.index('<details class="engineer step-details">') :]
+    assert '<span class="cls cls-2">fetch</span> data that can be fetched again' in (
+        details
+    )
 
 
 # -- events ------------------------------------------------------------------------
@@ -584,3 +593,63 @@ def test_pippa_demo_run_again_starts_a_fresh_live_task_when_the_last_finished(us
     call_command("pippa_demo", verbosity=0)
     assert demo.tasks.filter(status=Task.Status.QUEUED).count() == 1
     assert demo.tasks.count() == 2
+
+
+def test_an_interrupted_chart_is_drawn_on_its_card_from_a_sandboxed_source(
+    dad_client, conversation
+):
+    task = task_create(
+        conversation=conversation,
+        title="Chart",
+        steps=[
+            {"title": "Fetch closes", "tool": "demo.closes", "args": {}},
+            {"title": "Draw", "tool": "demo.chart", "args": {"source": 1}},
+        ],
+    )
+    step(task_id=task.pk, worker_id=WORKER)
+    crash_at(task.pk, "after_payload", WORKER)
+    expire_lease(task.pk)
+    task_pause(task=Task.objects.get(pk=task.pk), actor="demo")
+    chart = task.steps.get(position=2)
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    card = body[body.index('class="card attention"') :]
+    url = reverse("tasks:step_saved_output", args=[task.pk, chart.pk])
+    assert f'<img class="saved-picture" id="saved-img-{chart.pk}"' in card
+    assert f'src="{url}"' in card
+    assert "not shown here" not in card
+    response = dad_client.get(url)
+    assert response["Content-Type"] == "image/svg+xml"
+    assert "sandbox" in response["Content-Security-Policy"]
+    assert "script-src" not in response["Content-Security-Policy"]
+
+
+def test_an_outside_call_card_says_what_was_sent_where_and_when(
+    dad_client, conversation
+):
+    task = _interrupted(conversation, "demo.notify", "after_started", "Tell Dad")
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    card = body[body.index('class="card attention"') :]
+    assert "<strong>What was sent outside Pippa:</strong>" in card
+    assert "<code>demo.notify</code>" in card
+    assert '<time datetime="' in card[card.index("What was sent") :]
+
+
+def test_a_finished_task_leads_with_its_final_output_drawn_large(
+    dad_client, conversation
+):
+    task = task_create(
+        conversation=conversation,
+        title="Chart",
+        steps=[
+            {"title": "Fetch closes", "tool": "demo.closes", "args": {}},
+            {"title": "Draw the chart", "tool": "demo.chart", "args": {"source": 1}},
+        ],
+    )
+    task = _run(task)
+    assert task.status == Task.Status.DONE
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    result = body.index('<section class="card final-output"')
+    assert result < body.index('<h2 id="timeline-heading">')
+    section = body[result : body.index("</section>", result)]
+    assert "From step 2, <bdi>Draw the chart</bdi>." in section
+    assert 'class="final-picture"' in section or '<pre class="excerpt"' in section

@@ -4,7 +4,7 @@ A poll carries the last event seq it showed (``since``), the step page it shows
 (``at``) and, while the newest events show, their filter (``events_kind``). It
 gets back the next poll, then out of band the status, the rows of the steps
 that changed and the newest events; or the whole timeline when its shape
-changed. Settled rows are drawn once per server process and reused.
+changed.
 """
 
 from __future__ import annotations
@@ -13,11 +13,8 @@ import html
 import re
 
 import pytest
-from django.db import connection
 from django.test import Client
-from django.test.utils import CaptureQueriesContext
 
-from dashboard.rows import drawn_events, drawn_rows
 from dashboard.views import MSG_BAD_SINCE
 from tasks.executor import step
 from tasks.models import Task
@@ -29,15 +26,6 @@ pytestmark = pytest.mark.django_db
 
 WORKER = "worker:test-live"
 LIVE = {"HX-Request": "true", "HX-Target": "live"}
-
-
-@pytest.fixture(autouse=True)
-def _fresh_rows():
-    drawn_rows.clear()
-    drawn_events.clear()
-    yield
-    drawn_rows.clear()
-    drawn_events.clear()
 
 
 def _task(conversation, steps: int = 3, title: str = "Fetch") -> Task:
@@ -148,7 +136,9 @@ def test_when_the_task_stops_the_poll_gets_the_whole_timeline_and_no_next_poll(
     assert body.lstrip().startswith('<section id="timeline"')
     assert '<div id="live"></div>' in body  # no trigger: htmx stops polling
     assert all(f'id="step-{n}"' in body for n in (1, 2, 3))
-    assert "Branch from step 1…" in body  # a finished task's rows offer a branch
+    assert (
+        "Change course after step 1…" in body
+    )  # a finished task's rows offer a branch
     assert _poll_url(body) is None
 
 
@@ -210,20 +200,6 @@ def test_a_hostile_since_gets_a_clear_400(dad_client, conversation, since):
     assert response.content.decode() == MSG_BAD_SINCE.format(last_seq=task.last_seq)
 
 
-def test_a_settled_row_is_drawn_once_and_not_read_again(dad_client, conversation):
-    task = _step(_task(conversation), times=2)
-    dad_client.get(task.get_absolute_url())
-    assert len(drawn_rows) == 3  # two done, one never started
-    with CaptureQueriesContext(connection) as ctx:
-        body = dad_client.get(task.get_absolute_url()).content.decode()
-    assert "Fetch 1" in body
-    assert "Fetch 3" in body
-    # No step's events are read for its attempts: every row was drawn before.
-    assert not any(
-        '"tasks_event"."step_id" IN' in q["sql"] for q in ctx.captured_queries
-    )
-
-
 def test_a_drawn_row_is_drawn_again_when_its_step_moves_on(dad_client, conversation):
     task = _step(_task(conversation))
     before = dad_client.get(task.get_absolute_url()).content.decode()
@@ -235,27 +211,23 @@ def test_a_drawn_row_is_drawn_again_when_its_step_moves_on(dad_client, conversat
     assert 'class="badge status-done"' in row[: row.index("</li>")]
 
 
-def test_rows_drawn_while_running_get_their_branch_links_when_the_task_stops(
+def test_rows_offer_their_branch_links_only_while_the_task_is_stopped(
     dad_client, conversation
 ):
     task = _step(_task(conversation), times=2)
     running = dad_client.get(task.get_absolute_url()).content.decode()
-    assert "Branch from step" not in running
-    drawn = len(drawn_rows)
+    assert "Change course after step" not in running
     Task.objects.filter(pk=task.pk).update(status=Task.Status.PAUSED)
-    with CaptureQueriesContext(connection) as ctx:
-        paused = dad_client.get(task.get_absolute_url()).content.decode()
+    paused = dad_client.get(task.get_absolute_url()).content.decode()
     assert f'id="branch-{task.steps.get(position=1).pk}"' in paused
-    assert "Branch from step 2…" in paused
-    assert "Branch from step 3…" not in paused  # not done: nothing to branch from
-    assert len(drawn_rows) == drawn  # the same rows, not drawn again
-    assert not any(
-        '"tasks_event"."step_id" IN' in q["sql"] for q in ctx.captured_queries
-    )
+    assert "Change course after step 2…" in paused
+    assert (
+        "Change course after step 3…" not in paused
+    )  # not done: nothing to branch from
     resumed = Task.objects.filter(pk=task.pk).update(status=Task.Status.QUEUED)
     assert resumed == 1
     assert (
-        "Branch from step"
+        "Change course after step"
         not in dad_client.get(task.get_absolute_url()).content.decode()
     )
 
@@ -289,108 +261,177 @@ def test_event_rows_escape_what_the_data_holds_and_fold_long_data(
     assert "&quot;note&quot;: &quot;&lt;script&gt;" in body
 
 
-@pytest.mark.parametrize("side_effects", [False, True])
-@pytest.mark.parametrize("artifact_class", [1, 2, 3, 4])
-def test_a_step_not_started_is_drawn_as_the_row_template_draws_it(
-    conversation, side_effects, artifact_class
+def test_event_times_are_the_date_filters_in_the_sites_time_zone(
+    dad_client, conversation, settings
 ):
-    from django.template.loader import get_template
-
-    from dashboard import selectors
-    from dashboard.rows import AXIS, BRANCH, OOB, ROW_TEMPLATE, untouched_row_html
-
-    task = _task(conversation, title="<b>Fetch</b> & co")
-    Step = type(task.steps.first())
-    Step.objects.filter(task=task).update(
-        side_effects=side_effects, artifact_class=artifact_class
-    )
-    _, rows, clock = selectors.task_timeline(task=task)
-    template = get_template(ROW_TEMPLATE)
-    for row in rows:
-        context = {"row": row, "task": task, "clock": clock}
-        context |= {"axis": AXIS, "oob": OOB, "branch": BRANCH}
-        drawn = untouched_row_html(row)
-        assert drawn is not None
-        assert "&lt;b&gt;Fetch&lt;/b&gt; &amp; co" in drawn
-        assert " ".join(drawn.split()) == " ".join(template.render(context).split())
-
-
-def test_a_step_that_ran_is_not_drawn_as_one_not_started(conversation):
-    from dashboard import selectors
-    from dashboard.rows import untouched_row_html
-
-    task = _step(_task(conversation))
-    _, rows, _ = selectors.task_timeline(task=task)
-    assert untouched_row_html(rows[0]) is None  # done
-    assert untouched_row_html(rows[1]) is not None
-
-
-def _same_as_the_template(task: Task, draw) -> int:
-    """Compare each row ``draw`` takes with the row partial; return how many."""
-    from django.template.loader import get_template
-
-    from dashboard import selectors
-    from dashboard.rows import AXIS, BRANCH, OOB, ROW_TEMPLATE
-
-    _, rows, clock = selectors.task_timeline(task=task)
-    template = get_template(ROW_TEMPLATE)
-    taken = 0
-    for row in rows:
-        drawn = draw(row, task, clock)
-        if drawn is None:
-            continue
-        taken += 1
-        context = {"row": row, "task": task, "clock": clock}
-        context |= {"axis": AXIS, "oob": OOB, "branch": BRANCH}
-        assert " ".join(drawn.split()) == " ".join(template.render(context).split())
-    return taken
-
-
-@pytest.mark.parametrize("stopped", [False, True])
-def test_a_step_done_in_one_attempt_is_drawn_as_the_row_template_draws_it(
-    conversation, stopped
-):
-    from dashboard.rows import done_row_html
-
-    task = _step(_task(conversation, title="<i>Fetch</i>"), times=2)
-    if stopped:  # a stopped task's rows offer a branch; and outside effects
-        Task.objects.filter(pk=task.pk).update(status=Task.Status.PAUSED)
-        task.steps.update(side_effects=True)
-        task.refresh_from_db()
-    assert _same_as_the_template(task, done_row_html) == 2
-
-
-@pytest.mark.parametrize(
-    ("media_type", "payload"),
-    [
-        ("image/png", b"\x89PNG\r\n\x1a\n"),
-        ("application/octet-stream", b"\x00\x01"),
-        ("text/plain", b"<b>x</b> " * 200),
-    ],
-)
-def test_outputs_shown_as_image_download_or_excerpt_are_drawn_as_the_template_does(
-    make_task, conversation, media_type, payload
-):
-    from dashboard.rows import done_row_html
-    from tests.tasks.dashboard_data import add_steps
-
-    task = make_task(conversation=conversation, status=Task.Status.DONE)
-    add_steps(task, 3, done=2, media_type=media_type, payload=payload)
-    Task.objects.filter(pk=task.pk).update(title="<Odd> & title")
-    task.refresh_from_db()
-    assert _same_as_the_template(task, done_row_html) == 2
-
-
-@pytest.mark.parametrize("month", range(1, 13))
-def test_event_times_are_written_as_the_date_filter_writes_them(month):
-    from datetime import UTC, datetime
-
     from django.utils import dateformat, timezone
 
-    from dashboard.rows import _event_times
+    settings.TIME_ZONE = "Pacific/Chatham"  # +12:45 or +13:45: never UTC's clock
+    task = _task(conversation)
+    at = task.events.get(seq=1).created_at
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    with timezone.override("Pacific/Chatham"):
+        local = timezone.localtime(at)
+    assert f'title="{dateformat.format(local, "l j F Y, H:i:s.u e")}"' in body
+    assert f">{dateformat.format(local, 'j M Y, H:i:s')}</time>" in body
+    assert f'datetime="{dateformat.format(local, "c")}"' in body
 
-    at = timezone.localtime(datetime(2026, month, month + 3, 7, 5, 9, 12, tzinfo=UTC))
-    assert _event_times(at) == (
-        dateformat.format(at, "l j F Y, H:i:s.u e"),
-        dateformat.format(at, "j M Y, H:i:s"),
+
+def test_no_python_module_draws_page_markup():
+    """Rows are the template's partials; no module writes an element's markup."""
+    from pathlib import Path
+
+    import dashboard
+
+    root = Path(dashboard.__file__).parent
+    assert not (root / "rows.py").exists()
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        for tag in ("<li", "<tr", "<svg", "<div", "<pre"):
+            assert tag not in text, f"{path.name} writes {tag}"
+
+
+def _in_flight(task: Task, position: int) -> Task:
+    """A worker is calling step ``position`` now (as between its two envelopes)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    Task.objects.filter(pk=task.pk).update(
+        status=Task.Status.RUNNING,
+        lease_owner=WORKER,
+        lease_expires_at=timezone.now() + timedelta(seconds=60),
+    )
+    task.steps.filter(position=position).update(
+        status="running", attempts=1, started_at=timezone.now()
+    )
+    task.refresh_from_db()
+    return task
+
+
+def test_the_status_names_the_step_in_flight(dad_client, conversation):
+    task = _in_flight(_step(_task(conversation)), 2)
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    assert "<strong>Now:</strong> step 2 of 3, <bdi>Fetch 2</bdi>, started" in body
+    assert '<time class="ago"' in body
+
+
+def test_a_pause_while_a_step_is_in_flight_says_pausing_then_paused_after_that_step(
+    dad_client, conversation
+):
+    from django.urls import reverse
+
+    task = _in_flight(_step(_task(conversation)), 2)
+    response = dad_client.post(reverse("tasks:task_pause", args=[task.pk]), follow=True)
+    body = response.content.decode()
+    assert "Pausing “Three fetches”: step 2 finishes first, then it stops." in body
+    assert "<strong>Pausing:</strong> finishing step 2 first…" in body
+    url = _poll_url(body)
+    assert url is not None
+    assert "lease=1" in url
+    assert 'hx-trigger="every 2s"' in body
+    assert dad_client.get(url, headers=LIVE).status_code == 204  # nothing yet
+
+    # The worker finishes step 2 and lets go (as the executor does at a pause).
+    Task.objects.filter(pk=task.pk).update(
+        lease_owner="", lease_expires_at=None, steps_done=2
+    )
+    first = task.steps.get(position=1)
+    task.steps.filter(position=2).update(status="done", output=first.output)
+    update = dad_client.get(url, headers=LIVE)
+    assert update.status_code == 200
+    assert update["HX-Retarget"] == "#timeline"
+    text = update.content.decode()
+    assert "<strong>Paused after step 2</strong>" in text
+    assert 'class="step step-done" id="step-2"' in text
+    assert 'hx-trigger="every 10s"' in text  # slower: only a person can move it now
+
+
+def test_a_worker_that_stops_answering_is_shown_within_one_poll(
+    dad_client, conversation
+):
+    task = _in_flight(_step(_task(conversation)), 2)
+    url = _poll_url(dad_client.get(task.get_absolute_url()).content.decode())
+    assert dad_client.get(url, headers=LIVE).status_code == 204
+    expire_lease(task.pk)  # no event is written when a worker dies
+    update = dad_client.get(url, headers=LIVE).content.decode()
+    assert "The worker stopped answering" in update
+
+
+def test_a_stale_tab_on_a_decision_another_tab_took_corrects_itself_in_one_poll(
+    dad_client, conversation
+):
+    from django.urls import reverse
+
+    task = _step(_task(conversation))
+    step2 = task.steps.get(position=2)
+    step2.status = "failed"
+    step2.attempts = 3
+    step2.save(update_fields=["status", "attempts"])
+    Task.objects.filter(pk=task.pk).update(
+        status=Task.Status.FAILED, lease_owner="", lease_expires_at=None
+    )
+    task.refresh_from_db()
+    stale = dad_client.get(task.get_absolute_url()).content.decode()
+    assert f'id="choose-{step2.pk}-skip"' in stale
+    url = _poll_url(stale)
+    assert url is not None
+    assert "every 10s" in stale
+    other = Client()
+    other.force_login(task.conversation.owner)
+    other.post(
+        reverse("tasks:step_resolve", args=[task.pk, step2.pk]), {"action": "skip"}
+    )
+    update = dad_client.get(url, headers=LIVE)
+    assert update.status_code == 200
+    assert f'id="choose-{step2.pk}-skip"' not in update.content.decode()
+    assert "step 2" not in update.content.decode().split('id="timeline-heading"')[0]
+
+
+def test_durations_leave_out_the_time_the_task_was_paused(dad_client, conversation):
+    import time
+
+    from dashboard.selectors import task_clock
+    from tasks.actions import task_pause, task_resume
+
+    task = _step(_task(conversation))
+    task_pause(task=task, actor="user:dad")
+    task.refresh_from_db()
+    paused = dad_client.get(task.get_absolute_url()).content.decode()
+    assert "before the pause" in paused
+    assert "Took" not in paused
+    time.sleep(0.4)  # Dad comes back later
+    task_resume(task=Task.objects.get(pk=task.pk), actor="user:dad")
+    task = _step(Task.objects.get(pk=task.pk))
+    clock = task_clock(task=task)
+    assert clock.paused.total_seconds() >= 0.4
+    assert clock.worked == clock.elapsed - clock.paused
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    assert "paused</p>" not in body
+    assert ", not counting " in body
+
+
+def test_a_branchs_clock_starts_at_its_own_first_call(dad_client, conversation):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tasks.actions import task_branch
+
+    parent = _step(_task(conversation))
+    parent.steps.filter(position=1).update(
+        started_at=timezone.now() - timedelta(hours=2)
+    )
+    Task.objects.filter(pk=parent.pk).update(status=Task.Status.PAUSED)
+    parent.refresh_from_db()
+    branch = task_branch(task=parent, after_position=1, actor="user:dad")
+    _step(branch)
+    body = dad_client.get(branch.get_absolute_url()).content.decode()
+    assert (
+        "2 h"
+        not in body[
+            body.index('id="task-status"') : body.index(
+                "</div>", body.index('id="task-status"')
+            )
+        ]
     )

@@ -1,0 +1,156 @@
+"""The home page opens with what waits for Dad: one link per decision, paused
+tasks that wait only for a resume, a summary and a count in the tab's title.
+Home and conversation pages refresh themselves: a 204 while nothing changed."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from tasks.actions import task_pause
+from tasks.models import Task
+from tasks.plan import task_create
+from tests.support.executing import crash_at, expire_lease
+
+pytestmark = pytest.mark.django_db
+
+WORKER = "worker:test-todo"
+REFRESH = {"HX-Request": "true", "HX-Target": "refresh"}
+
+
+@pytest.fixture
+def dad_client(client, user):
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def conversation(user, make_conversation):
+    return make_conversation(owner=user, title="Prices")
+
+
+def _interrupted(conversation, title: str) -> Task:
+    """A two-step task whose worker died with a search saved, then paused."""
+    task = task_create(
+        conversation=conversation,
+        title=title,
+        steps=[
+            {"title": "Search the news", "tool": "demo.search", "args": {}},
+            {"title": "Fetch closes", "tool": "demo.closes", "args": {}},
+        ],
+    )
+    crash_at(task.pk, "after_payload", WORKER)
+    expire_lease(task.pk)
+    task.refresh_from_db()
+    task_pause(task=task, actor="demo")
+    return task
+
+
+def _paused(conversation, title: str) -> Task:
+    return task_create(
+        conversation=conversation,
+        title=title,
+        steps=[{"title": "Fetch", "tool": "demo.closes", "args": {}}],
+        queue=False,
+    )
+
+
+def _refresh_url(body: str) -> str:
+    found = re.search(r'<div id="refresh" hx-get="([^"]+)"', body)
+    assert found is not None
+    return html.unescape(found[1])
+
+
+def test_the_home_page_lists_each_decision_with_a_link_to_its_card_and_counts_them(
+    dad_client, conversation, user
+):
+    first = _interrupted(conversation, "Search one")
+    second = _interrupted(conversation, "Search two")
+    paused = _paused(conversation, "Paused on purpose")
+    task_create(
+        conversation=conversation,
+        title="Busy",
+        steps=[{"title": "Fetch", "tool": "demo.closes", "args": {}}],
+    )
+    body = dad_client.get(reverse("tasks:conversations")).content.decode()
+    assert "1 brain working, 3 decisions wait for you" in body
+    assert "<title>(3) Conversations · Pippa Stateful</title>" in body
+    for task in (first, second):
+        card = f"{task.get_absolute_url()}#attention-1"
+        assert f'<a href="{card}"' in body
+        # The link leads to the card itself.
+        page = dad_client.get(task.get_absolute_url()).content.decode()
+        assert 'id="attention-1"' in page
+    assert f'<a href="{paused.get_absolute_url()}#task-status"' in body
+    assert "Resume “<bdi>Paused on purpose</bdi>”" in body
+
+
+def test_nothing_waiting_says_so_and_the_title_carries_no_count(dad_client):
+    body = dad_client.get(reverse("tasks:conversations")).content.decode()
+    assert "No brain working, nothing waits for you" in body
+    assert "<title>Conversations · Pippa Stateful</title>" in body
+
+
+def test_another_users_decisions_are_not_on_my_list(
+    dad_client, make_user, make_conversation
+):
+    theirs = make_conversation(owner=make_user(username="neighbour"), title="Theirs")
+    _interrupted(theirs, "Their search")
+    body = dad_client.get(reverse("tasks:conversations")).content.decode()
+    assert "Their search" not in body
+    assert "nothing waits for you" in body
+
+
+def test_after_a_choice_the_task_page_offers_the_next_decision(
+    dad_client, conversation
+):
+    first = _interrupted(conversation, "Search one")
+    second = _interrupted(conversation, "Search two")
+    step = first.steps.get(position=1)
+    response = dad_client.post(
+        reverse("tasks:step_resolve", args=[first.pk, step.pk]),
+        {"action": "adopt"},
+        follow=True,
+    )
+    body = response.content.decode()
+    assert "Next decision →" in body
+    assert f'href="{second.get_absolute_url()}#attention-1"' in body
+
+
+def test_the_home_page_refresh_is_204_until_something_changes(dad_client, conversation):
+    body = dad_client.get(reverse("tasks:conversations")).content.decode()
+    url = _refresh_url(body)
+    assert dad_client.get(url, headers=REFRESH).status_code == 204
+    _interrupted(conversation, "Search one")
+    response = dad_client.get(url, headers=REFRESH)
+    text = response.content.decode()
+    assert response.status_code == 200
+    assert text.startswith("<title>(1) Conversations · Pippa Stateful</title>")
+    assert '<section id="todo" class="card todo attention"' in text
+    assert 'hx-swap-oob="true"' in text
+    assert "<html" not in text
+    assert dad_client.get(_refresh_url(text), headers=REFRESH).status_code == 204
+
+
+def test_the_conversation_page_refreshes_itself_the_same_way(dad_client, conversation):
+    page = dad_client.get(conversation.get_absolute_url()).content.decode()
+    url = _refresh_url(page)
+    assert dad_client.get(url, headers=REFRESH).status_code == 204
+    task = _paused(conversation, "A new task")
+    response = dad_client.get(url, headers=REFRESH)
+    assert response.status_code == 200
+    assert (
+        '<div id="conversation-body" hx-swap-oob="true">' in response.content.decode()
+    )
+    assert task.title in response.content.decode()
+
+
+def test_a_refresh_of_another_users_conversation_is_404(conversation, make_user):
+    stranger = Client()
+    stranger.force_login(make_user(username="stranger"))
+    url = f"{conversation.get_absolute_url()}?version=x"
+    assert stranger.get(url, headers=REFRESH).status_code == 404
