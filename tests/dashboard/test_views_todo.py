@@ -22,17 +22,6 @@ WORKER = "worker:test-todo"
 REFRESH = {"HX-Request": "true", "HX-Target": "refresh"}
 
 
-@pytest.fixture
-def dad_client(client, user):
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
-def conversation(user, make_conversation):
-    return make_conversation(owner=user, title="Prices")
-
-
 def _interrupted(conversation, title: str) -> Task:
     """A two-step task whose worker died with a search saved, then paused."""
     task = task_create(
