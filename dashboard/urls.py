@@ -4,9 +4,8 @@ from django.urls import path
 
 from dashboard import views
 
-# The namespace the pages were born with: URL names (tasks:task, tasks:conversation)
-# stay as templates, models and tests know them.
-app_name = "tasks"
+# Dad's pages: dashboard:conversations, dashboard:task, ...
+app_name = "dashboard"
 urlpatterns = [
     path("", views.conversation_list, name="conversations"),
     path("conversations/<int:pk>/", views.conversation_detail, name="conversation"),

@@ -172,7 +172,7 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         page=request.GET.get("page"),
         needs_you=needs_you,
     )
-    template = "tasks/conversation_list.html"
+    template = "dashboard/conversation_list.html"
     if request.htmx and request.htmx.target == "conversation-results":
         template += "#results"
     elif request.htmx and request.htmx.target == "refresh":
@@ -210,7 +210,7 @@ def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "version": version,
         "refresh_every": REFRESH_SECONDS,
     }
-    template = "tasks/conversation_detail.html"
+    template = "dashboard/conversation_detail.html"
     if request.htmx and request.htmx.target == "refresh":
         template += "#refreshed"
     return render(request, template, context)
@@ -254,11 +254,11 @@ def conversation_delete(request: HttpRequest, pk: int) -> HttpResponse:
         messages.success(
             request, MSG_DELETED.format(title=conversation.title, summary=summary)
         )
-        return redirect("tasks:conversations")
+        return redirect("dashboard:conversations")
     report = task_services.conversation_deletion_preview(conversation=conversation)
     return render(
         request,
-        "tasks/conversation_delete.html",
+        "dashboard/conversation_delete.html",
         {
             "conversation": conversation,
             "report": report,
@@ -320,7 +320,7 @@ def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpRe
             before=_int_or_none(request.GET.get("before")),
         )
         context["event_kinds"] = selectors.event_kinds(task=task)
-    template = "tasks/task_detail.html" + (f"#{fragment}" if fragment else "")
+    template = "dashboard/task_detail.html" + (f"#{fragment}" if fragment else "")
     return render(request, template, context)
 
 
@@ -393,7 +393,7 @@ def _live_update(request: HttpRequest, task: Task, since: int) -> HttpResponse:
         response = _task_page(request, task, "timeline")
         if "events" in context:
             response.write(
-                render_to_string("tasks/task_detail.html#events", context, request)
+                render_to_string("dashboard/task_detail.html#events", context, request)
             )
         return reswap(retarget(response, "#timeline"), "outerHTML")
     context.update(
@@ -403,7 +403,7 @@ def _live_update(request: HttpRequest, task: Task, since: int) -> HttpResponse:
         decisions=[],
         next_decision=selectors.next_decision_for_user(user=request.user, after=task),
     )
-    return render(request, "tasks/task_detail.html#live-update", context)
+    return render(request, "dashboard/task_detail.html#live-update", context)
 
 
 @require_GET
@@ -413,7 +413,7 @@ def task_resume_context(request: HttpRequest, pk: int) -> HttpResponse:
     document = selectors.task_resume_context_json(task=task)
     if request.htmx:
         return render(
-            request, "tasks/_resume_context.html", {"task": task, "document": document}
+            request, "dashboard/_resume_context.html", {"task": task, "document": document}
         )
     return HttpResponse(document, content_type="application/json")
 
@@ -471,7 +471,7 @@ def _after_action(request: HttpRequest, task: Task) -> HttpResponse:
 
 def _confirm(request: HttpRequest, task: Task, context: dict) -> HttpResponse:
     """A page that says what an action will do before it is done."""
-    return render(request, "tasks/confirm.html", {"task": task, **context})
+    return render(request, "dashboard/confirm.html", {"task": task, **context})
 
 
 def _act(request: HttpRequest, do, message, /, **kwargs) -> bool:
@@ -563,7 +563,7 @@ def task_cancel(request: HttpRequest, pk: int) -> HttpResponse:
         _act(request, actions.task_cancel, words, task=task)
         return redirect(task)
     if request.method == "POST":
-        return _to_confirmation(request, reverse("tasks:task_cancel", args=[task.pk]))
+        return _to_confirmation(request, reverse("dashboard:task_cancel", args=[task.pk]))
     running = not task.is_idle and task.lease_live
     return _confirm(
         request,
@@ -578,7 +578,7 @@ def task_cancel(request: HttpRequest, pk: int) -> HttpResponse:
                 "Nothing is deleted: finished steps and their outputs stay.",
                 "A cancelled task cannot be resumed. To go on later, branch it from a finished step.",
             ],
-            "action": reverse("tasks:task_cancel", args=[task.pk]),
+            "action": reverse("dashboard:task_cancel", args=[task.pk]),
             "button": "Yes, cancel the task",
             "danger": True,
             "refused": ""
@@ -621,7 +621,7 @@ def _step_confirm_context(step, action: str) -> dict:
 @dashboard_login_required
 def step_retry(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
     step = selectors.step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
-    url = reverse("tasks:step_retry", args=[pk, step.pk])
+    url = reverse("dashboard:step_retry", args=[pk, step.pk])
     if request.method == "GET":
         return _confirm(
             request, step.task, {**_step_confirm_context(step, "retry"), "action": url}
@@ -637,7 +637,7 @@ def step_retry(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
 @dashboard_login_required
 def step_resolve(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
     step = selectors.step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
-    url = reverse("tasks:step_resolve", args=[pk, step.pk])
+    url = reverse("dashboard:step_resolve", args=[pk, step.pk])
     if request.method == "GET":
         action = request.GET.get("action", "")
         if action not in actions.ACTIONS:
@@ -669,7 +669,7 @@ def task_branch(request: HttpRequest, pk: int) -> HttpResponse:
     if position is None:
         messages.error(request, MSG_BAD_POSITION)
         return redirect(task)
-    url = reverse("tasks:task_branch", args=[task.pk])
+    url = reverse("dashboard:task_branch", args=[task.pk])
     if request.method == "GET":
         return _confirm(request, task, _branch_confirm_context(task, position, url))
     if not _confirmed(request):

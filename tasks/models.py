@@ -80,7 +80,7 @@ class Conversation(models.Model):
         return self.title
 
     def get_absolute_url(self) -> str:
-        return reverse("tasks:conversation", args=[self.pk])
+        return reverse("dashboard:conversation", args=[self.pk])
 
     def delete(self, using=None, keep_parents=False):
         raise DeleteRefused(ERR_CONVERSATION_DELETE)
@@ -196,7 +196,7 @@ class Task(models.Model):
         return self.title
 
     def get_absolute_url(self) -> str:
-        return reverse("tasks:task", args=[self.pk])
+        return reverse("dashboard:task", args=[self.pk])
 
     @property
     def is_idle(self) -> bool:

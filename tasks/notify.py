@@ -347,7 +347,7 @@ class _Item:
 
     @property
     def link(self) -> str:
-        path = reverse("tasks:task", args=[self.task_id])
+        path = reverse("dashboard:task", args=[self.task_id])
         return f"{settings.PIPPA_SITE_URL}{path}#attention-{self.position}"
 
 

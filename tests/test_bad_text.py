@@ -117,7 +117,7 @@ def test_nul_in_an_upload_title_query_is_a_400_and_stores_nothing(
 
 def test_nul_in_the_dashboard_search_is_a_400_not_a_500(client, user):
     client.force_login(user)
-    response = client.get(reverse("tasks:conversations"), {"q": NUL})
+    response = client.get(reverse("dashboard:conversations"), {"q": NUL})
 
     assert response.status_code == 400
     assert b"cannot be stored" in response.content
@@ -185,8 +185,8 @@ def test_titles_on_the_dashboard_are_isolated_in_bdi(client, user):
     task = Task.objects.create(conversation=conversation, title="Chart")
     client.force_login(user)
 
-    page = client.get(reverse("tasks:task", args=[task.pk])).content.decode()
-    listing = client.get(reverse("tasks:conversations")).content.decode()
+    page = client.get(reverse("dashboard:task", args=[task.pk])).content.decode()
+    listing = client.get(reverse("dashboard:conversations")).content.decode()
 
     assert "<h1><bdi>Chart</bdi></h1>" in page
     assert "<bdi>Closes</bdi>" in listing

@@ -76,15 +76,15 @@ def dads_pages(
         "revoke a token": f"/settings/tokens/{token.pk}/revoke/",
         "delete a conversation": f"/conversations/{conversation.pk}/delete/",
         "confirm sending again": reverse(
-            "tasks:step_resolve", args=[data["review"].pk, outside.pk]
+            "dashboard:step_resolve", args=[data["review"].pk, outside.pk]
         )
         + "?action=rerun",
         "confirm a new call": reverse(
-            "tasks:step_retry", args=[data["review"].pk, outside.pk]
+            "dashboard:step_retry", args=[data["review"].pk, outside.pk]
         ),
-        "confirm a branch": reverse("tasks:task_branch", args=[data["done"].pk])
+        "confirm a branch": reverse("dashboard:task_branch", args=[data["done"].pk])
         + "?after_position=1",
-        "confirm cancelling": reverse("tasks:task_cancel", args=[data["running"].pk]),
+        "confirm cancelling": reverse("dashboard:task_cancel", args=[data["running"].pk]),
         "page not found": "/conversations/999999/",
     }
 

@@ -244,7 +244,7 @@ def test_an_htmx_action_shows_its_message_out_of_band_and_the_poll_keeps_it(
         queue=False,
     )
     answer = dad_client.post(
-        reverse("tasks:task_resume", args=[task.pk]), headers={"HX-Request": "true"}
+        reverse("dashboard:task_resume", args=[task.pk]), headers={"HX-Request": "true"}
     ).content.decode()
     oob = re.search(
         r'<div id="messages"[^>]*hx-swap-oob="true"[^>]*>(.*?)</div>', answer, re.S

@@ -98,7 +98,7 @@ PAGE_LABELS = {"tokens:list": "API tokens"}
 def crumb_trail(obj: object | None) -> list[Crumb]:
     """Return ``[(label, url), ...]`` from the conversation list down to ``obj``."""
     if obj is None:
-        return [("Conversations", reverse("tasks:conversations"))]
+        return [("Conversations", reverse("dashboard:conversations"))]
     if isinstance(obj, str):
         return [*crumb_trail(None), (PAGE_LABELS[obj], reverse(obj))]
     if isinstance(obj, Conversation):

@@ -185,7 +185,7 @@ def test_a_pre_uploaded_lookalike_sets_nothing_on_the_owners_step_output(
     assert (output.artifact_class, output.media_type) == (2, "text/csv")
     assert output.title == "PIPA unadjusted closes 2024-01-02 to 2024-01-31"
     client.force_login(alice)
-    page = client.get(reverse("tasks:task", args=[task.pk])).content.decode()
+    page = client.get(reverse("dashboard:task", args=[task.pk])).content.decode()
     assert "URGENT" not in page
 
 

@@ -50,7 +50,7 @@ def test_detail_shows_the_content_first_and_hashes_only_under_details(
     assert "intact" in page
     assert reverse("artifacts:verify", args=[artifact.pk]) in page
     assert f'href="/artifacts/{artifact.pk}/source"' in page
-    assert f'href="{reverse("tasks:task", args=[task.pk])}"' in page
+    assert f'href="{reverse("dashboard:task", args=[task.pk])}"' in page
     assert "Fetch closes" in page
 
 

@@ -38,11 +38,11 @@ def stranger(make_user):
 def test_every_page_sends_an_anonymous_visitor_to_log_in(client, make_task):
     task = make_task()
     urls = [
-        reverse("tasks:conversations"),
-        reverse("tasks:conversation", args=[task.conversation_id]),
-        reverse("tasks:conversation_delete", args=[task.conversation_id]),
-        reverse("tasks:task", args=[task.pk]),
-        reverse("tasks:task_resume_context", args=[task.pk]),
+        reverse("dashboard:conversations"),
+        reverse("dashboard:conversation", args=[task.conversation_id]),
+        reverse("dashboard:conversation_delete", args=[task.conversation_id]),
+        reverse("dashboard:task", args=[task.pk]),
+        reverse("dashboard:task_resume_context", args=[task.pk]),
     ]
     for url in urls:
         response = client.get(url)
@@ -56,11 +56,11 @@ def test_every_action_sends_an_anonymous_visitor_to_log_in_and_changes_nothing(
     task = make_task(status=Task.Status.PAUSED)
     step = add_steps(task, 1, status=Step.Status.FAILED)[0]
     urls = [
-        reverse("tasks:conversation_delete", args=[task.conversation_id]),
-        reverse("tasks:task_resume", args=[task.pk]),
-        reverse("tasks:task_branch", args=[task.pk]),
-        reverse("tasks:step_retry", args=[task.pk, step.pk]),
-        reverse("tasks:step_resolve", args=[task.pk, step.pk]),
+        reverse("dashboard:conversation_delete", args=[task.conversation_id]),
+        reverse("dashboard:task_resume", args=[task.pk]),
+        reverse("dashboard:task_branch", args=[task.pk]),
+        reverse("dashboard:step_retry", args=[task.pk, step.pk]),
+        reverse("dashboard:step_resolve", args=[task.pk, step.pk]),
     ]
     for url in urls:
         response = client.post(url, {"after_position": 1, "action": "skip"})
@@ -87,7 +87,7 @@ def test_the_list_shows_my_conversations_with_task_progress_and_not_others(
     add_steps(review, 1, done=1)
     add_steps(review, 1, status=Step.Status.NEEDS_REVIEW)
 
-    response = dad_client.get(reverse("tasks:conversations"))
+    response = dad_client.get(reverse("dashboard:conversations"))
 
     assert response.status_code == 200
     body = response.content.decode()
@@ -104,7 +104,7 @@ def test_staff_see_every_conversation_with_its_owner(
 ):
     make_conversation(title="Mum's recipes", owner=make_user(username="mum"))
     client.force_login(make_user(username="boss", is_staff=True))
-    body = client.get(reverse("tasks:conversations")).content.decode()
+    body = client.get(reverse("dashboard:conversations")).content.decode()
     assert "Mum&#x27;s recipes" in body
     assert "mum" in body
 
@@ -117,9 +117,9 @@ def test_search_finds_conversations_by_their_title_or_a_task_title(
     make_task(conversation=other, title="Fetch tomato prices")
     make_conversation(owner=user, title="Unrelated")
 
-    by_title = dad_client.get(reverse("tasks:conversations"), {"q": "garden"})
-    by_task = dad_client.get(reverse("tasks:conversations"), {"q": "TOMATO"})
-    nothing = dad_client.get(reverse("tasks:conversations"), {"q": "zebra"})
+    by_title = dad_client.get(reverse("dashboard:conversations"), {"q": "garden"})
+    by_task = dad_client.get(reverse("dashboard:conversations"), {"q": "TOMATO"})
+    nothing = dad_client.get(reverse("dashboard:conversations"), {"q": "zebra"})
 
     assert "Garden plans" in by_title.content.decode()
     assert "Misc" not in by_title.content.decode()
@@ -133,7 +133,7 @@ def test_search_as_you_type_returns_only_the_results_fragment_for_htmx(
 ):
     make_conversation(owner=user, title="Garden plans")
     response = dad_client.get(
-        reverse("tasks:conversations"),
+        reverse("dashboard:conversations"),
         {"q": "gard"},
         headers={"HX-Request": "true", "HX-Target": "conversation-results"},
     )
@@ -149,7 +149,7 @@ def test_the_list_is_paginated_and_its_query_count_does_not_grow(
 ):
     def count_queries() -> int:
         with CaptureQueriesContext(connection) as ctx:
-            assert dad_client.get(reverse("tasks:conversations")).status_code == 200
+            assert dad_client.get(reverse("dashboard:conversations")).status_code == 200
         return len(ctx.captured_queries)
 
     for i in range(3):
@@ -159,7 +159,7 @@ def test_the_list_is_paginated_and_its_query_count_does_not_grow(
         make_task(conversation=make_conversation(owner=user, title=f"more {i}"))
     many = count_queries()
     assert few == many
-    page_two = dad_client.get(reverse("tasks:conversations"), {"page": 2})
+    page_two = dad_client.get(reverse("dashboard:conversations"), {"page": 2})
     assert "Page 2 of 2" in page_two.content.decode()
 
 
@@ -406,7 +406,7 @@ def test_another_users_task_is_not_found(
     task = make_task(conversation=make_conversation(owner=stranger), title="Secret")
     for url in (
         task.get_absolute_url(),
-        reverse("tasks:task_resume_context", args=[task.pk]),
+        reverse("dashboard:task_resume_context", args=[task.pk]),
     ):
         response = dad_client.get(url)
         assert response.status_code == 404

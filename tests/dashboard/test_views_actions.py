@@ -54,11 +54,11 @@ def _crashed(conversation, tool: str, boundary: str) -> Task:
 
 def _actions(task: Task, step_obj: Step) -> dict[str, str]:
     return {
-        "resume": reverse("tasks:task_resume", args=[task.pk]),
-        "branch": reverse("tasks:task_branch", args=[task.pk]),
-        "retry": reverse("tasks:step_retry", args=[task.pk, step_obj.pk]),
-        "resolve": reverse("tasks:step_resolve", args=[task.pk, step_obj.pk]),
-        "delete": reverse("tasks:conversation_delete", args=[task.conversation_id]),
+        "resume": reverse("dashboard:task_resume", args=[task.pk]),
+        "branch": reverse("dashboard:task_branch", args=[task.pk]),
+        "retry": reverse("dashboard:step_retry", args=[task.pk, step_obj.pk]),
+        "resolve": reverse("dashboard:step_resolve", args=[task.pk, step_obj.pk]),
+        "delete": reverse("dashboard:conversation_delete", args=[task.conversation_id]),
     }
 
 
@@ -132,7 +132,7 @@ def test_a_step_running_under_a_live_lease_asks_for_no_decision(
 
 def test_the_resume_context_opens_as_a_fragment_and_as_json(dad_client, conversation):
     task = _failed_search_task(conversation)
-    url = reverse("tasks:task_resume_context", args=[task.pk])
+    url = reverse("dashboard:task_resume_context", args=[task.pk])
     fragment = dad_client.get(url, headers={"HX-Request": "true"})
     assert fragment.status_code == 200
     assert "<html" not in fragment.content.decode()
@@ -323,7 +323,7 @@ def test_a_step_of_another_task_cannot_be_reached_through_my_task(
     mine = _failed_search_task(conversation)
     theirs = _failed_search_task(make_conversation(owner=make_user(username="x")))
     their_step = theirs.steps.get(position=2)
-    url = reverse("tasks:step_retry", args=[mine.pk, their_step.pk])
+    url = reverse("dashboard:step_retry", args=[mine.pk, their_step.pk])
     assert dad_client.post(url).status_code == 404
     their_step.refresh_from_db()
     assert their_step.status == Step.Status.FAILED

@@ -33,7 +33,7 @@ def shared(user):
 
 
 def _url(conversation) -> str:
-    return reverse("tasks:conversation_delete", args=[conversation.pk])
+    return reverse("dashboard:conversation_delete", args=[conversation.pk])
 
 
 def test_the_confirmation_lists_what_goes_and_what_stays_before_anything_is_removed(
@@ -84,7 +84,7 @@ def test_confirming_deletes_through_the_service_and_leaves_nothing_behind(
     with django_capture_on_commit_callbacks(execute=True):
         response = dad_client.post(_url(doomed))
     assert response.status_code == 302
-    assert response["Location"] == reverse("tasks:conversations")
+    assert response["Location"] == reverse("dashboard:conversations")
     assert not Conversation.objects.filter(pk=doomed.pk).exists()
     assert Artifact.objects.filter(pk=shared["closes"].pk).exists()
     assert_no_leftovers(before)

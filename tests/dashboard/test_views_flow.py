@@ -87,7 +87,7 @@ def test_the_list_counts_steps_that_need_dad_even_in_paused_tasks(
         steps=[{"title": "Fetch", "tool": "demo.closes", "args": {}}],
         queue=False,
     )
-    body = dad_client.get(reverse("tasks:conversations")).content.decode()
+    body = dad_client.get(reverse("dashboard:conversations")).content.decode()
     rows = {
         "Prices" if "><bdi>Prices</bdi></a>" in row else "calm": row
         for row in body.split('<li class="row">')[1:]
@@ -104,7 +104,7 @@ def test_the_needs_you_filter_keeps_only_conversations_waiting_for_dad(
 ):
     _interrupted(conversation, "demo.search", "after_payload", "Interrupted search")
     make_conversation(owner=user, title="Calm")
-    response = dad_client.get(reverse("tasks:conversations"), {"needs": "you"})
+    response = dad_client.get(reverse("dashboard:conversations"), {"needs": "you"})
     body = response.content.decode()
     assert "><bdi>Prices</bdi></a>" in body
     assert "><bdi>Calm</bdi></a>" not in body
@@ -117,7 +117,7 @@ def test_another_users_steps_never_count_toward_my_needs_you(
 ):
     theirs = make_conversation(owner=make_user(username="mum"), title="Mum's")
     _interrupted(theirs, "demo.search", "after_payload", "Hers")
-    body = dad_client.get(reverse("tasks:conversations"), {"needs": "you"}).content
+    body = dad_client.get(reverse("dashboard:conversations"), {"needs": "you"}).content
     assert b"Mum" not in body
     assert b"Nothing needs you right now." in body
 
@@ -129,7 +129,7 @@ def test_the_needs_you_count_does_not_add_a_query_per_conversation(
         from django.db import connection
 
         with CaptureQueriesContext(connection) as ctx:
-            assert dad_client.get(reverse("tasks:conversations")).status_code == 200
+            assert dad_client.get(reverse("dashboard:conversations")).status_code == 200
         return len(ctx.captured_queries)
 
     _interrupted(make_conversation(owner=user), "demo.closes", "after_started", "a")
@@ -157,7 +157,7 @@ def test_updated_on_the_list_follows_task_activity(dad_client, conversation):
         title="Fresh",
         steps=[{"title": "Fetch", "tool": "demo.closes", "args": {}}],
     )
-    body = dad_client.get(reverse("tasks:conversations")).content.decode()
+    body = dad_client.get(reverse("dashboard:conversations")).content.decode()
     assert "updated <time" in body
     assert "3 days ago" not in body
 
@@ -182,7 +182,7 @@ def test_an_interrupted_task_offers_one_choice_with_the_saved_search_as_headline
     assert "PIPA" in card[saved:use_it]  # the search's saved headlines
     assert "{&quot;" not in card[saved:use_it]  # not raw JSON
     first = task.steps.get(position=1)
-    link = reverse("tasks:step_saved_output", args=[task.pk, first.pk])
+    link = reverse("dashboard:step_saved_output", args=[task.pk, first.pk])
     assert f'href="{link}"' in card
     assert "What Pippa would do.</strong>" in card
 
@@ -193,7 +193,7 @@ def test_choosing_once_queues_the_task_and_the_worker_finishes_it(
     task = _interrupted(conversation, "demo.search", "after_payload", "Search")
     first = task.steps.get(position=1)
     response = dad_client.post(
-        reverse("tasks:step_resolve", args=[task.pk, first.pk]),
+        reverse("dashboard:step_resolve", args=[task.pk, first.pk]),
         {"action": "adopt"},
         follow=True,
     )
@@ -210,7 +210,7 @@ def test_the_saved_output_is_served_sandboxed_and_only_to_its_owner(
 ):
     task = _interrupted(conversation, "demo.search", "after_payload", "Search")
     first = task.steps.get(position=1)
-    url = reverse("tasks:step_saved_output", args=[task.pk, first.pk])
+    url = reverse("dashboard:step_saved_output", args=[task.pk, first.pk])
     response = dad_client.get(url)
     assert response.status_code == 200
     assert b"PIPA" in b"".join(response.streaming_content)
@@ -225,7 +225,7 @@ def test_a_step_with_nothing_saved_has_no_saved_output_to_serve(
 ):
     task = _interrupted(conversation, "demo.closes", "after_started", "Fetch")
     first = task.steps.get(position=1)
-    url = reverse("tasks:step_saved_output", args=[task.pk, first.pk])
+    url = reverse("dashboard:step_saved_output", args=[task.pk, first.pk])
     assert dad_client.get(url).status_code == 404
 
 
@@ -245,7 +245,7 @@ def test_branch_is_not_offered_from_the_last_step_of_a_finished_task(
     body = dad_client.get(task.get_absolute_url()).content.decode()
     assert "Change course after step 1…" in body
     assert "Change course after step 2" not in body
-    url = reverse("tasks:task_branch", args=[task.pk])
+    url = reverse("dashboard:task_branch", args=[task.pk])
     response = dad_client.post(
         url, {"after_position": 2, "confirm": "yes"}, follow=True
     )
@@ -273,7 +273,7 @@ def test_dad_pauses_a_running_task_in_one_click_and_resumes_it(
     task = _queued(conversation)
     body = dad_client.get(task.get_absolute_url()).content.decode()
     assert "Pause after this step" in body
-    response = dad_client.post(reverse("tasks:task_pause", args=[task.pk]), follow=True)
+    response = dad_client.post(reverse("dashboard:task_pause", args=[task.pk]), follow=True)
     # No worker is on it: it stops at once, and the page says after which step.
     assert "Paused “Long job”." in response.content.decode()
     assert "Paused before the first step" in response.content.decode()
@@ -287,7 +287,7 @@ def test_cancel_says_what_will_happen_and_needs_a_confirmation(
     dad_client, conversation
 ):
     task = _queued(conversation)
-    url = reverse("tasks:task_cancel", args=[task.pk])
+    url = reverse("dashboard:task_cancel", args=[task.pk])
     page = dad_client.get(url).content.decode()
     assert "Cancel “Long job”?" in page
     assert "A cancelled task cannot be resumed" in page
@@ -306,7 +306,7 @@ def test_another_user_cannot_pause_or_cancel_my_task(
     stranger_client, conversation, action
 ):
     task = _queued(conversation)
-    url = reverse(f"tasks:{action}", args=[task.pk])
+    url = reverse(f"dashboard:{action}", args=[task.pk])
     assert stranger_client.post(url, {"confirm": "yes"}).status_code == 404
     assert stranger_client.get(url).status_code in (404, 405)
     task.refresh_from_db()
@@ -517,8 +517,8 @@ def test_staff_polling_any_task_gets_204_when_nothing_changed(
 
 def test_a_poll_does_not_consume_the_flash_message(dad_client, conversation):
     task = _queued(conversation)
-    dad_client.post(reverse("tasks:task_pause", args=[task.pk]))
-    task_resume_url = reverse("tasks:task_resume", args=[task.pk])
+    dad_client.post(reverse("dashboard:task_pause", args=[task.pk]))
+    task_resume_url = reverse("dashboard:task_resume", args=[task.pk])
     dad_client.post(task_resume_url)
     poll = dad_client.get(
         task.get_absolute_url(), headers={**HTMX, "HX-Target": "timeline"}
@@ -556,7 +556,7 @@ def test_run_the_demo_task_starts_a_fresh_live_task_once_the_last_finished(
     _run(old)
     body = dad_client.get(demo.get_absolute_url()).content.decode()
     assert "Run the demo task" in body
-    response = dad_client.post(reverse("tasks:demo_live_run", args=[demo.pk]))
+    response = dad_client.post(reverse("dashboard:demo_live_run", args=[demo.pk]))
     fresh = Task.objects.exclude(pk=old.pk).get()
     assert response["Location"] == fresh.get_absolute_url()
     assert fresh.status == Task.Status.QUEUED
@@ -569,11 +569,11 @@ def test_run_the_demo_task_is_refused_elsewhere_and_to_others(
     demo = make_conversation(owner=user, title=LIVE_CONVERSATION)
     other = make_conversation(owner=user, title="Not the demo")
     assert (
-        stranger_client.post(reverse("tasks:demo_live_run", args=[demo.pk])).status_code
+        stranger_client.post(reverse("dashboard:demo_live_run", args=[demo.pk])).status_code
         == 404
     )
     assert (
-        dad_client.post(reverse("tasks:demo_live_run", args=[other.pk])).status_code
+        dad_client.post(reverse("dashboard:demo_live_run", args=[other.pk])).status_code
         == 404
     )
     assert Task.objects.count() == 0
@@ -613,7 +613,7 @@ def test_an_interrupted_chart_is_drawn_on_its_card_from_a_sandboxed_source(
     chart = task.steps.get(position=2)
     body = dad_client.get(task.get_absolute_url()).content.decode()
     card = body[body.index('class="card attention"') :]
-    url = reverse("tasks:step_saved_output", args=[task.pk, chart.pk])
+    url = reverse("dashboard:step_saved_output", args=[task.pk, chart.pk])
     assert f'<img class="saved-picture" id="saved-img-{chart.pk}"' in card
     assert f'src="{url}"' in card
     assert "not shown here" not in card

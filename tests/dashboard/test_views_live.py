@@ -322,7 +322,7 @@ def test_a_pause_while_a_step_is_in_flight_says_pausing_then_paused_after_that_s
     from django.urls import reverse
 
     task = _in_flight(_step(_task(conversation)), 2)
-    response = dad_client.post(reverse("tasks:task_pause", args=[task.pk]), follow=True)
+    response = dad_client.post(reverse("dashboard:task_pause", args=[task.pk]), follow=True)
     body = response.content.decode()
     assert "Pausing “Three fetches”: step 2 finishes first, then it stops." in body
     assert "<strong>Pausing:</strong> finishing step 2 first…" in body
@@ -380,7 +380,7 @@ def test_a_stale_tab_on_a_decision_another_tab_took_corrects_itself_in_one_poll(
     other = Client()
     other.force_login(task.conversation.owner)
     other.post(
-        reverse("tasks:step_resolve", args=[task.pk, step2.pk]), {"action": "skip"}
+        reverse("dashboard:step_resolve", args=[task.pk, step2.pk]), {"action": "skip"}
     )
     update = dad_client.get(url, headers=LIVE)
     assert update.status_code == 200

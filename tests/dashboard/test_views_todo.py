@@ -65,7 +65,7 @@ def test_the_home_page_lists_each_decision_with_a_link_to_its_card_and_counts_th
         title="Busy",
         steps=[{"title": "Fetch", "tool": "demo.closes", "args": {}}],
     )
-    body = dad_client.get(reverse("tasks:conversations")).content.decode()
+    body = dad_client.get(reverse("dashboard:conversations")).content.decode()
     assert "1 brain working, 3 decisions wait for you" in body
     assert "<title>(3) Conversations · Pippa Stateful</title>" in body
     for task in (first, second):
@@ -79,7 +79,7 @@ def test_the_home_page_lists_each_decision_with_a_link_to_its_card_and_counts_th
 
 
 def test_nothing_waiting_says_so_and_the_title_carries_no_count(dad_client):
-    body = dad_client.get(reverse("tasks:conversations")).content.decode()
+    body = dad_client.get(reverse("dashboard:conversations")).content.decode()
     assert "No brain working, nothing waits for you" in body
     assert "<title>Conversations · Pippa Stateful</title>" in body
 
@@ -89,7 +89,7 @@ def test_another_users_decisions_are_not_on_my_list(
 ):
     theirs = make_conversation(owner=make_user(username="neighbour"), title="Theirs")
     _interrupted(theirs, "Their search")
-    body = dad_client.get(reverse("tasks:conversations")).content.decode()
+    body = dad_client.get(reverse("dashboard:conversations")).content.decode()
     assert "Their search" not in body
     assert "nothing waits for you" in body
 
@@ -101,7 +101,7 @@ def test_after_a_choice_the_task_page_offers_the_next_decision(
     second = _interrupted(conversation, "Search two")
     step = first.steps.get(position=1)
     response = dad_client.post(
-        reverse("tasks:step_resolve", args=[first.pk, step.pk]),
+        reverse("dashboard:step_resolve", args=[first.pk, step.pk]),
         {"action": "adopt"},
         follow=True,
     )
@@ -111,7 +111,7 @@ def test_after_a_choice_the_task_page_offers_the_next_decision(
 
 
 def test_the_home_page_refresh_is_204_until_something_changes(dad_client, conversation):
-    body = dad_client.get(reverse("tasks:conversations")).content.decode()
+    body = dad_client.get(reverse("dashboard:conversations")).content.decode()
     url = _refresh_url(body)
     assert dad_client.get(url, headers=REFRESH).status_code == 204
     _interrupted(conversation, "Search one")

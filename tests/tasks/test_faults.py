@@ -331,7 +331,7 @@ def test_a_failed_attempt_waits_out_its_back_off_and_the_timeline_says_when(
     assert sum(invocations(tool_log).values()) == 1
     # The timeline tells Dad when the next attempt comes.
     client.force_login(conversation.owner)
-    page = client.get(reverse("tasks:task", args=[task.pk]))
+    page = client.get(reverse("dashboard:task", args=[task.pk]))
     assert says_the_time_left(seconds_in(page.content.decode(), "next attempt"))
     words = resume_advice(the_step).words
     assert says_the_time_left(seconds_in(words, "the tool failed, next attempt"))
