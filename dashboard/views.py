@@ -413,7 +413,9 @@ def task_resume_context(request: HttpRequest, pk: int) -> HttpResponse:
     document = selectors.task_resume_context_json(task=task)
     if request.htmx:
         return render(
-            request, "dashboard/_resume_context.html", {"task": task, "document": document}
+            request,
+            "dashboard/_resume_context.html",
+            {"task": task, "document": document},
         )
     return HttpResponse(document, content_type="application/json")
 
@@ -563,7 +565,9 @@ def task_cancel(request: HttpRequest, pk: int) -> HttpResponse:
         _act(request, actions.task_cancel, words, task=task)
         return redirect(task)
     if request.method == "POST":
-        return _to_confirmation(request, reverse("dashboard:task_cancel", args=[task.pk]))
+        return _to_confirmation(
+            request, reverse("dashboard:task_cancel", args=[task.pk])
+        )
     running = not task.is_idle and task.lease_live
     return _confirm(
         request,

@@ -84,7 +84,9 @@ def dads_pages(
         ),
         "confirm a branch": reverse("dashboard:task_branch", args=[data["done"].pk])
         + "?after_position=1",
-        "confirm cancelling": reverse("dashboard:task_cancel", args=[data["running"].pk]),
+        "confirm cancelling": reverse(
+            "dashboard:task_cancel", args=[data["running"].pk]
+        ),
         "page not found": "/conversations/999999/",
     }
 

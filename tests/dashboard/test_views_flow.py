@@ -273,7 +273,9 @@ def test_dad_pauses_a_running_task_in_one_click_and_resumes_it(
     task = _queued(conversation)
     body = dad_client.get(task.get_absolute_url()).content.decode()
     assert "Pause after this step" in body
-    response = dad_client.post(reverse("dashboard:task_pause", args=[task.pk]), follow=True)
+    response = dad_client.post(
+        reverse("dashboard:task_pause", args=[task.pk]), follow=True
+    )
     # No worker is on it: it stops at once, and the page says after which step.
     assert "Paused “Long job”." in response.content.decode()
     assert "Paused before the first step" in response.content.decode()
@@ -569,7 +571,9 @@ def test_run_the_demo_task_is_refused_elsewhere_and_to_others(
     demo = make_conversation(owner=user, title=LIVE_CONVERSATION)
     other = make_conversation(owner=user, title="Not the demo")
     assert (
-        stranger_client.post(reverse("dashboard:demo_live_run", args=[demo.pk])).status_code
+        stranger_client.post(
+            reverse("dashboard:demo_live_run", args=[demo.pk])
+        ).status_code
         == 404
     )
     assert (

@@ -322,7 +322,9 @@ def test_a_pause_while_a_step_is_in_flight_says_pausing_then_paused_after_that_s
     from django.urls import reverse
 
     task = _in_flight(_step(_task(conversation)), 2)
-    response = dad_client.post(reverse("dashboard:task_pause", args=[task.pk]), follow=True)
+    response = dad_client.post(
+        reverse("dashboard:task_pause", args=[task.pk]), follow=True
+    )
     body = response.content.decode()
     assert "Pausing “Three fetches”: step 2 finishes first, then it stops." in body
     assert "<strong>Pausing:</strong> finishing step 2 first…" in body
