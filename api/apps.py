@@ -6,11 +6,11 @@ from django.apps import AppConfig
 class ApiConfig(AppConfig):
     """The JSON API for brains outside the process, and its tokens.
 
-    The label stays ``pippa_site``, where the token model was born: its table,
-    migrations, permissions and admin URLs keep their names, so moving the
-    code here changed nothing in any database.
+    The label was ``pippa_site`` until the token model's app took its own
+    name; ``migrations/0001_initial.py`` adopts a table made under the old
+    label with its rows, permissions and admin history.
     """
 
     name = "api"
-    label = "pippa_site"
+    label = "api"
     verbose_name = "API"

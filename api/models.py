@@ -43,22 +43,22 @@ class ApiToken(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=Exact(Length("sha256"), 64),
-                name="pippa_site_apitoken_sha256_len",
+                name="api_apitoken_sha256_len",
             ),
             models.CheckConstraint(
-                condition=~Q(name=""), name="pippa_site_apitoken_name_nonempty"
+                condition=~Q(name=""), name="api_apitoken_name_nonempty"
             ),
             # One active token per name and user: the list tells tokens apart
             # by name, and revoking "the laptop" must mean one token.
             models.UniqueConstraint(
                 fields=["user", "name"],
                 condition=Q(revoked_at__isnull=True),
-                name="pippa_site_apitoken_active_name_uniq",
+                name="api_apitoken_active_name_uniq",
             ),
         ]
         indexes = [
             # Token settings page: a user's tokens, newest first.
-            models.Index(fields=["user", "-created_at"], name="pippa_site_token_user"),
+            models.Index(fields=["user", "-created_at"], name="api_apitoken_user"),
         ]
 
     def __str__(self) -> str:

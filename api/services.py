@@ -56,7 +56,7 @@ def token_create(*, user, name: str) -> NewToken:
                 user=user, name=name, sha256=token_hash(raw), prefix=raw[:PREFIX_CHARS]
             )
     except IntegrityError as exc:
-        # pippa_site_apitoken_active_name_uniq: a second active token of that name.
+        # api_apitoken_active_name_uniq: a second active token of that name.
         raise TokenError(ERR_TOKEN_NAME_TAKEN.format(name=name)) from exc
     return NewToken(token=token, raw=raw)
 

@@ -7,6 +7,37 @@ import django.utils.timezone
 from django.conf import settings
 from django.db import migrations, models
 
+# Until 2026-12 this app's label was ``pippa_site`` (where the token model was
+# born), so a database migrated before then has the table ``pippa_site_apitoken``
+# and records this migration as ``pippa_site.0001_initial``.
+LEGACY_LABEL = "pippa_site"
+LEGACY_TABLE = "pippa_site_apitoken"
+
+
+class CreateOrAdoptModel(migrations.CreateModel):
+    """Create the token table, or adopt it from the app's legacy label.
+
+    A database migrated under the old label keeps its rows: the table is
+    renamed, its content type (and so its permissions and admin log entries)
+    moves to the new label, and the old label's migration records go.
+    """
+
+    def database_forwards(self, app_label, schema_editor, from_state, to_state):
+        connection = schema_editor.connection
+        if LEGACY_TABLE not in connection.introspection.table_names():
+            super().database_forwards(app_label, schema_editor, from_state, to_state)
+            return
+        model = to_state.apps.get_model(app_label, self.name)
+        schema_editor.alter_db_table(model, LEGACY_TABLE, model._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE django_content_type SET app_label = %s WHERE app_label = %s",
+                [app_label, LEGACY_LABEL],
+            )
+            cursor.execute(
+                "DELETE FROM django_migrations WHERE app = %s", [LEGACY_LABEL]
+            )
+
 
 class Migration(migrations.Migration):
 
@@ -17,7 +48,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.CreateModel(
+        CreateOrAdoptModel(
             name='ApiToken',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),

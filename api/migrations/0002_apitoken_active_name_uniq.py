@@ -1,4 +1,4 @@
-"""One active API token per name and user (pippa_site_apitoken_active_name_uniq).
+"""One active API token per name and user (api_apitoken_active_name_uniq).
 
 Active tokens that already share a name get " (2)", " (3)"... in creation
 order before the constraint is added, so the migration never fails on old data.
@@ -8,7 +8,7 @@ from django.db import migrations, models
 
 
 def rename_duplicates(apps, schema_editor):
-    ApiToken = apps.get_model("pippa_site", "ApiToken")
+    ApiToken = apps.get_model("api", "ApiToken")
     taken: dict[int, set[str]] = {}
     for token in ApiToken.objects.filter(revoked_at__isnull=True).order_by(
         "created_at", "id"
@@ -29,7 +29,7 @@ def rename_duplicates(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("pippa_site", "0001_initial"),
+        ("api", "0001_initial"),
     ]
 
     operations = [
@@ -39,7 +39,7 @@ class Migration(migrations.Migration):
             constraint=models.UniqueConstraint(
                 condition=models.Q(revoked_at__isnull=True),
                 fields=("user", "name"),
-                name="pippa_site_apitoken_active_name_uniq",
+                name="api_apitoken_active_name_uniq",
             ),
         ),
     ]

@@ -135,9 +135,9 @@ def test_staff_can_revoke_a_token_in_the_admin_but_not_create_one(client, make_u
     staff = make_user(username="op", is_staff=True, is_superuser=True)
     new = token_create(user=make_user(), name="leaked")
     client.force_login(staff)
-    assert client.get("/admin/pippa_site/apitoken/add/").status_code == 403
+    assert client.get("/admin/api/apitoken/add/").status_code == 403
     response = client.post(
-        "/admin/pippa_site/apitoken/",
+        "/admin/api/apitoken/",
         {"action": "revoke", "_selected_action": [new.token.pk]},
         follow=True,
     )
