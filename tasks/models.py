@@ -446,6 +446,8 @@ class Event(models.Model):
         TASK_PAUSED = "task_paused"
         TASK_CANCELLED = "task_cancelled"
         BRAIN_CHANGED = "brain_changed"
+        # One answer of a brain: its tool-call count and token usage (tasks.usage).
+        BRAIN_TURN = "brain_turn"
 
     # No index of its own: the unique (task, seq) index leads with it, and each
     # index more is pages more for every step's commit.

@@ -13,6 +13,11 @@ API sends it. The fake model is small and deterministic: it calls
 vendor's error shape (with a ``Retry-After`` header if asked), a delay longer
 than the client's timeout, or a body that is not JSON.
 
+Each answer carries token counts in the vendor's own usage object, different
+on every answer (``usage_for``) so that sums are real sums: OpenAI's
+``usage``, Anthropic's ``usage`` (with cached prompt tokens) and Gemini's
+``usageMetadata`` (with thinking tokens).
+
 - ``FakeOpenAI``: ``POST /v1/chat/completions`` (Bearer auth).
 - ``FakeAnthropic``: ``POST /v1/messages`` (``x-api-key`` + ``anthropic-version``).
 - ``FakeGemini``: ``POST /v1beta/models/{model}:generateContent``
@@ -82,6 +87,16 @@ def drive_policy(
         if status in SETTLED or last.get("ran") is False:
             return Move(text=f"The task is {status}.")
     return Move(calls=[("run_next_step", {})])
+
+
+def usage_for(counter: int) -> dict[str, int]:
+    """The counts the fake model reports for its ``counter``-th answer."""
+    return {
+        "prompt": 300 + 40 * counter,
+        "cached": 25 * counter,
+        "output": 11 + counter,
+        "thinking": 3 * counter,
+    }
 
 
 class FakeVendor:
@@ -281,7 +296,9 @@ class FakeOpenAI(FakeVendor):
                 )
             ],
             usage=CompletionUsage(
-                prompt_tokens=10, completion_tokens=5, total_tokens=15
+                prompt_tokens=(u := usage_for(counter))["prompt"],
+                completion_tokens=u["output"],
+                total_tokens=u["prompt"] + u["output"],
             ),
         )
         return answer.to_dict(mode="json")
@@ -359,7 +376,12 @@ class FakeAnthropic(FakeVendor):
             content=content,
             stop_reason="tool_use" if move.calls else "end_turn",
             stop_sequence=None,
-            usage=Usage(input_tokens=10, output_tokens=5),
+            usage=Usage(
+                input_tokens=(u := usage_for(counter))["prompt"],
+                cache_read_input_tokens=u["cached"],
+                cache_creation_input_tokens=0,
+                output_tokens=u["output"],
+            ),
         )
         return answer.to_dict(mode="json")
 
@@ -445,7 +467,10 @@ class FakeGemini(FakeVendor):
                 )
             ],
             usage_metadata=types.GenerateContentResponseUsageMetadata(
-                prompt_token_count=10, candidates_token_count=5, total_token_count=15
+                prompt_token_count=(u := usage_for(counter))["prompt"],
+                candidates_token_count=u["output"],
+                thoughts_token_count=u["thinking"],
+                total_token_count=u["prompt"] + u["output"] + u["thinking"],
             ),
             model_version="gemini-fake",
             response_id=f"resp-{counter}",
