@@ -503,3 +503,19 @@ class FakeGemini(FakeVendor):
 
 
 FAKES = {"openai": FakeOpenAI, "anthropic": FakeAnthropic, "gemini": FakeGemini}
+
+
+class ReplayOpenAI(FakeOpenAI):
+    """Answers recorded from a real OpenAI-compatible server, served in order.
+
+    Requests are still judged by the OpenAI SDK's request types; once the
+    recording runs out, the last answer is served again.
+    """
+
+    def __init__(self, answers: list[dict[str, Any]], **kwargs):
+        super().__init__(**kwargs)
+        self.recorded = list(answers)
+
+    def reply_body(self, move, counter, request):
+        answer = self.recorded.pop(0) if len(self.recorded) > 1 else self.recorded[0]
+        return json.loads(json.dumps(answer))
