@@ -93,7 +93,9 @@ def test_real_arguments_that_are_not_json_are_answered_and_the_run_goes_on(
         ran_out["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
     )
     for text in raw:
-        with pytest.raises(json.JSONDecodeError, match="Expecting|Unterminated|Invalid"):
+        with pytest.raises(
+            json.JSONDecodeError, match="Expecting|Unterminated|Invalid"
+        ):
             json.loads(text)
     task, server, report = replay_run(
         [cut, ran_out],

@@ -519,3 +519,62 @@ class ReplayOpenAI(FakeOpenAI):
     def reply_body(self, move, counter, request):
         answer = self.recorded.pop(0) if len(self.recorded) > 1 else self.recorded[0]
         return json.loads(json.dumps(answer))
+
+
+class RecordingProxy:
+    """Forward POSTs to a real server unchanged; keep each request, status and answer.
+
+    Stands between a runner and llama.cpp's server, so a test can read what
+    the brain was sent and what it answered, HTTP errors included.
+    """
+
+    def __init__(self, upstream: str):
+        self.upstream = upstream.rstrip("/")
+        self.exchanges: list[tuple[dict[str, Any], int, Any]] = []
+        self._server: ThreadingHTTPServer | None = None
+
+    def __enter__(self) -> RecordingProxy:
+        import urllib.error
+        import urllib.request
+
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's naming)
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                request = urllib.request.Request(
+                    proxy.upstream + self.path,
+                    data=raw,
+                    method="POST",
+                    headers={"Content-Type": "application/json"},
+                )
+                try:
+                    with urllib.request.urlopen(request, timeout=900) as response:
+                        status, data = response.status, response.read()
+                except urllib.error.HTTPError as exc:
+                    status, data = exc.code, exc.read()
+                try:
+                    answer = json.loads(data)
+                except ValueError:
+                    answer = data.decode("utf-8", "replace")
+                proxy.exchanges.append((json.loads(raw or b"{}"), status, answer))
+                FakeVendor._send(self, status, data, "application/json")
+
+            def log_message(self, *args):
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1"
