@@ -216,6 +216,7 @@ def test_a_vendor_that_sends_no_counts_is_counted_in_turns_not_tokens(
     )
 
 
+@pytest.mark.slow
 def test_a_runner_over_the_api_records_its_turns_through_the_api(
     make_conversation, user, live_server
 ):
