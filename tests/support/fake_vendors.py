@@ -529,7 +529,8 @@ class RecordingProxy:
     """
 
     def __init__(self, upstream: str):
-        self.upstream = upstream.rstrip("/")
+        # The server's root: requests come for /v1/... and go on unchanged.
+        self.upstream = upstream.rstrip("/").removesuffix("/v1")
         self.exchanges: list[tuple[dict[str, Any], int, Any]] = []
         self._server: ThreadingHTTPServer | None = None
 
