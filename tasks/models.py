@@ -166,6 +166,13 @@ class Task(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The sums of the task's brain_turn events (tasks.usage), written with each
+    # event in one transaction, so that no page reads events to show them.
+    brain_turns = models.PositiveIntegerField(db_default=0)
+    brain_turns_counted = models.PositiveIntegerField(db_default=0)
+    input_tokens = models.PositiveBigIntegerField(db_default=0)
+    output_tokens = models.PositiveBigIntegerField(db_default=0)
+    total_tokens = models.PositiveBigIntegerField(db_default=0)
 
     objects = TaskQuerySet.as_manager()
 

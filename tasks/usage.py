@@ -6,9 +6,12 @@ asked for (and how many of them could not be carried out as sent), and the
 vendor's token counts read into one shape (``input_tokens``,
 ``output_tokens``, ``total_tokens``). Never the text of the turn.
 
-The sums are read from those events by the database (one aggregate query per
-task or conversation), so every door shows the same figures: the task and
-conversation pages, the JSON API's task document, MCP's ``get_task``.
+In the same transaction the task's counters (``Task.brain_turns``,
+``brain_turns_counted``, ``input_tokens``, ``output_tokens``,
+``total_tokens``) grow by the turn's figures: they are the sums of its
+``brain_turn`` events, so that no page reads events to show them (a
+conversation page reads no task state). Every door shows the same figures:
+the task and conversation pages, the JSON API's documents, MCP's ``get_task``.
 """
 
 from __future__ import annotations
@@ -16,12 +19,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from django.db.models import BigIntegerField, Count, Q, Sum
-from django.db.models.fields.json import KT
-from django.db.models.functions import Cast, Coalesce
+from django.db import transaction
+from django.db.models import F, Sum
+from django.db.models.functions import Coalesce
 
 from pippa_site.errors import Invalid
-from tasks.models import Event
+from tasks.models import Event, Task
 from tasks.services import event_append
 
 TOKEN_KEYS = ("input_tokens", "output_tokens", "total_tokens")
@@ -50,6 +53,7 @@ class TokenTotals:
         return asdict(self)
 
 
+@transaction.atomic
 def brain_turn_record(
     *,
     task,
@@ -80,7 +84,13 @@ def brain_turn_record(
             else counts["input_tokens"] + counts["output_tokens"]
         )
         data.update(counts)
-    return event_append(task_id=task.pk, kind=Event.Kind.BRAIN_TURN, data=data)
+    event = event_append(task_id=task.pk, kind=Event.Kind.BRAIN_TURN, data=data)
+    Task.objects.filter(pk=task.pk).update(
+        brain_turns=F("brain_turns") + 1,
+        brain_turns_counted=F("brain_turns_counted") + int(tokens is not None),
+        **{key: F(key) + data.get(key, 0) for key in TOKEN_KEYS},
+    )
+    return event
 
 
 def _count(key: str, value: Any) -> int:
@@ -91,25 +101,32 @@ def _count(key: str, value: Any) -> int:
     return value
 
 
-def _totals(events) -> TokenTotals:
-    sums = {
-        key: Coalesce(Sum(Cast(KT(f"data__{key}"), BigIntegerField())), 0)
-        for key in TOKEN_KEYS
-    }
-    row = events.filter(kind=Event.Kind.BRAIN_TURN).aggregate(
-        turns=Count("id"),
-        counted_turns=Count("id", filter=Q(data__has_key="total_tokens")),
-        **sums,
-    )
-    return TokenTotals(**{k: int(v or 0) for k, v in row.items()})
+COUNTERS = {
+    "turns": "brain_turns",
+    "counted_turns": "brain_turns_counted",
+    "input_tokens": "input_tokens",
+    "output_tokens": "output_tokens",
+    "total_tokens": "total_tokens",
+}
 
 
-def task_token_usage(*, task) -> TokenTotals:
-    """Return the brain turns of ``task`` and the tokens they used."""
-    # Served by the (task, kind, seq) index.
-    return _totals(Event.objects.filter(task_id=task.pk))
+def task_token_usage(*, task, fresh: bool = True) -> TokenTotals:
+    """Return the brain turns of ``task`` and the tokens they used.
+
+    ``fresh`` reads the counters from the database (one query by key);
+    otherwise from ``task`` as it was loaded.
+    """
+    if fresh:
+        row = Task.objects.filter(pk=task.pk).values(*COUNTERS.values()).first()
+        row = row or {}
+    else:
+        row = {column: getattr(task, column) for column in COUNTERS.values()}
+    return TokenTotals(**{key: int(row.get(col) or 0) for key, col in COUNTERS.items()})
 
 
 def conversation_token_usage(*, conversation) -> TokenTotals:
     """Return the brain turns of every task in ``conversation`` and their tokens."""
-    return _totals(Event.objects.filter(task__conversation_id=conversation.pk))
+    row = Task.objects.filter(conversation_id=conversation.pk).aggregate(
+        **{key: Coalesce(Sum(col), 0) for key, col in COUNTERS.items()}
+    )
+    return TokenTotals(**{key: int(value) for key, value in row.items()})

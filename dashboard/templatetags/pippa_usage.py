@@ -1,8 +1,8 @@
 """``{% token_usage task %}`` / ``{% token_usage conversation %}``: tokens its brains used.
 
 One line for Dad ("This task used 12,480 tokens over 14 brain turns"),
-summed from the ``brain_turn`` events by ``tasks.usage``; nothing at all
-while no brain has answered.
+from the counters ``tasks.usage`` keeps on each task (no event is read);
+nothing at all while no brain has answered.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ def token_usage(obj) -> dict:
     if isinstance(obj, Conversation):
         usage, of = conversation_token_usage(conversation=obj), "conversation"
     else:
-        usage, of = task_token_usage(task=obj), "task"
+        # The page has just loaded the task: its counters are on it.
+        usage, of = task_token_usage(task=obj, fresh=False), "task"
     return {
         "usage": usage,
         "of": of,

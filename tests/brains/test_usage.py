@@ -118,6 +118,8 @@ def test_each_vendors_token_counts_are_recorded_per_turn_and_summed(vendor_run):
     assert usage.turns == usage.counted_turns == 3
     assert report.total_tokens == total
     assert [t.data["tool_calls"] for t in turns] == [1, 1, 0]
+    # The task's counters are the sums of its turn events.
+    assert sum(t.data["total_tokens"] for t in turns) == total
 
 
 def test_a_turn_event_holds_small_metadata_and_never_the_turns_text(vendor_run):
@@ -187,6 +189,13 @@ def test_the_conversation_page_sums_the_tokens_of_its_tasks(
     assert (usage.total_tokens, usage.turns, usage.counted_turns) == (12480, 3, 2)
     assert "This conversation used <strong>12,480 tokens</strong>" in page
     assert "1 of them without counts from the vendor" in page
+    assert task_token_usage(task=second).as_data() == {
+        "turns": 2,
+        "counted_turns": 1,
+        "input_tokens": 11480,
+        "output_tokens": 0,
+        "total_tokens": 11480,
+    }
 
 
 def test_a_task_no_brain_has_answered_shows_no_usage_line(
