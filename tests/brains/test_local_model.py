@@ -62,6 +62,7 @@ def plan_of(task: Task) -> list[tuple]:
 
 
 @needs_local
+@pytest.mark.timeout(1800)
 def test_pippa_brain_local_drives_the_demo_task_to_a_clean_stop(
     user, subprocess_env, python_exe
 ):
@@ -100,6 +101,9 @@ def test_pippa_brain_local_drives_the_demo_task_to_a_clean_stop(
 
 
 @needs_local
+# The killed runner's last request still runs on the server (one at a time) before
+# the resumed runner's first: minutes while the machine is busy.
+@pytest.mark.timeout(1800)
 def test_a_runner_killed_mid_run_is_resumed_from_the_state_by_the_same_server(
     llama_server, make_conversation, user, subprocess_env, python_exe
 ):
