@@ -135,6 +135,8 @@ class LocalModelServer:
         self.python = python or sys.executable
         self.port = port or free_port()
         self.startup_seconds = startup_seconds
+        # A log of its own is removed when the server stops; one given is kept.
+        self.own_log = log_path is None
         self.log_path = log_path or Path(
             tempfile.mkstemp(prefix="pippa-llama-", suffix=".log")[1]
         )
@@ -208,14 +210,15 @@ class LocalModelServer:
     def stop(self) -> None:
         """Stop the server this object started (and only that process)."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=15)
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=15)
+        if self.own_log:
+            self.log_path.unlink(missing_ok=True)
 
     def __enter__(self) -> LocalModelServer:
         self.start()
