@@ -12,7 +12,9 @@ Skipped, with the reason, only where the extra is not installed
 from __future__ import annotations
 
 import json
+import re
 import signal
+import socket
 import subprocess
 import time
 
@@ -84,6 +86,13 @@ def test_pippa_brain_local_drives_the_demo_task_to_a_clean_stop(
     )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
+    # The server the command started is gone with it.
+    port = int(re.search(r"on 127\.0\.0\.1:(\d+)", out).group(1))
+    with (
+        pytest.raises(ConnectionRefusedError),
+        socket.create_connection(("127.0.0.1", port), 2),
+    ):
+        pass
     assert "Traceback" not in out
     assert "HTTP" not in out
     task = Task.objects.get(conversation__title=DEMO_CONVERSATION)

@@ -22,7 +22,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from brains import DEFAULT_KIND, KINDS, BrainError, brain_make
 from brains.base import RETRIES, TIMEOUT
-from brains.local import MODEL_NAME
+from brains.local import MODEL_NAME, LocalBrainUnavailable
 from brains.local import TURN_TIMEOUT as LOCAL_TIMEOUT
 from brains.runner import HttpBackend, LocalBackend, ToolFailure, run_brain
 from tasks.models import Brain, Task
@@ -97,7 +97,12 @@ class Command(BaseCommand):
             raise CommandError(ERR_TASK_OR_DEMO)
         with contextlib.ExitStack() as stack:
             if opts["local"]:
-                opts["base_url"] = stack.enter_context(self.local_server(opts)).base_url
+                server = self.local_server(opts)
+                try:
+                    stack.enter_context(server)
+                except LocalBrainUnavailable as exc:
+                    raise CommandError(str(exc)) from None
+                opts["base_url"] = server.base_url
                 opts["brain"] = opts["brain"] or "ollama"
                 opts["kind"] = opts["kind"] or "openai"
                 opts["model"] = opts["model"] or MODEL_NAME
@@ -136,17 +141,17 @@ class Command(BaseCommand):
         return task
 
     def local_server(self, opts):
+        """Return the local server, not started: the caller's ``with`` starts it."""
         from brains.local import LocalBrainUnavailable, LocalModelServer
 
         try:
             server = LocalModelServer(model=opts["local_model"])
-            self.stdout.write(
-                f"Starting llama.cpp's server with {server.model.name} "
-                f"on 127.0.0.1:{server.port} (log: {server.log_path})"
-            )
-            server.start()
         except LocalBrainUnavailable as exc:
             raise CommandError(str(exc)) from None
+        self.stdout.write(
+            f"Starting llama.cpp's server with {server.model.name} "
+            f"on 127.0.0.1:{server.port} (log: {server.log_path})"
+        )
         return server
 
     def drive(self, opts) -> None:
