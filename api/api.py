@@ -53,6 +53,13 @@ from tasks.documents import (
 )
 from tasks.models import Brain, Conversation
 from tasks.resume import resume_context
+from tasks.usage import (
+    MAX_NAME,
+    MAX_TOKENS,
+    brain_turn_record,
+    conversation_token_usage,
+    task_token_usage,
+)
 
 ERR_AUTH = "missing, unknown or revoked API token (send Authorization: Bearer <token>)"
 ERR_BODY_TOO_LARGE = "request body too large: the limit is {limit} bytes"
@@ -305,6 +312,45 @@ class ConversationOut(Schema):
     task_ids: list[int]
 
 
+class TokenUsageOut(Schema):
+    """Brain turns recorded on a task (or a conversation's tasks) and their tokens."""
+
+    turns: int
+    counted_turns: int = Field(description="Turns whose vendor sent token counts.")
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+class TaskDetailOut(TaskOut):
+    usage: TokenUsageOut
+
+
+class ConversationDetailOut(ConversationOut):
+    usage: TokenUsageOut
+
+
+TokenCount = Annotated[int, Field(ge=0, le=MAX_TOKENS, strict=True)]
+
+
+class TokensIn(InSchema):
+    input_tokens: TokenCount = 0
+    output_tokens: TokenCount = 0
+    total_tokens: TokenCount | None = None
+
+
+class BrainTurnIn(InSchema):
+    """One answer of a brain, as its runner read it (``brains.runner``)."""
+
+    brain: BrainName
+    model: Annotated[str, Field(max_length=MAX_NAME)] = ""
+    tool_calls: Annotated[int, Field(ge=0, le=1000)] = 0
+    bad_calls: Annotated[int, Field(ge=0, le=1000)] = 0
+    tokens: TokensIn | None = Field(
+        default=None, description="The vendor's counts; null when it sent none."
+    )
+
+
 class StepRunOut(Schema):
     ran: bool
     detail: str
@@ -341,11 +387,13 @@ def conversation_list(request: HttpRequest):
     return [conversation_payload(c) for c in qs]
 
 
-@conversations.get("/{conversation_id}", response={200: ConversationOut, **NOT_FOUND})
+@conversations.get(
+    "/{conversation_id}", response={200: ConversationDetailOut, **NOT_FOUND}
+)
 def conversation_detail(request: HttpRequest, conversation_id: int):
-    return conversation_payload(
-        conversation_get_for_user(user=request.user, conversation_id=conversation_id)
-    )
+    conv = conversation_get_for_user(user=request.user, conversation_id=conversation_id)
+    usage = conversation_token_usage(conversation=conv).as_data()
+    return {**conversation_payload(conv), "usage": usage}
 
 
 @conversations.post("/{conversation_id}/tasks", response={201: TaskOut, **BAD})
@@ -377,9 +425,11 @@ def task_create_with_conversation(request: HttpRequest, payload: NewTaskIn):
     return Status(201, task_payload(task))
 
 
-@tasks.get("/{task_id}", response={200: TaskOut, **NOT_FOUND})
+@tasks.get("/{task_id}", response={200: TaskDetailOut, **NOT_FOUND})
 def task_detail(request: HttpRequest, task_id: int):
-    return task_payload(task_get_for_user(user=request.user, task_id=task_id))
+    """The task, its plan, and the tokens its brains used (``usage``)."""
+    task = task_get_for_user(user=request.user, task_id=task_id)
+    return {**task_payload(task), "usage": task_token_usage(task=task).as_data()}
 
 
 @tasks.put("/{task_id}/plan", response={200: TaskOut, **BAD})
@@ -395,6 +445,14 @@ def task_brain(request: HttpRequest, task_id: int, payload: BrainIn):
     task = task_get_for_user(user=request.user, task_id=task_id)
     services.task_brain_record(task=task, brain=payload.brain, actor=_actor(request))
     return task_payload(task)
+
+
+@tasks.post("/{task_id}/brain/turns", response={201: TokenUsageOut, **BAD})
+def task_brain_turn(request: HttpRequest, task_id: int, payload: BrainTurnIn):
+    """Record one answer of the brain driving the task; return the task's new totals."""
+    task = task_get_for_user(user=request.user, task_id=task_id)
+    brain_turn_record(task=task, **payload.model_dump())
+    return Status(201, task_token_usage(task=task).as_data())
 
 
 @tasks.get("/{task_id}/resume-context", response={200: dict[str, Any], **NOT_FOUND})

@@ -7,7 +7,9 @@ Wire format (POST ``{base_url}/v1/messages`` with ``x-api-key`` and
 ``{"type": "text"}`` and ``{"type": "tool_use", "id", "name", "input"}``
 blocks with ``stop_reason`` "tool_use"; results go back in the next user
 message as ``{"type": "tool_result", "tool_use_id", "content", "is_error"?}``
-blocks.
+blocks. Token counts come in ``usage``: ``input_tokens`` (the uncached part of
+the prompt), ``cache_creation_input_tokens``, ``cache_read_input_tokens`` and
+``output_tokens``.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from brains.base import (
     BrainReply,
     HttpBrainAdapter,
     Message,
-    ToolCall,
+    TokenUsage,
     ToolSpec,
+    count,
     objects,
-    parse_arguments,
     shape_error,
+    tool_call_read,
 )
 
 
@@ -132,22 +135,30 @@ class AnthropicBrain(HttpBrainAdapter):
             if kind == "text":
                 texts.append(block.get("text") or "")
             elif kind == "tool_use":
-                if not block.get("id") or not block.get("name"):
-                    raise shape_error(
-                        vendor=self.vendor, what="tool_use without id or name"
-                    )
+                if not block.get("id"):
+                    # Its result could not be matched to it: the API's own fault.
+                    raise shape_error(vendor=self.vendor, what="tool_use without id")
                 calls.append(
-                    ToolCall(
-                        id=block["id"],
-                        name=block["name"],
-                        arguments=parse_arguments(
-                            block.get("input"), vendor=self.vendor
-                        ),
+                    tool_call_read(
+                        id=block["id"], name=block.get("name"), raw=block.get("input")
                     )
                 )
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         return BrainReply(
             text="\n".join(t for t in texts if t),
             tool_calls=calls,
             stop_reason=data.get("stop_reason") or "",
-            usage=data.get("usage") or {},
+            usage=usage,
+            tokens=usage_tokens(usage) if usage else None,
         )
+
+
+def usage_tokens(usage: dict[str, Any]) -> TokenUsage:
+    """Read Anthropic's ``usage``: the prompt is its uncached and cached parts."""
+    read = (
+        count(usage.get("input_tokens"))
+        + count(usage.get("cache_creation_input_tokens"))
+        + count(usage.get("cache_read_input_tokens"))
+    )
+    wrote = count(usage.get("output_tokens"))
+    return TokenUsage(input_tokens=read, output_tokens=wrote, total_tokens=read + wrote)

@@ -81,9 +81,38 @@ class ToolSpec:
 
 @dataclass(frozen=True)
 class ToolCall:
+    """One call the brain asked for.
+
+    ``error`` is set when the call cannot be carried out as sent (its
+    arguments are not JSON or not an object, it names no tool): the runner
+    answers it with that sentence as a tool error instead of calling anything,
+    and the brain may try again. ``arguments`` is then empty.
+    """
+
     id: str
     name: str
     arguments: dict[str, Any]
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    """A turn's token counts in one shape, whichever vendor counted them.
+
+    ``input_tokens`` is everything the brain read (cached prompt included),
+    ``output_tokens`` everything it wrote (thinking included).
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+
+    def as_data(self) -> dict[str, int]:
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "total_tokens": self.total_tokens,
+        }
 
 
 @dataclass
@@ -110,7 +139,9 @@ class BrainReply:
     text: str
     tool_calls: list[ToolCall]
     stop_reason: str
+    # The vendor's own usage object, as it came; ``tokens`` is its reading.
     usage: dict[str, Any] = field(default_factory=dict)
+    tokens: TokenUsage | None = None
     # Vendor state to send back verbatim with this turn (see the module docstring).
     replay: Mapping[str, Any] = field(default_factory=dict)
 
@@ -202,22 +233,69 @@ def objects(value: Any, *, vendor: str, what: str) -> list[dict[str, Any]]:
     return value
 
 
-def parse_arguments(raw: Any, *, vendor: str) -> dict[str, Any]:
-    """Return tool-call arguments as a dict (some vendors send a JSON string)."""
+MAX_QUOTED_CHARS = 120
+ERR_ARGS_NOT_JSON = "the arguments of {name} are not JSON ({reason}): {quoted}"
+ERR_ARGS_NOT_OBJECT = "the arguments of {name} must be a JSON object, not {kind}"
+ERR_NO_TOOL_NAME = "the tool call names no tool"
+
+
+def tool_call_read(*, id: str, name: Any, raw: Any) -> ToolCall:
+    """Return the call as the brain sent it; one that cannot run carries ``error``.
+
+    Some vendors send arguments as a JSON string, some as an object. A string
+    that is not JSON (small models often cut one short), a value that is not
+    an object, or a missing name is no reason to stop a run: the call comes
+    back with the sentence that says what is wrong.
+    """
+    name = name if isinstance(name, str) else ""
+    if not name:
+        return ToolCall(id=id, name="", arguments={}, error=ERR_NO_TOOL_NAME)
     if raw is None or raw == "":
-        return {}
-    if isinstance(raw, dict):
-        return raw
+        return ToolCall(id=id, name=name, arguments={})
+    value = raw
     if isinstance(raw, str):
         try:
             value = json.loads(raw)
-        except ValueError:
-            raise shape_error(
-                vendor=vendor, what="tool arguments are not JSON"
-            ) from None
-        if isinstance(value, dict):
-            return value
-    raise shape_error(vendor=vendor, what="tool arguments are not an object")
+        except ValueError as exc:
+            quoted = (
+                raw if len(raw) <= MAX_QUOTED_CHARS else raw[:MAX_QUOTED_CHARS] + "…"
+            )
+            reason = str(exc).split(":")[0]
+            return ToolCall(
+                id=id,
+                name=name,
+                arguments={},
+                error=ERR_ARGS_NOT_JSON.format(
+                    name=name, reason=reason, quoted=json.dumps(quoted)
+                ),
+            )
+    if not isinstance(value, dict):
+        return ToolCall(
+            id=id,
+            name=name,
+            arguments={},
+            error=ERR_ARGS_NOT_OBJECT.format(name=name, kind=json_kind(value)),
+        )
+    return ToolCall(id=id, name=name, arguments=value)
+
+
+def json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "null" if value is None else type(value).__name__
+
+
+def count(value: Any) -> int:
+    """Return a vendor's token count as an int; anything else counts as 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    return max(0, int(value))
 
 
 class HttpJsonClient:

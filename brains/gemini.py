@@ -17,6 +17,10 @@ that turn back verbatim, the way the official SDK's chat keeps its history.
 Declarations use ``parametersJsonSchema`` (a JSON Schema, as the runner writes
 it) rather than ``parameters`` (an OpenAPI subset that refuses, among other
 things, an OBJECT without properties, such as a tool's free-form ``args``).
+
+Token counts come in ``usageMetadata``: ``promptTokenCount`` (cached content
+included) and ``toolUsePromptTokenCount`` read, ``candidatesTokenCount`` and
+``thoughtsTokenCount`` written, ``totalTokenCount`` all of them.
 """
 
 from __future__ import annotations
@@ -32,11 +36,12 @@ from brains.base import (
     BrainReply,
     HttpBrainAdapter,
     Message,
-    ToolCall,
+    TokenUsage,
     ToolSpec,
+    count,
     objects,
-    parse_arguments,
     shape_error,
+    tool_call_read,
 )
 
 REPLAY_KEY = "gemini"
@@ -155,23 +160,38 @@ class GeminiBrain(HttpBrainAdapter):
             if "text" in part and not part.get("thought"):
                 texts.append(part["text"] or "")
             elif "functionCall" in part:
-                fc = part["functionCall"] or {}
-                if not fc.get("name"):
-                    raise shape_error(
-                        vendor=self.vendor, what="functionCall without name"
-                    )
+                fc = part["functionCall"]
+                fc = fc if isinstance(fc, dict) else {}
                 calls.append(
-                    ToolCall(
+                    tool_call_read(
                         # Older models send no id; keep one locally, never sent back.
-                        id=fc.get("id") or f"gemini-{i}",
-                        name=fc["name"],
-                        arguments=parse_arguments(fc.get("args"), vendor=self.vendor),
+                        id=str(fc.get("id") or f"gemini-{i}"),
+                        name=fc.get("name"),
+                        raw=fc.get("args"),
                     )
                 )
+        usage = data.get("usageMetadata")
+        usage = usage if isinstance(usage, dict) else {}
         return BrainReply(
             text="".join(texts),
             tool_calls=calls,
             stop_reason=candidate.get("finishReason") or "",
-            usage=data.get("usageMetadata") or {},
+            usage=usage,
+            tokens=usage_tokens(usage) if usage else None,
             replay={REPLAY_KEY: copy.deepcopy(parts)} if parts else {},
         )
+
+
+def usage_tokens(usage: dict[str, Any]) -> TokenUsage:
+    """Read Gemini's ``usageMetadata``; a missing total is the sum of the parts."""
+    read = count(usage.get("promptTokenCount")) + count(
+        usage.get("toolUsePromptTokenCount")
+    )
+    wrote = count(usage.get("candidatesTokenCount")) + count(
+        usage.get("thoughtsTokenCount")
+    )
+    return TokenUsage(
+        input_tokens=read,
+        output_tokens=wrote,
+        total_tokens=count(usage.get("totalTokenCount")) or read + wrote,
+    )

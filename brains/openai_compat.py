@@ -7,6 +7,12 @@ request ``{"model", "messages", "tools": [{"type": "function", "function":
 "function": {"name", "arguments": "<JSON string>"}}`` with ``finish_reason``
 "tool_calls"; each result goes back as ``{"role": "tool", "tool_call_id",
 "content"}``. Ollama serves the same shape at ``http://host:11434/v1``.
+
+An assistant turn that carries tool calls goes back with ``"content": ""``,
+never ``null``: OpenAI takes either, but llama-cpp-python's server refuses
+``null`` (its request model wants a string; HTTP 500) and its chat templates
+fail without the key. Token counts come in ``usage`` (``prompt_tokens``,
+``completion_tokens``, ``total_tokens``), from OpenAI, llama.cpp and Ollama alike.
 """
 
 from __future__ import annotations
@@ -21,11 +27,12 @@ from brains.base import (
     BrainReply,
     HttpBrainAdapter,
     Message,
-    ToolCall,
+    TokenUsage,
     ToolSpec,
+    count,
     objects,
-    parse_arguments,
     shape_error,
+    tool_call_read,
 )
 
 # Where each brain's OpenAI-compatible endpoint lives by default.
@@ -77,7 +84,7 @@ class OpenAICompatBrain(HttpBrainAdapter):
             if m.role == "user":
                 wire.append({"role": "user", "content": m.text})
             elif m.role == "assistant":
-                entry: dict[str, Any] = {"role": "assistant", "content": m.text or None}
+                entry: dict[str, Any] = {"role": "assistant", "content": m.text}
                 if m.tool_calls:
                     entry["tool_calls"] = [
                         {
@@ -130,19 +137,32 @@ class OpenAICompatBrain(HttpBrainAdapter):
         for i, raw in enumerate(
             objects(raw_calls, vendor=self.vendor, what="message.tool_calls")
         ):
-            fn = raw.get("function") or {}
-            if not fn.get("name"):
-                raise shape_error(vendor=self.vendor, what="a tool call has no name")
+            fn = raw.get("function")
+            fn = fn if isinstance(fn, dict) else {}
             calls.append(
-                ToolCall(
-                    id=raw.get("id") or f"call_{i}",
-                    name=fn["name"],
-                    arguments=parse_arguments(fn.get("arguments"), vendor=self.vendor),
+                tool_call_read(
+                    id=str(raw.get("id") or f"call_{i}"),
+                    name=fn.get("name"),
+                    raw=fn.get("arguments"),
                 )
             )
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        text = message.get("content")
         return BrainReply(
-            text=message.get("content") or "",
+            text=text if isinstance(text, str) else "",
             tool_calls=calls,
             stop_reason=choice.get("finish_reason") or "",
-            usage=data.get("usage") or {},
+            usage=usage,
+            tokens=usage_tokens(usage) if usage else None,
         )
+
+
+def usage_tokens(usage: dict[str, Any]) -> TokenUsage:
+    """Read an OpenAI-style ``usage``; a missing total is the sum of the parts."""
+    read = count(usage.get("prompt_tokens"))
+    wrote = count(usage.get("completion_tokens"))
+    return TokenUsage(
+        input_tokens=read,
+        output_tokens=wrote,
+        total_tokens=count(usage.get("total_tokens")) or read + wrote,
+    )

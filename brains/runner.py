@@ -12,8 +12,17 @@ tools, and carries out each tool call through Pippa's durable state:
 Two backends carry the calls: ``LocalBackend`` (in-process services, for the
 ``pippa_brain`` command) and ``HttpBackend`` (the JSON API with a bearer
 token, for a runner on another machine). Both give the brain the same
-documents. A bad tool call is answered with ``{"error": ...}`` so the brain
-can correct itself; it never crashes the runner.
+documents.
+
+Real models send malformed calls: arguments that are not JSON (a small model
+often cuts them short), a tool that does not exist, a value of the wrong
+type, an empty plan. Each is answered as that call's result with
+``{"error": "<a plain sentence>"}``, so the brain can correct itself; the
+turn counts against ``max_turns`` like any other, and the run goes on.
+
+Each answer of the brain is recorded on the task as a ``brain_turn`` event
+(``tasks.usage``): how many calls it asked for, how many were malformed, and
+the vendor's token counts, which the dashboard, the API and MCP sum per task.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from brains.base import BrainAdapter, Message, ToolSpec
+from brains.base import BrainAdapter, BrainReply, Message, ToolSpec, json_kind
 from pippa_site.errors import LeaseConflict, PippaError
 
 logger = logging.getLogger("pippa.brains")
@@ -111,6 +120,10 @@ TOOL_SPECS = [
 
 ERR_UNKNOWN_TOOL = "unknown tool {name!r}; use one of: {names}"
 ERR_BAD_ARGS = "bad arguments for {name}: {reason}"
+ERR_STEPS_NOT_LIST = (
+    "steps must be a list of steps (objects with title, tool and args), not {kind}"
+)
+ERR_ARTIFACT_ID = "artifact_id must be an integer (an artifact's id), not {value}"
 ERR_SERVER = "Pippa answered HTTP {status} for {path}"
 ERR_UNREACHABLE = "cannot reach Pippa at {url}: {reason}"
 ERR_LEASE_WAIT = "the task's lease stayed with another worker for {seconds:g}s"
@@ -126,6 +139,7 @@ class LeaseBusy(ToolFailure):
 
 class Backend(Protocol):
     def record_brain(self, task_id: int, brain: str) -> None: ...
+    def record_turn(self, task_id: int, turn: dict[str, Any]) -> None: ...
     def resume_context(self, task_id: int) -> dict[str, Any]: ...
     def task(self, task_id: int) -> dict[str, Any]: ...
     def run_step(self, task_id: int, worker: str) -> dict[str, Any]: ...
@@ -142,6 +156,11 @@ class RunReport:
     turns: int = 0
     steps_run: int = 0
     tool_calls: list[str] = field(default_factory=list)
+    # Calls answered with an error (malformed, unknown, refused by a service).
+    refused: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
     final_text: str = ""
     task_status: str = ""
     stopped_because: str = ""
@@ -239,6 +258,7 @@ class Runner:
                 system=SYSTEM_PROMPT, messages=messages, tools=TOOL_SPECS
             )
             self.report.turns += 1
+            self.record_turn(reply)
             # as_message() keeps what the vendor wants back (e.g. signatures).
             messages.append(reply.as_message())
             if not reply.tool_calls:
@@ -246,7 +266,15 @@ class Runner:
                 self.report.stopped_because = "the brain answered without a tool call"
                 break
             for call in reply.tool_calls:
-                result = self.call_tool(call.name, call.arguments)
+                if call.error:
+                    result = {"error": call.error}
+                    self.on_event(
+                        f"{self.brain.name}: {call.name or '?'} -> {call.error}"
+                    )
+                else:
+                    result = self.call_tool(call.name, call.arguments)
+                if result.get("error"):
+                    self.report.refused += 1
                 self.report.tool_calls.append(call.name)
                 messages.append(
                     Message(
@@ -260,6 +288,25 @@ class Runner:
             self.report.stopped_because = f"turn limit ({self.max_turns}) reached"
         self.report.task_status = self.backend.task(self.task_id).get("status", "")
         return self.report
+
+    def record_turn(self, reply: BrainReply) -> None:
+        """Record the answer as a ``brain_turn`` event; a failure is logged, not fatal."""
+        tokens = reply.tokens
+        if tokens is not None:
+            self.report.input_tokens += tokens.input_tokens
+            self.report.output_tokens += tokens.output_tokens
+            self.report.total_tokens += tokens.total_tokens
+        turn = {
+            "brain": self.brain.name,
+            "model": getattr(self.brain, "model", "") or "",
+            "tool_calls": len(reply.tool_calls),
+            "bad_calls": sum(1 for c in reply.tool_calls if c.error),
+            "tokens": tokens.as_data() if tokens is not None else None,
+        }
+        try:
+            self.backend.record_turn(self.task_id, turn)
+        except ToolFailure as exc:
+            self.on_event(f"{self.brain.name}: turn not recorded: {exc}")
 
     def call_tool(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         handlers = {
@@ -310,10 +357,17 @@ class Runner:
 
     def _rewrite_plan(self, args: dict[str, Any]) -> dict[str, Any]:
         steps = args.get("steps")
-        if not isinstance(steps, list) or not steps:
+        if not isinstance(steps, list):
             raise ToolFailure(
-                ERR_BAD_ARGS.format(name="rewrite_plan", reason="steps must be a list")
+                ERR_BAD_ARGS.format(
+                    name="rewrite_plan",
+                    reason=ERR_STEPS_NOT_LIST.format(
+                        kind="nothing" if steps is None else json_kind(steps)
+                    ),
+                )
             )
+        # Everything else (an empty plan, a step without a title, args that
+        # are not an object) is the plan service's to refuse, in its words.
         # A plan is only rewritten while no worker holds the lease, this one included.
         self.backend.release_lease(self.task_id, self.worker)
         task = self.backend.rewrite_plan(self.task_id, steps)
@@ -332,7 +386,8 @@ class Runner:
         if not isinstance(artifact_id, int) or isinstance(artifact_id, bool):
             raise ToolFailure(
                 ERR_BAD_ARGS.format(
-                    name="read_artifact", reason="artifact_id must be an integer"
+                    name="read_artifact",
+                    reason=ERR_ARTIFACT_ID.format(value=json.dumps(artifact_id)[:80]),
                 )
             )
         return self.backend.read_artifact(artifact_id)
@@ -383,6 +438,14 @@ class LocalBackend:
         task_brain_record(
             task=self._task(task_id), brain=brain, actor=f"runner:{brain}"
         )
+
+    def record_turn(self, task_id: int, turn: dict[str, Any]) -> None:
+        from tasks.usage import brain_turn_record
+
+        try:
+            brain_turn_record(task=self._task(task_id), **turn)
+        except PippaError as exc:
+            raise ToolFailure(str(exc)) from None
 
     def resume_context(self, task_id: int) -> dict[str, Any]:
         from tasks.resume import resume_context
@@ -496,6 +559,9 @@ class HttpBackend:
 
     def record_brain(self, task_id: int, brain: str) -> None:
         self._call("POST", f"/tasks/{task_id}/brain", {"brain": brain})
+
+    def record_turn(self, task_id: int, turn: dict[str, Any]) -> None:
+        self._call("POST", f"/tasks/{task_id}/brain/turns", turn)
 
     def resume_context(self, task_id: int) -> dict[str, Any]:
         return self._call("GET", f"/tasks/{task_id}/resume-context")

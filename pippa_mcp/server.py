@@ -92,6 +92,7 @@ from tasks.plan import task_create as plan_task_create
 from tasks.resume import resume_context as resume_document
 from tasks.services import task_artifact_upload
 from tasks.tools import tools_all
+from tasks.usage import task_token_usage
 from tasks.words import CHOICES
 
 log = logging.getLogger("pippa.mcp")
@@ -650,8 +651,12 @@ def get_task(task_id: Id) -> dict[str, Any]:
     A step's output is a ref (id, sha256, artifact_class, media_type, uri),
     never the payload; read one with artifact_read. artifact_class is the
     resume rule: 1 file, 2 fetch, 3 snapshot (never re-run), 4 render.
+    ``usage`` is the brain turns recorded on the task and the tokens they
+    used (input, output, total).
     """
-    return _task_doc(task_get_for_user(user=current_user(), task_id=task_id))
+    task = task_get_for_user(user=current_user(), task_id=task_id)
+    # The tokens its brains used, from the task's counters (tasks.usage).
+    return {**_task_doc(task), "usage": task_token_usage(task=task).as_data()}
 
 
 @tool()

@@ -166,6 +166,13 @@ class Task(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The sums of the task's brain_turn events (tasks.usage), written with each
+    # event in one transaction, so that no page reads events to show them.
+    brain_turns = models.PositiveIntegerField(db_default=0)
+    brain_turns_counted = models.PositiveIntegerField(db_default=0)
+    input_tokens = models.PositiveBigIntegerField(db_default=0)
+    output_tokens = models.PositiveBigIntegerField(db_default=0)
+    total_tokens = models.PositiveBigIntegerField(db_default=0)
 
     objects = TaskQuerySet.as_manager()
 
@@ -446,6 +453,8 @@ class Event(models.Model):
         TASK_PAUSED = "task_paused"
         TASK_CANCELLED = "task_cancelled"
         BRAIN_CHANGED = "brain_changed"
+        # One answer of a brain: its tool-call count and token usage (tasks.usage).
+        BRAIN_TURN = "brain_turn"
 
     # No index of its own: the unique (task, seq) index leads with it, and each
     # index more is pages more for every step's commit.

@@ -136,6 +136,7 @@ EVENT_WORDS = {
     "step_resolved": "decided by a person",
     "admin_action": "admin action",
     "brain_changed": "brain changed",
+    "brain_turn": "the brain answered",
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from brains import brain_make
-from brains.base import BrainError, Message, ToolCall
+from brains.base import BrainError, Message, TokenUsage, ToolCall
 from brains.runner import SYSTEM_PROMPT, TOOL_SPECS
 from tests.support.fake_vendors import (
     API_KEY,
@@ -201,7 +201,7 @@ def test_a_vendor_that_is_not_listening_gives_a_connection_error():
     assert info.value.kind == "connect"
 
 
-def test_openai_tool_arguments_that_are_not_json_are_reported():
+def test_openai_tool_arguments_that_are_not_json_come_back_as_a_call_with_an_error():
     from brains.openai_compat import OpenAICompatBrain
 
     adapter = OpenAICompatBrain(model="m", base_url="http://127.0.0.1:9")
@@ -216,15 +216,88 @@ def test_openai_tool_arguments_that_are_not_json_are_reported():
                             "id": "c1",
                             "type": "function",
                             "function": {"name": "run_next_step", "arguments": "{oops"},
-                        }
+                        },
+                        {
+                            "id": "c2",
+                            "type": "function",
+                            "function": {"name": "read_artifact", "arguments": "[1]"},
+                        },
+                        {
+                            "id": "c3",
+                            "type": "function",
+                            "function": {"arguments": "{}"},
+                        },
                     ],
                 },
                 "finish_reason": "tool_calls",
             }
-        ]
+        ],
+        "usage": {"prompt_tokens": 900, "completion_tokens": 12, "total_tokens": 912},
     }
-    with pytest.raises(BrainError, match="tool arguments are not JSON"):
-        adapter.parse_reply(data)
+    reply = adapter.parse_reply(data)
+    assert [c.error for c in reply.tool_calls] == [
+        "the arguments of run_next_step are not JSON (Expecting property name "
+        'enclosed in double quotes): "{oops"',
+        "the arguments of read_artifact must be a JSON object, not a list",
+        "the tool call names no tool",
+    ]
+    assert all(c.arguments == {} for c in reply.tool_calls)
+    assert reply.tokens == TokenUsage(900, 12, 912)
+    assert reply.text == ""
+
+
+@pytest.mark.parametrize(
+    ("kind", "usage", "expected"),
+    [
+        (
+            "openai",
+            {"usage": {"prompt_tokens": 100, "completion_tokens": 20}},
+            TokenUsage(100, 20, 120),
+        ),
+        (
+            "anthropic",
+            {
+                "usage": {
+                    "input_tokens": 10,
+                    "cache_creation_input_tokens": 200,
+                    "cache_read_input_tokens": 3000,
+                    "output_tokens": 45,
+                }
+            },
+            TokenUsage(3210, 45, 3255),
+        ),
+        (
+            "gemini",
+            {
+                "usageMetadata": {
+                    "promptTokenCount": 500,
+                    "toolUsePromptTokenCount": 7,
+                    "candidatesTokenCount": 30,
+                    "thoughtsTokenCount": 90,
+                    "totalTokenCount": 627,
+                }
+            },
+            TokenUsage(507, 120, 627),
+        ),
+        (
+            "openai",
+            {"usage": {"prompt_tokens": "lots", "total_tokens": -3}},
+            TokenUsage(0, 0, 0),
+        ),
+        ("anthropic", {}, None),
+    ],
+    ids=["openai", "anthropic-cached", "gemini-thinking", "openai-garbage", "none"],
+)
+def test_each_vendors_usage_is_read_into_one_shape(kind, usage, expected):
+    bodies = {
+        "openai": {"choices": [{"message": {"content": "hi"}}]},
+        "anthropic": {"content": [{"type": "text", "text": "hi"}]},
+        "gemini": {"candidates": [{"content": {"parts": [{"text": "hi"}]}}]},
+    }
+    adapter = brain_make(kind=kind, model="m", base_url="http://127.0.0.1:9")
+    reply = adapter.parse_reply({**bodies[kind], **usage})
+    assert reply.tokens == expected
+    assert reply.text == "hi"
 
 
 def test_anthropic_tool_results_of_one_turn_share_one_user_message():

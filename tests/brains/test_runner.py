@@ -139,3 +139,69 @@ def test_the_pippa_brain_command_runs_a_task_with_the_scripted_brain(task):
     task.refresh_from_db()
     assert task.status == "done"
     assert "2 steps run" in out.getvalue()
+
+
+def bad(call_id, name, error):
+    return BrainReply(
+        text="",
+        tool_calls=[ToolCall(call_id, name, {}, error=error)],
+        stop_reason="tool_calls",
+    )
+
+
+def test_malformed_calls_are_answered_with_a_sentence_and_the_run_goes_on(task, user):
+    brain = ScriptedBrain(
+        script=[
+            bad("c1", "rewrite_plan", "the arguments of rewrite_plan are not JSON"),
+            bad("c2", "", "the tool call names no tool"),
+            call("launch_rockets", target="moon"),
+            call("read_artifact", artifact_id="the closes"),
+            call("rewrite_plan", steps="fetch, then chart"),
+            call("rewrite_plan", steps=[]),
+            call(
+                "rewrite_plan", steps=[{"title": "x", "tool": "demo.closes", "args": 3}]
+            ),
+            call("run_next_step", please="now"),
+        ]
+    )
+    report = run_brain(
+        brain=brain, backend=LocalBackend(user=user), task_id=task.pk, max_turns=9
+    )
+    errors = [brain.calls[n][-1].result.get("error") for n in range(1, 8)]
+    assert errors == [
+        "the arguments of rewrite_plan are not JSON",
+        "the tool call names no tool",
+        "unknown tool 'launch_rockets'; use one of: run_next_step, rewrite_plan, "
+        "read_artifact, read_resume_context",
+        "bad arguments for read_artifact: artifact_id must be an integer (an "
+        'artifact\'s id), not "the closes"',
+        "bad arguments for rewrite_plan: steps must be a list of steps (objects "
+        "with title, tool and args), not a string",
+        "a plan needs at least one step",
+        "step 1: args must be a dict",
+    ]
+    # The last call had an argument run_next_step does not take: it ran anyway.
+    assert brain.calls[8][-1].result["step"]["status"] == "done"
+    assert report.turns == 9
+    assert report.refused == 7
+    assert report.stopped_because == "the brain answered without a tool call"
+    assert [s["title"] for s in PLAN] == list(
+        Step.objects.filter(task=task)
+        .order_by("position")
+        .values_list("title", flat=True)
+    )
+
+
+def test_a_run_of_nothing_but_malformed_calls_stops_at_its_turn_budget(task, user):
+    brain = ScriptedBrain(
+        script=[bad(f"c{n}", "run_next_step", "not JSON") for n in range(10)]
+    )
+    report = run_brain(
+        brain=brain, backend=LocalBackend(user=user), task_id=task.pk, max_turns=4
+    )
+    task.refresh_from_db()
+    assert report.turns == 4
+    assert report.stopped_because == "turn limit (4) reached"
+    assert report.steps_run == 0
+    assert task.lease_owner == ""
+    assert Event.objects.filter(task=task, kind="brain_turn").count() == 4

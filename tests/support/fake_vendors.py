@@ -13,6 +13,11 @@ API sends it. The fake model is small and deterministic: it calls
 vendor's error shape (with a ``Retry-After`` header if asked), a delay longer
 than the client's timeout, or a body that is not JSON.
 
+Each answer carries token counts in the vendor's own usage object, different
+on every answer (``usage_for``) so that sums are real sums: OpenAI's
+``usage``, Anthropic's ``usage`` (with cached prompt tokens) and Gemini's
+``usageMetadata`` (with thinking tokens).
+
 - ``FakeOpenAI``: ``POST /v1/chat/completions`` (Bearer auth).
 - ``FakeAnthropic``: ``POST /v1/messages`` (``x-api-key`` + ``anthropic-version``).
 - ``FakeGemini``: ``POST /v1beta/models/{model}:generateContent``
@@ -82,6 +87,16 @@ def drive_policy(
         if status in SETTLED or last.get("ran") is False:
             return Move(text=f"The task is {status}.")
     return Move(calls=[("run_next_step", {})])
+
+
+def usage_for(counter: int) -> dict[str, int]:
+    """The counts the fake model reports for its ``counter``-th answer."""
+    return {
+        "prompt": 300 + 40 * counter,
+        "cached": 25 * counter,
+        "output": 11 + counter,
+        "thinking": 3 * counter,
+    }
 
 
 class FakeVendor:
@@ -281,7 +296,9 @@ class FakeOpenAI(FakeVendor):
                 )
             ],
             usage=CompletionUsage(
-                prompt_tokens=10, completion_tokens=5, total_tokens=15
+                prompt_tokens=(u := usage_for(counter))["prompt"],
+                completion_tokens=u["output"],
+                total_tokens=u["prompt"] + u["output"],
             ),
         )
         return answer.to_dict(mode="json")
@@ -359,7 +376,12 @@ class FakeAnthropic(FakeVendor):
             content=content,
             stop_reason="tool_use" if move.calls else "end_turn",
             stop_sequence=None,
-            usage=Usage(input_tokens=10, output_tokens=5),
+            usage=Usage(
+                input_tokens=(u := usage_for(counter))["prompt"],
+                cache_read_input_tokens=u["cached"],
+                cache_creation_input_tokens=0,
+                output_tokens=u["output"],
+            ),
         )
         return answer.to_dict(mode="json")
 
@@ -445,7 +467,10 @@ class FakeGemini(FakeVendor):
                 )
             ],
             usage_metadata=types.GenerateContentResponseUsageMetadata(
-                prompt_token_count=10, candidates_token_count=5, total_token_count=15
+                prompt_token_count=(u := usage_for(counter))["prompt"],
+                candidates_token_count=u["output"],
+                thoughts_token_count=u["thinking"],
+                total_token_count=u["prompt"] + u["output"] + u["thinking"],
             ),
             model_version="gemini-fake",
             response_id=f"resp-{counter}",
@@ -478,3 +503,79 @@ class FakeGemini(FakeVendor):
 
 
 FAKES = {"openai": FakeOpenAI, "anthropic": FakeAnthropic, "gemini": FakeGemini}
+
+
+class ReplayOpenAI(FakeOpenAI):
+    """Answers recorded from a real OpenAI-compatible server, served in order.
+
+    Requests are still judged by the OpenAI SDK's request types; once the
+    recording runs out, the last answer is served again.
+    """
+
+    def __init__(self, answers: list[dict[str, Any]], **kwargs):
+        super().__init__(**kwargs)
+        self.recorded = list(answers)
+
+    def reply_body(self, move, counter, request):
+        answer = self.recorded.pop(0) if len(self.recorded) > 1 else self.recorded[0]
+        return json.loads(json.dumps(answer))
+
+
+class RecordingProxy:
+    """Forward POSTs to a real server unchanged; keep each request, status and answer.
+
+    Stands between a runner and llama.cpp's server, so a test can read what
+    the brain was sent and what it answered, HTTP errors included.
+    """
+
+    def __init__(self, upstream: str):
+        # The server's root: requests come for /v1/... and go on unchanged.
+        self.upstream = upstream.rstrip("/").removesuffix("/v1")
+        self.exchanges: list[tuple[dict[str, Any], int, Any]] = []
+        self._server: ThreadingHTTPServer | None = None
+
+    def __enter__(self) -> RecordingProxy:
+        import urllib.error
+        import urllib.request
+
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's naming)
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                request = urllib.request.Request(
+                    proxy.upstream + self.path,
+                    data=raw,
+                    method="POST",
+                    headers={"Content-Type": "application/json"},
+                )
+                try:
+                    with urllib.request.urlopen(request, timeout=900) as response:
+                        status, data = response.status, response.read()
+                except urllib.error.HTTPError as exc:
+                    status, data = exc.code, exc.read()
+                try:
+                    answer = json.loads(data)
+                except ValueError:
+                    answer = data.decode("utf-8", "replace")
+                proxy.exchanges.append((json.loads(raw or b"{}"), status, answer))
+                FakeVendor._send(self, status, data, "application/json")
+
+            def log_message(self, *args):
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1"

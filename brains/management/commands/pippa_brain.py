@@ -4,30 +4,46 @@ The command is only the loop's host; the work is ``brains.runner``. By
 default it runs in-process as the task's owner; with ``--api-url`` it talks to
 a Pippa server over the JSON API with a token from ``--token-env``, exactly
 like a runner on another machine.
+
+``--local`` needs no key: it starts llama.cpp's OpenAI-compatible server with
+the small model of the ``local`` extra (``brains.local``) on a free port of
+127.0.0.1, drives the task with it as the "ollama" brain, and stops the
+server afterwards. ``--demo-task`` makes a fresh three-step demo task for
+``--user`` (default "dad", made by ``pippa_demo``) instead of naming one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from brains import DEFAULT_KIND, KINDS, BrainError, brain_make
 from brains.base import RETRIES, TIMEOUT
+from brains.local import MODEL_NAME, LocalBrainUnavailable
+from brains.local import TURN_TIMEOUT as LOCAL_TIMEOUT
 from brains.runner import HttpBackend, LocalBackend, ToolFailure, run_brain
 from tasks.models import Brain, Task
 
 ERR_NO_TASK = "no task {id}"
 ERR_NO_KEY = "the environment variable {var} (the API key) is not set"
 ERR_NO_TOKEN = "--api-url needs a token in the environment variable {var}"
+ERR_TASK_OR_DEMO = "name a task id, or ask for a fresh one with --demo-task"
+ERR_NO_USER = "no user {name!r}: run `manage.py pippa_demo` first, or pass --user"
 
 
 class Command(BaseCommand):
     help = "Drive one task with one brain (OpenAI-compatible, Anthropic, Gemini or scripted)."
 
     def add_arguments(self, parser):
-        parser.add_argument("task_id", type=int)
-        parser.add_argument("--brain", default="scripted", choices=Brain.values)
+        parser.add_argument("task_id", type=int, nargs="?")
+        parser.add_argument(
+            "--brain",
+            choices=Brain.values,
+            help="the brain recorded on the task (default: scripted; ollama with --local)",
+        )
         parser.add_argument(
             "--kind",
             choices=KINDS,
@@ -38,7 +54,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--api-key-env", default="", help="environment variable holding the API key"
         )
-        parser.add_argument("--timeout", type=float, default=TIMEOUT)
+        parser.add_argument(
+            "--timeout",
+            type=float,
+            default=None,
+            help=f"seconds one answer may take (default {TIMEOUT:g}; "
+            f"{LOCAL_TIMEOUT:g} with --local)",
+        )
         parser.add_argument("--retries", type=int, default=RETRIES)
         parser.add_argument("--max-turns", type=int, default=60)
         parser.add_argument(
@@ -52,11 +74,91 @@ class Command(BaseCommand):
             "--api-url", default="", help="run over the JSON API at this URL"
         )
         parser.add_argument("--token-env", default="PIPPA_API_TOKEN")
+        parser.add_argument(
+            "--local",
+            action="store_true",
+            help="start llama.cpp's server with the small model of the 'local' "
+            "extra and drive the task with it (no key needed)",
+        )
+        parser.add_argument(
+            "--local-model", default=None, help="another GGUF file for --local"
+        )
+        parser.add_argument(
+            "--demo-task",
+            action="store_true",
+            help="make a fresh three-step demo task for --user and drive it",
+        )
+        parser.add_argument("--user", default="dad", help="owner of --demo-task")
 
     def handle(self, *args, **opts):
+        if opts["demo_task"]:
+            opts["task_id"] = self.demo_task(opts["user"]).pk
+        elif opts["task_id"] is None:
+            raise CommandError(ERR_TASK_OR_DEMO)
+        with contextlib.ExitStack() as stack:
+            if opts["local"]:
+                server = self.local_server(opts)
+                try:
+                    stack.enter_context(server)
+                except LocalBrainUnavailable as exc:
+                    raise CommandError(str(exc)) from None
+                opts["base_url"] = server.base_url
+                opts["brain"] = opts["brain"] or "ollama"
+                opts["kind"] = opts["kind"] or "openai"
+                opts["model"] = opts["model"] or MODEL_NAME
+                opts["timeout"] = opts["timeout"] or LOCAL_TIMEOUT
+            self.drive(opts)
+
+    def demo_task(self, username: str):
+        """Make a fresh demo task in the user's local-brain conversation."""
+        from brains.local import DEMO_CONVERSATION, DEMO_STEPS, DEMO_TITLE
+        from tasks.models import Conversation
+        from tasks.plan import conversation_task_create, task_create
+
+        owner = get_user_model().objects.filter(username=username).first()
+        if owner is None:
+            raise CommandError(ERR_NO_USER.format(name=username))
+        conversation = (
+            Conversation.objects.filter(owner=owner, title=DEMO_CONVERSATION)
+            .order_by("pk")
+            .first()
+        )
+        if conversation is None:
+            task = conversation_task_create(
+                owner=owner,
+                conversation_title=DEMO_CONVERSATION,
+                title=DEMO_TITLE,
+                steps=DEMO_STEPS,
+            )
+        else:
+            task = task_create(
+                conversation=conversation, title=DEMO_TITLE, steps=DEMO_STEPS
+            )
+        self.stdout.write(
+            f"Made task {task.pk}: {task.title} ({len(DEMO_STEPS)} steps), "
+            f"in the conversation {DEMO_CONVERSATION!r} of {username}"
+        )
+        return task
+
+    def local_server(self, opts):
+        """Return the local server, not started: the caller's ``with`` starts it."""
+        from brains.local import LocalBrainUnavailable, LocalModelServer
+
+        try:
+            server = LocalModelServer(model=opts["local_model"])
+        except LocalBrainUnavailable as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(
+            f"Starting llama.cpp's server with {server.model.name} "
+            f"on 127.0.0.1:{server.port} (log: {server.log_path})"
+        )
+        return server
+
+    def drive(self, opts) -> None:
         from django.conf import settings
 
-        kind = opts["kind"] or DEFAULT_KIND.get(opts["brain"], "openai")
+        brain_name = opts["brain"] or "scripted"
+        kind = opts["kind"] or DEFAULT_KIND.get(brain_name, "openai")
         api_key = ""
         if opts["api_key_env"]:
             api_key = os.environ.get(opts["api_key_env"], "")
@@ -64,11 +166,11 @@ class Command(BaseCommand):
                 raise CommandError(ERR_NO_KEY.format(var=opts["api_key_env"]))
         brain = brain_make(
             kind=kind,
-            brain=opts["brain"],
+            brain=brain_name,
             model=opts["model"],
             base_url=opts["base_url"],
             api_key=api_key,
-            timeout=opts["timeout"],
+            timeout=opts["timeout"] or TIMEOUT,
             retries=opts["retries"],
         )
         if opts["api_url"]:
@@ -101,9 +203,10 @@ class Command(BaseCommand):
         except (BrainError, ToolFailure) as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(
-            f"{report.brain}: {report.turns} turns, {report.steps_run} steps run; "
-            f"task {report.task_id} is {report.task_status} "
-            f"({report.stopped_because})"
+            f"{report.brain}: {report.turns} turns, {report.steps_run} steps run, "
+            f"{report.refused} calls answered with an error, "
+            f"{report.total_tokens:,} tokens; task {report.task_id} is "
+            f"{report.task_status} ({report.stopped_because})"
         )
         if report.final_text:
             self.stdout.write(report.final_text)
