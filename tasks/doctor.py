@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -61,10 +61,11 @@ from artifacts.gc import (
 )
 from artifacts.models import Artifact, ArtifactSource, PendingUnlink
 from artifacts.store import BlobStore, default_store
-from tasks.lease import DEAD_SQL, lease_release
+from tasks.lease import lease_release
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 from tasks.resume import CLOSING_KINDS
 from tasks.services import event_append
+from tasks.statements import LEASE_DEAD
 
 DEFAULT_GRACE_SECONDS = 3600
 CHUNK = 20000
@@ -308,16 +309,6 @@ def _orphan_blobs(store: BlobStore, cutoff: float) -> list[tuple[str, Any]]:
             flush()
     if pending:
         flush()
-    # Inline blobs (small outputs kept in the database) by their row's age.
-    inline = list(
-        store.iter_inline(created_before=datetime.fromtimestamp(cutoff, tz=UTC))
-    )
-    for start in range(0, len(inline), 500):
-        chunk = inline[start : start + 500]
-        named = spoken_for | set(
-            Artifact.objects.filter(sha256__in=chunk).values_list("sha256", flat=True)
-        )
-        found += [(sha, None) for sha in chunk if sha not in named]
     return found
 
 
@@ -399,7 +390,7 @@ def _open_envelopes(now) -> list[tuple[int, int, int]]:
                             WHERE f.step_id = x.step_id AND f.seq > x.seq
                               AND f.kind IN ({later}))
            AND t.status NOT IN ({statuses})
-           AND {DEAD_SQL}
+           AND {LEASE_DEAD}
          ORDER BY x.id
     """
     adapt = connection.ops.adapt_datetimefield_value

@@ -109,7 +109,7 @@ class TaskQuerySet(models.QuerySet):
         """Tasks no worker holds live: no holder, no expiry, or past it.
 
         The one definition of a dead lease (``tasks.lease`` explains it;
-        ``Task.lease_live`` is the same rule for one row, ``lease.DEAD_SQL``
+        ``Task.lease_live`` is the same rule for one row, ``tasks.statements.LEASE_DEAD``
         for the hot path's hand-written statements).
         """
         return self.filter(

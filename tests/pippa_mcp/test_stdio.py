@@ -145,7 +145,7 @@ def test_a_server_killed_after_a_snapshot_was_saved_adopts_it_on_resume(
     async def until_killed():
         # The server kills itself (SIGKILL) right after the payload is saved.
         async with stdio_session(
-            "--user", user.username, env={"PIPPA_CRASHPOINT": "after_payload"}
+            "--user", user.username, env={"PIPPA_CRASHPOINT": "after_blob"}
         ) as mcp:
             task = await task_create(mcp, steps=plan)
             try:

@@ -37,7 +37,7 @@ EXPECTED_CALLS = {
     "before_started_commit": {1: 1, 2: 1, 3: 1, 4: 1},
     "after_started": {1: 1, 2: 1, 3: 1, 4: 1},
     "after_tool": {1: 2, 2: 2, 3: 2, 4: 2},
-    "after_payload": {1: 1, 2: 2, 3: 1, 4: 1},
+    "after_blob": {1: 1, 2: 2, 3: 1, 4: 1},
     "after_result": {1: 1, 2: 1, 3: 1, 4: 1},
 }
 # The rule the resuming worker logs for the crashed step, by (boundary, class).
@@ -55,7 +55,7 @@ EXPECTED_RULE = {
         3: "class3_issue_again_unshown",
         4: "class4_rerender",
     },
-    "after_payload": {
+    "after_blob": {
         1: "class1_reuse_file",
         2: "class2_fetch_again",
         3: "class3_adopt_snapshot",
