@@ -22,7 +22,7 @@ from artifacts.services import _check_class, artifact_record, blob_put, sources_
 from pippa_site.errors import Invalid, NotFound
 from pippa_site.text import text_check, title_clean
 from tasks import statements
-from tasks.crashpoints import crashpoint
+from tasks.crashpoints import PREVIEW_BOUNDARY, crashpoint
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 from tasks.statements import (  # noqa: F401 - the event log's names, re-exported
     ERR_EVENT_DATA_TOO_LARGE,
@@ -47,22 +47,27 @@ def task_widget_preview(
     The executor (a step's widget output) and the API (an uploaded widget)
     both call this, and the council's ``widget_store`` calls the same
     ``preview_render``. A preview is a view of the widget, never part of it:
-    it fails closed (``preview_render`` records the reason on the widget),
-    and a crash here leaves only a widget without a picture, which the
-    admin's re-render action fixes.
+    it fails closed (``preview_render`` records the reason on the widget).
+    The preview's row, the widget's record of it and this task's keeper link
+    commit in one transaction (the crash point ``before_preview_commit`` is
+    inside it): a crash leaves a widget without a picture, which the admin's
+    re-render action fixes, never a widget naming an unkept row.
     """
     from artifacts.preview import preview_render
 
+    def keep(preview: Artifact) -> None:
+        TaskArtifact.objects.get_or_create(
+            task_id=task_id,
+            artifact=preview,
+            role=TaskArtifact.Role.PERSISTED,
+            defaults={"step_id": step_id},
+        )
+        crashpoint(PREVIEW_BOUNDARY)
+
     try:
-        preview = preview_render(artifact=Artifact.objects.get(pk=artifact_id))
-        if preview is not None:
-            TaskArtifact.objects.get_or_create(
-                task_id=task_id,
-                artifact=preview,
-                role=TaskArtifact.Role.PERSISTED,
-                defaults={"step_id": step_id},
-            )
-        return preview
+        return preview_render(
+            artifact=Artifact.objects.get(pk=artifact_id), keep=keep
+        )
     except Exception:  # noqa: BLE001 - a preview never fails what it shows
         log.exception("preview of artifact %s failed", artifact_id)
         return None
