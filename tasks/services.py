@@ -65,9 +65,7 @@ def task_widget_preview(
         crashpoint(PREVIEW_BOUNDARY)
 
     try:
-        return preview_render(
-            artifact=Artifact.objects.get(pk=artifact_id), keep=keep
-        )
+        return preview_render(artifact=Artifact.objects.get(pk=artifact_id), keep=keep)
     except Exception:  # noqa: BLE001 - a preview never fails what it shows
         log.exception("preview of artifact %s failed", artifact_id)
         return None
