@@ -134,6 +134,33 @@ class BlobStore:
                     if sha.startswith(name) and SHA256_RE.match(sha):
                         yield sha, folder / sha
 
+    def loose_paths(self) -> list[tuple[Path, int]]:
+        """(path, the mode it should have) for each folder or file of the
+        store whose mode lets group or others in (``pippa_doctor``)."""
+        loose = []
+        folders = [self.root, self.tmp_dir]
+        try:
+            folders += [
+                self.root / entry.name
+                for entry in os.scandir(self._root)
+                if len(entry.name) == 2 and entry.is_dir()
+            ]
+        except FileNotFoundError:
+            return []
+        for folder in folders:
+            try:
+                if os.stat(folder).st_mode & 0o077:
+                    loose.append((folder, PRIVATE_DIR))
+            except FileNotFoundError:
+                continue
+        for _, path in self.iter_files():
+            try:
+                if os.stat(path).st_mode & 0o077:
+                    loose.append((path, PRIVATE_FILE))
+            except FileNotFoundError:
+                pass
+        return loose
+
     def iter_temp_files(self) -> Iterator[Path]:
         if self.tmp_dir.is_dir():
             yield from self.tmp_dir.iterdir()

@@ -44,6 +44,7 @@ def env_list(name: str, default: str = "") -> list[str]:
 
 DATA_DIR = Path(env_str("PIPPA_DATA_DIR", str(BASE_DIR / "var"))).resolve()
 DATA_DIR.mkdir(parents=True, exist_ok=True)
+DATA_DIR.chmod(0o700)  # the service's account only, whatever the umask
 BLOB_DIR = Path(env_str("PIPPA_BLOB_DIR", str(DATA_DIR / "blobs"))).resolve()
 
 
