@@ -137,13 +137,16 @@ def test_a_server_killed_mid_step_is_resumed_by_a_client_with_another_name(
     check_invariants([task_id])
 
 
-def test_a_server_killed_after_a_snapshot_was_saved_adopts_it_on_resume(
+def test_a_server_killed_before_a_snapshots_result_committed_takes_it_again(
     stdio_session, user, tool_log
 ):
+    """The snapshot's file was written but no row named it: it was never
+    shown, so resume takes the snapshot again (class 3's rule)."""
     plan = [{"title": "Search", "tool": "test.snapshot", "args": {}}]
 
     async def until_killed():
-        # The server kills itself (SIGKILL) right after the payload is saved.
+        # The server kills itself (SIGKILL) right after the payload file is
+        # written, before the commit that names it.
         async with stdio_session(
             "--user", user.username, env={"PIPPA_CRASHPOINT": "after_blob"}
         ) as mcp:
@@ -156,7 +159,7 @@ def test_a_server_killed_after_a_snapshot_was_saved_adopts_it_on_resume(
 
     task_id, outcome = run_async(until_killed)
     assert outcome == "Connection closed"
-    saved = Event.objects.get(task_id=task_id, kind="payload_persisted").data["sha"]
+    assert not Event.objects.filter(task_id=task_id, kind="payload_persisted").exists()
     expire_lease(task_id)
 
     async def resume():
@@ -164,9 +167,10 @@ def test_a_server_killed_after_a_snapshot_was_saved_adopts_it_on_resume(
             return await call(mcp, "run_next_step", {"task_id": task_id})
 
     ran = run_async(resume)
-    assert ran["rule"] == "class3_adopt_snapshot"
+    assert ran["rule"] == "class3_issue_again_unshown"
+    saved = Event.objects.get(task_id=task_id, kind="payload_persisted").data["sha"]
     assert ran["step"]["output"]["sha256"] == saved
-    assert invocations(tool_log)[ran["step"]["id"]] == 1
+    assert invocations(tool_log)[ran["step"]["id"]] == 2
 
 
 def test_the_stdio_server_of_another_user_sees_none_of_it(
