@@ -605,7 +605,7 @@ def _rows(steps, task: Task, clock: TaskClock, drawn: DrawnLookup | None):
         key = settled_row_key(step, task, clock)
         html = drawn(key) if key is not None and drawn is not None else None
         keyed.append((step, key, html))
-    # The text outputs' heads at once (small outputs are inline rows).
+    # The text outputs' heads, read from their files in one pass.
     heads = default_store().heads(
         [
             step.output.sha256

@@ -402,7 +402,7 @@ class EventQuerySet(models.QuerySet):
 class Event(models.Model):
     """One entry of a task's append-only log.
 
-    Written only by ``tasks.services.events_insert`` (through ``event_append``
+    Written only by ``tasks.statements.events_insert`` (through ``event_append``
     and ``events_append``, or the executor's lease-held appends).
     """
 

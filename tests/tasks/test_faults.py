@@ -61,15 +61,11 @@ def tool_log(tmp_path):
 
 @pytest.fixture
 def blob_disk(tmpfs, settings):
-    """The blob folder on a 4 MiB tmpfs, every output a blob file in it.
-
-    (A small output is otherwise an inline row in the database, which this
-    folder filling up never touches: see test_inline.py and the SQLite file
-    on a tmpfs in test_worker_faults.py for the database filling up.)
-    """
+    """The blob folder on a 4 MiB tmpfs, every output a blob file in it (see
+    the SQLite file on a tmpfs in test_worker_faults.py for the database
+    filling up)."""
     fs = tmpfs("blobfs", 4 * 1024 * 1024)
     settings.BLOB_DIR = fs.root / "blobs"
-    settings.PIPPA_INLINE_MAX_BYTES = 0
     return fs
 
 
