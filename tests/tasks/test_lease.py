@@ -169,9 +169,9 @@ def test_an_operators_adopt_renders_the_widget_preview_after_the_commit(
     real = artifacts.preview.preview_render
     seen = []
 
-    def watched(*, artifact):
+    def watched(*, artifact, keep=None):
         seen.append(connection.in_atomic_block)
-        return real(artifact=artifact)
+        return real(artifact=artifact, keep=keep)
 
     monkeypatch.setattr(artifacts.preview, "preview_render", watched)
 
