@@ -1,9 +1,15 @@
 # Two commands do all set-up on a fresh machine: `make run` and `make test`.
+# `make test` is the fast in-process suite, in parallel (a database per worker);
+# `make test-all` adds the tests that start a process, a server or a browser
+# (markers `slow` and `browser`), which is what `.ci/run` runs on both databases.
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# pytest-xdist workers for the in-process tests: one per core.
+TEST_WORKERS ?= auto
+FAST := not slow and not browser
 
 # The first Python 3.12+ found: PYTHON if given, then PATH, then pyenv's.
 PYTHON ?= $(shell for c in python3.13 python3.12 python3 \
@@ -12,14 +18,19 @@ PYTHON ?= $(shell for c in python3.13 python3.12 python3 \
 	  $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo $$p; break; }; \
 	done)
 
-.PHONY: prepare run dev test bench lint format venv install install-test install-bench browser axe screenshots clean help
+.PHONY: prepare run dev test test-all bench lint format venv install install-test install-bench browser axe screenshots clean help
 
 help:
-	@echo "make run    - set up .venv, migrate, load the demo, serve on http://$(HOST):$(PORT) (gunicorn)"
-	@echo "make dev    - the same with Django's development server (auto-reload, DEBUG=1)"
-	@echo "make test   - set up .venv with test extras and run the whole suite"
-	@echo "make bench  - print the benchmark table"
-	@echo "make lint   - ruff check and ruff format --check"
+	@echo "make run    - set up .venv, migrate, load the demo, serve on http://$(HOST):$(PORT) (gunicorn + uvicorn, ASGI)"
+	@echo "make dev    - the same under uvicorn with auto-reload and DEBUG=1"
+	@echo "make test     - set up .venv with test extras; run the fast in-process suite in parallel"
+	@echo "make test-all - the same, then every test that starts a process, server or browser"
+	@echo "                (installs Debian's chromium and axe-core; what .ci/run runs)"
+	@echo "make lint     - ruff check, ruff format --check and the import contracts (lint-imports)"
+	@echo "make bench    - print the benchmark table"
+	@echo "make format   - ruff format and ruff check --fix"
+	@echo "make screenshots - redraw docs/screenshots/*.png"
+	@echo "PYTEST_ARGS=... is passed to pytest; DATABASE_URL=postgres://... tests on PostgreSQL"
 
 $(VENV)/.created:
 	@if [ -z "$(PYTHON)" ]; then \
@@ -54,7 +65,7 @@ browser:
 axe:
 	@bash .ci/install-axe
 
-# The README's pictures: docs/screenshots/*.png at 1280 and 390 px, light and dark.
+# The pictures in README and docs/look.md: docs/screenshots/*.png at 1280 and 390 px, light and dark.
 screenshots: install-test browser
 	PIPPA_DOCS_SCREENSHOTS=1 $(VENV)/bin/pytest -q -p no:randomly tests/test_browser_screenshots.py
 
@@ -63,23 +74,38 @@ prepare: install
 	$(PY) manage.py collectstatic --noinput -v 0
 	$(PY) manage.py pippa_bootstrap
 
-# Production server: gunicorn (pippa_site/gunicorn_conf.py), whitenoise for static
-# files. A worker runs beside it so demo tasks advance live; Ctrl-C stops both.
+# Production server: gunicorn managing uvicorn workers (pippa_site/gunicorn_conf.py)
+# serving the ASGI app (pippa_site/asgi.py: Django, and MCP at /mcp/), whitenoise
+# for static files. A worker runs beside it so demo tasks advance live; Ctrl-C stops both.
 run: prepare
-	@echo "Pippa Stateful: http://$(HOST):$(PORT)/  (admin: http://$(HOST):$(PORT)/admin/)"
+	@echo "Pippa Stateful: http://$(HOST):$(PORT)/  (admin: http://$(HOST):$(PORT)/admin/, MCP: http://$(HOST):$(PORT)/mcp/)"
 	@trap 'kill 0' EXIT INT TERM; \
 	  $(PY) manage.py pippa_worker & \
 	  HOST=$(HOST) PORT=$(PORT) $(VENV)/bin/gunicorn -c python:pippa_site.gunicorn_conf
 
-# Django's development server: auto-reload and debug pages, for working on the code.
+# The same ASGI app under uvicorn with auto-reload and DEBUG=1, for working on the code.
 dev: prepare
-	@echo "Pippa Stateful (development server): http://$(HOST):$(PORT)/"
+	@echo "Pippa Stateful (development, auto-reload): http://$(HOST):$(PORT)/"
 	@trap 'kill 0' EXIT INT TERM; \
 	  $(PY) manage.py pippa_worker & \
-	  DEBUG=1 $(PY) manage.py runserver $(HOST):$(PORT)
+	  DEBUG=1 $(VENV)/bin/uvicorn pippa_site.asgi:application --reload \
+	    --reload-dir pippa_site --reload-dir tasks --reload-dir artifacts --reload-dir council \
+	    --reload-dir dashboard --reload-dir api --reload-dir brains --reload-dir pippa_mcp \
+	    --host $(HOST) --port $(PORT) --lifespan on --http h11 --no-proxy-headers
 
-test: install-test browser axe
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+# The fast suite: no child process, server or browser (tests/conftest.py
+# refuses one without a marker), so no chromium or axe is needed.
+test: install-test
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) -m "$(FAST)" $(PYTEST_ARGS)
+
+# Everything. The fast suite in parallel, then the marked tests one at a time:
+# the crash, soak and lease tests time real processes and must not share the
+# cores with each other. Both runs always run; either failing fails the target.
+test-all: install-test browser axe
+	@status=0; \
+	  $(VENV)/bin/pytest -n $(TEST_WORKERS) -m "$(FAST)" $(PYTEST_ARGS) || status=1; \
+	  $(VENV)/bin/pytest -m "not ($(FAST))" $(PYTEST_ARGS) || status=1; \
+	  exit $$status
 
 # Installs the peers (LangGraph, DBOS) from the bench extra, and Debian's eatmydata
 # when missing and apt-get is there; the bench says so when it cannot.
@@ -91,6 +117,7 @@ bench: install-bench
 lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 format: install-test
 	$(VENV)/bin/ruff format .

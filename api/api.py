@@ -4,7 +4,8 @@ Mounted at ``/api/v1/``; the OpenAPI schema is at ``/api/v1/openapi.json``.
 Every endpoint needs ``Authorization: Bearer <token>`` (tokens are made on
 /settings/tokens/) and is owner-checked: another user's conversation, task or
 artifact answers 404, exactly like one that does not exist. Every error is
-JSON ``{"detail": "..."}`` with a 4xx status that says what was wrong.
+JSON ``{"detail": "..."}`` with a 4xx status that says what was wrong (a
+service's typed refusal adds its ``code``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from council.selectors import (
 )
 from pippa_site import throttle
 from pippa_site.errors import LeaseConflict, PippaError
-from pippa_site.text import json_check, text_check
+from pippa_site.text import json_check, media_type_check
 from tasks import actions, lease, plan, services
 from tasks.documents import (
     artifact_get,
@@ -72,24 +73,18 @@ class BearerToken(HttpBearer):
     """A token acts as its own user only, staff or not: every endpoint reaches
     the token owner's conversations, tasks and artifacts, nobody else's.
 
-    Failed tokens count against the client's address with the login policy
-    (``pippa_site.throttle``); a locked-out address gets 429.
+    A valid token always answers; failing tokens count against the client's
+    address with the login policy (``pippa_site.throttle.api_token_user``),
+    and past the limit they get 429 with ``Retry-After``.
     """
 
     def authenticate(self, request: HttpRequest, token: str):
-        if throttle.api_token_locked_out(request):
-            _fail(429, throttle.ERR_API_LOCKED.format(minutes=_cooloff_minutes()))
-        user = token_authenticate(raw=token)
-        if user is None:
-            throttle.api_token_failed(request)
-            return None
-        throttle.api_token_succeeded(request)
-        request.user = user
+        user = throttle.api_token_user(
+            request, raw=token, authenticate=token_authenticate
+        )
+        if user is not None:
+            request.user = user
         return user
-
-
-def _cooloff_minutes() -> int:
-    return int(settings.AXES_COOLOFF_TIME.total_seconds() // 60)
 
 
 api = NinjaAPI(
@@ -100,8 +95,9 @@ api = NinjaAPI(
         "the executor, resume context, artifacts and the council context. "
         "A token acts as its own user only, staff or not: every endpoint reaches "
         "the token owner's conversations, tasks and artifacts, and another "
-        "user's answers 404 exactly like one that does not exist. Failed tokens "
-        "are throttled per address with the login policy (429 when locked out)."
+        "user's answers 404 exactly like one that does not exist. Failing tokens "
+        "are throttled per address with the login policy (429 with Retry-After "
+        "when locked out); a valid token always answers."
     ),
     urls_namespace="api",
     auth=BearerToken(),
@@ -154,6 +150,13 @@ def _too_big(request: HttpRequest, exc: Exception) -> HttpResponse:
 def _unauthenticated(request: HttpRequest, exc: Exception) -> HttpResponse:
     response = api.create_response(request, {"detail": ERR_AUTH}, status=401)
     response["WWW-Authenticate"] = 'Bearer realm="pippa"'
+    return response
+
+
+@api.exception_handler(throttle.TokenLockedOut)
+def _locked_out(request: HttpRequest, exc: throttle.TokenLockedOut) -> HttpResponse:
+    response = api.create_response(request, {"detail": str(exc)}, status=429)
+    response["Retry-After"] = str(exc.seconds)
     return response
 
 
@@ -244,10 +247,16 @@ class WorkerIn(InSchema):
     ]
 
 
+# The response shapes mirror tasks.documents (artifact_ref, step_payload,
+# task_summary, task_payload), which builds them for every door; a test holds
+# the two to the same keys.
+
+
 class ArtifactRefOut(Schema):
     id: int
     sha256: str
     artifact_class: int
+    class_label: str
     media_type: str
     title: str
     size: int
@@ -274,7 +283,7 @@ class StepOut(Schema):
     output: ArtifactRefOut | None
 
 
-class TaskOut(Schema):
+class TaskSummaryOut(Schema):
     id: int
     conversation_id: int
     title: str
@@ -283,6 +292,9 @@ class TaskOut(Schema):
     steps_total: int
     steps_done: int
     lease_owner: str
+
+
+class TaskOut(TaskSummaryOut):
     steps: list[StepOut]
 
 
@@ -325,7 +337,7 @@ def conversation_create(request: HttpRequest, payload: ConversationIn):
 
 @conversations.get("", response=list[ConversationOut])
 def conversation_list(request: HttpRequest):
-    qs = Conversation.objects.owned_by(request.user).order_by("-updated_at")[:200]
+    qs = Conversation.objects.for_user(request.user).order_by("-updated_at")[:200]
     return [conversation_payload(c) for c in qs]
 
 
@@ -484,7 +496,7 @@ def task_artifact_upload(
         _fail(400, ERR_EMPTY_UPLOAD)
     sources = artifacts_get(user=request.user, artifact_ids=source_refs)
     media_type = (request.content_type or "application/octet-stream")[:255]
-    text_check(media_type, field="Content-Type")
+    media_type_check(media_type, field="Content-Type")
     try:
         artifact = services.task_artifact_upload(
             task=task,
@@ -585,16 +597,14 @@ def council_context(
     Earlier turns' text and ``artifact_refs[]`` (refs, never payloads); read an
     artifact's bytes with GET /artifacts/{id}/content. Read-only.
     """
-    council_round = round_get_for_user(
-        user=request.user, round_id=round_id, staff=False
-    )
+    council_round = round_get_for_user(user=request.user, round_id=round_id)
     return context_for(council_round=council_round, participant_id=participant_id)
 
 
 @council.get("/turns/{turn_id}/context", response={200: dict[str, Any], **NOT_FOUND})
 def council_turn_context(request: HttpRequest, turn_id: int):
     """The context document that turn's speaker received, as it was stored."""
-    turn = turn_get_for_user(user=request.user, turn_id=turn_id, staff=False)
+    turn = turn_get_for_user(user=request.user, turn_id=turn_id)
     return json.loads(turn_context_bytes(turn=turn))
 
 

@@ -9,8 +9,12 @@ from django.db.models.functions import Length
 from django.db.models.lookups import Exact
 from django.utils import timezone
 
+from pippa_site.owners import OwnedQuerySet
 
-class ApiTokenQuerySet(models.QuerySet):
+
+class ApiTokenQuerySet(OwnedQuerySet):
+    owner_field = "user"
+
     def active(self) -> ApiTokenQuerySet:
         return self.filter(revoked_at__isnull=True)
 

@@ -63,7 +63,8 @@ def token_revoke(*, token: ApiToken) -> ApiToken:
 
 
 def token_authenticate(*, raw: str):
-    """Return the user of an active token, or None. Records when it was last used."""
+    """Return the user of an active token, or None. Records when it was last used
+    (at most one write a minute per token, so reads stay reads)."""
     if not raw or len(raw) > 200:
         return None
     token = (

@@ -26,7 +26,7 @@ MSG_REVOKED = "Token “{name}” revoked. Runners using it now get 401."
 
 
 def _page(request: HttpRequest, **extra) -> HttpResponse:
-    tokens = ApiToken.objects.filter(user=request.user)[:200]
+    tokens = ApiToken.objects.for_user(request.user)[:200]
     return render(request, "pippa_site/tokens.html", {"tokens": tokens, **extra})
 
 
@@ -53,7 +53,7 @@ def token_new(request: HttpRequest) -> HttpResponse:
 @login_required
 def token_revoke_view(request: HttpRequest, token_id: int) -> HttpResponse:
     """GET: say what revoking does and ask; POST: revoke."""
-    token = get_object_or_404(ApiToken, pk=token_id, user=request.user)
+    token = get_object_or_404(ApiToken.objects.for_user(request.user), pk=token_id)
     if request.method == "GET":
         if not token.is_active:
             messages.error(request, ERR_TOKEN_REVOKED)

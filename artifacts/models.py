@@ -7,9 +7,11 @@ from django.db.models.functions import Length
 from django.db.models.lookups import Exact
 from django.urls import reverse
 
+from pippa_site.owners import OwnedQuerySet
+
 
 class ArtifactClass(models.IntegerChoices):
-    """How a step's output behaves on resume (DESIGN.md, "Four artifact classes")."""
+    """How a step's output behaves on resume (docs/design.md, "Four artifact classes")."""
 
     FILE = 1, "file"  # externally persisted: reuse if present and intact
     FETCH = 2, "fetch"  # idempotent fetch: safe to fetch again
@@ -22,6 +24,10 @@ class Integrity(models.TextChoices):
     OK = "ok", "intact"
     MISSING = "missing", "blob missing"
     CORRUPT = "corrupt", "blob fails its sha"
+
+
+class ArtifactQuerySet(OwnedQuerySet):
+    pass
 
 
 class Artifact(models.Model):
@@ -66,6 +72,8 @@ class Artifact(models.Model):
         related_name="derived",
         blank=True,
     )
+
+    objects = ArtifactQuerySet.as_manager()
 
     class Meta:
         constraints = [

@@ -1,12 +1,13 @@
 """Reads of artifacts that span apps: who may see one, its lineage, its owners.
 
-Visibility rule (docs/ownership.md): every artifact row has one owner, and a
-user sees the rows they own; lineage joins only one owner's rows, so the
-sources and derived artifacts of a row are the owner's too. On the dashboard
-staff see every row (as they see every conversation there); the API and every
-write that names an artifact (``source_refs``, a council citation) use the
-owner's rows only. Everyone else gets a 404, never a 403, so ids of other
-people's artifacts reveal nothing.
+Visibility is ``pippa_site.owners``' one rule (docs/ownership.md): every
+artifact row has one owner, and a user sees the rows they own; lineage joins
+only one owner's rows, so the sources and derived artifacts of a row are the
+owner's too. The dashboard's artifact pages pass ``staff=True`` (staff see
+every row there, as they see every conversation); the API and every write that
+names an artifact (``source_refs``, a council citation) use the owner's rows
+only. Everyone else gets a 404, never a 403, so ids of other people's
+artifacts reveal nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from artifacts import keepers
 from artifacts.keepers import OwnerLink
 from artifacts.models import Artifact, ArtifactSource
 from pippa_site.hotsql import row_get
+from pippa_site.owners import user_sees_row
 
 ERR_NOT_FOUND = "No such artifact."
 MAX_TREE_NODES = 200
@@ -26,24 +28,16 @@ MAX_TREE_NODES = 200
 TEXT_MEDIA_PREFIXES = ("text/", "image/svg+xml", "application/json", "application/xml")
 
 
-def _visible(user, *, staff: bool):
-    if not getattr(user, "is_authenticated", False):
-        return Artifact.objects.none()
-    if staff and user.is_staff:
-        return Artifact.objects.all()
-    return Artifact.objects.filter(owner_id=user.pk)
+def artifact_user_may_see(*, user, artifact_id: int, staff: bool = False) -> bool:
+    """Return whether ``user`` may see the artifact (``pippa_site.owners``).
 
-
-def artifact_user_may_see(*, user, artifact_id: int, staff: bool = True) -> bool:
-    """Return whether ``user`` may see the artifact (see the module docstring).
-
-    ``staff=False`` asks for the user's own rows whoever they are: what an
-    API token or a write may name.
+    ``staff=True`` lets staff see every row (the dashboard's artifact pages);
+    every write that names an artifact leaves it off.
     """
-    return _visible(user, staff=staff).filter(pk=artifact_id).exists()
+    return Artifact.objects.for_user(user, staff=staff).filter(pk=artifact_id).exists()
 
 
-def artifact_get_for_user(*, user, artifact_id: int, staff: bool = True) -> Artifact:
+def artifact_get_for_user(*, user, artifact_id: int, staff: bool = False) -> Artifact:
     """Return the artifact if ``user`` may see it; raise Http404 otherwise."""
     # One statement by primary key: every payload, preview and 304 answer
     # starts here, and building the ORM query costs more than running it. The
@@ -51,9 +45,7 @@ def artifact_get_for_user(*, user, artifact_id: int, staff: bool = True) -> Arti
     if not getattr(user, "is_authenticated", False):
         raise Http404(ERR_NOT_FOUND)
     artifact = row_get(Artifact, int(artifact_id))
-    if artifact is None or not (
-        artifact.owner_id == user.pk or (staff and user.is_staff)
-    ):
+    if artifact is None or not user_sees_row(user, artifact.owner_id, staff=staff):
         raise Http404(ERR_NOT_FOUND)
     return artifact
 

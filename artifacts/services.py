@@ -20,7 +20,7 @@ from artifacts.store import (
 )
 from pippa_site.errors import Invalid
 from pippa_site.hotsql import db_datetime, db_is_postgresql, utc_now
-from pippa_site.text import title_clean
+from pippa_site.text import media_type_clean, title_clean
 
 # Quoted the same way by both engines' quote_name.
 T_ARTIFACT = f'"{Artifact._meta.db_table}"'
@@ -137,6 +137,10 @@ def artifact_insert(
     writer of artifact rows, for the executor, the API, the council, previews,
     the admin and the demo alike.
 
+    A media type that is not ``type/subtype`` is stored as
+    application/octet-stream (``media_type_clean``; the doors refuse one
+    first with ``media_type_check``).
+
     The rule for bytes already stored: **for this owner**, the existing row is
     reused as it is (its title, media type, class and meta stand) and only
     the new lineage edges are added; another owner's row over the same blob is
@@ -161,7 +165,7 @@ def artifact_insert(
         owner_id,
         sha256,
         size,
-        title_clean(media_type)[:255] or "application/octet-stream",
+        media_type_clean(media_type),
         artifact_class,
         title_clean(title)[:300],
         meta_json,

@@ -80,7 +80,9 @@ def _filename(artifact: Artifact) -> str:
 @require_safe
 @login_required
 def artifact_source(request: HttpRequest, artifact_id: int) -> HttpResponse:
-    artifact = artifact_get_for_user(user=request.user, artifact_id=artifact_id)
+    artifact = artifact_get_for_user(
+        user=request.user, artifact_id=artifact_id, staff=True
+    )
     cached = not_modified(request, sha256=artifact.sha256)
     if cached is not None:
         return cached
@@ -91,7 +93,9 @@ def artifact_source(request: HttpRequest, artifact_id: int) -> HttpResponse:
 @require_safe
 @login_required
 def artifact_preview(request: HttpRequest, artifact_id: int) -> HttpResponse:
-    artifact = artifact_get_for_user(user=request.user, artifact_id=artifact_id)
+    artifact = artifact_get_for_user(
+        user=request.user, artifact_id=artifact_id, staff=True
+    )
     # A repeat view is answered from the widget's own row: no preview row, no blob.
     sha = preview_sha_for(artifact)
     cached = not_modified(request, sha256=sha) if sha else None
@@ -107,7 +111,9 @@ def artifact_preview(request: HttpRequest, artifact_id: int) -> HttpResponse:
 @login_required
 def artifact_source_text(request: HttpRequest, artifact_id: int) -> HttpResponse:
     """The payload as escaped text (SVG/HTML source), capped, never as markup."""
-    artifact = artifact_get_for_user(user=request.user, artifact_id=artifact_id)
+    artifact = artifact_get_for_user(
+        user=request.user, artifact_id=artifact_id, staff=True
+    )
     head = artifact_text_head(artifact=artifact, limit=MAX_SOURCE_TEXT_BYTES)
     error = ""
     if not head.is_text:
@@ -132,7 +138,9 @@ def artifact_source_text(request: HttpRequest, artifact_id: int) -> HttpResponse
 @require_GET
 @login_required
 def artifact_detail(request: HttpRequest, artifact_id: int) -> HttpResponse:
-    artifact = artifact_get_for_user(user=request.user, artifact_id=artifact_id)
+    artifact = artifact_get_for_user(
+        user=request.user, artifact_id=artifact_id, staff=True
+    )
     owners = artifact_owners(artifact=artifact, user=request.user)
     lineage = artifact_lineage(artifact=artifact, user=request.user)
     return render(
@@ -156,7 +164,9 @@ def artifact_detail(request: HttpRequest, artifact_id: int) -> HttpResponse:
 @require_POST
 @login_required
 def artifact_verify_view(request: HttpRequest, artifact_id: int) -> HttpResponse:
-    artifact = artifact_get_for_user(user=request.user, artifact_id=artifact_id)
+    artifact = artifact_get_for_user(
+        user=request.user, artifact_id=artifact_id, staff=True
+    )
     integrity = artifact_verify(artifact=artifact)
     level = messages.SUCCESS if integrity == Artifact.Integrity.OK else messages.ERROR
     messages.add_message(request, level, MSG_VERIFIED[integrity])

@@ -1,7 +1,8 @@
 """A load run: dashboard viewers polling live tasks while two workers step them.
 
-Everything runs as it does after ``make run``, on loopback: gunicorn with
-``pippa_site/gunicorn_conf.py`` (collected static files, whitenoise), and two
+Everything runs as it does after ``make run``, on loopback: gunicorn's uvicorn
+workers serving the ASGI application with ``pippa_site/gunicorn_conf.py``
+(collected static files, whitenoise), and two
 ``pippa_worker`` processes stepping a pool of tasks of the 1 KiB payload tool.
 Windows of equal length alternate, alone / viewers / alone / ... / alone, so a
 drift in the machine's load hits both sides; worker steps/s is the number of
@@ -22,6 +23,8 @@ and every viewer request takes from them (the 0.8x target; a 200-step task
 lives a quarter of a second, so the viewers mostly open pages), and a paced
 tool that waits ``PACED_SECONDS`` a step, as a step waiting on a brain does,
 so the viewers poll tasks that are live for seconds (diagnostic rows).
+Then the slow clients: ``/login/`` and a task page, idle and with 50 sockets
+held open by clients that trickle headers or bodies (target: within 2x idle).
 Bounded: fixed windows, a fixed number of threads, loopback only.
 """
 
@@ -33,6 +36,7 @@ import os
 import random
 import re
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +50,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
+from api.services import token_create
 from bench.harness import Report
 from bench.load_tools import PACED_SECONDS, load_tools_setup
 from bench.peers import REPO
@@ -54,6 +59,7 @@ from tasks.models import Conversation, Step, Task
 from tasks.plan import task_create
 
 VIEWERS = 20
+SLOW_SOCKETS = 50
 POLL_SECONDS = 2.0
 HX_GET = re.compile(rb'id="live"[^>]*?hx-get="([^"]+)"')
 EVENTS = re.compile(rb'<section id="events"')
@@ -234,8 +240,100 @@ def run(report: Report) -> None:
         # PACED_SECONDS, so a task lives for seconds and the viewers poll it
         # live, the way Dad watches one.
         _load(report, env, tool="bench.paced", tasks=20 if report.quick else 60)
+        _slow_sockets(report, env)
     finally:
         shutil.rmtree(settings.STATIC_ROOT, ignore_errors=True)
+
+
+def _median_ms(port: int, path: str, cookie: str, n: int) -> float:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    times = []
+    for _ in range(n):
+        started = time.perf_counter()
+        conn.request("GET", path, headers={"Cookie": cookie})
+        response = conn.getresponse()
+        response.read()
+        if response.status != 200:
+            raise RuntimeError(f"{path} answered {response.status}")
+        times.append(time.perf_counter() - started)
+        time.sleep(0.05)
+    conn.close()
+    return statistics.median(times) * 1000
+
+
+def _slow_sockets(report: Report, env: dict) -> None:
+    """/login/ and a task page, idle and with SLOW_SOCKETS slow clients held open.
+
+    The slow clients: a third send headers that never end, a third a form body
+    that never ends, a third an MCP call (a valid token) whose body never ends;
+    each sends a byte now and then. A server with a thread per connection is
+    out of threads long before 50 of these.
+    """
+    user = get_user_model().objects.create_user(username=f"bench-slow-{time.time_ns()}")
+    conversation = Conversation.objects.create(owner=user, title="Slow sockets")
+    task = task_create(
+        conversation=conversation,
+        title="A task page",
+        steps=[
+            {"title": f"s{i}", "tool": "bench.payload", "args": {}} for i in range(50)
+        ],
+    )
+    client = Client()
+    client.force_login(user)
+    cookie = f"sessionid={client.cookies['sessionid'].value}"
+    token = token_create(user=user, name="bench slow").raw
+    n = 10 if report.quick else 30
+    with gunicorn(env) as port:
+        pages = {"/login/": "login page", f"/tasks/{task.pk}/": "task page"}
+        for path in pages:
+            _median_ms(port, path, cookie, 3)  # warm
+        idle = {path: _median_ms(port, path, cookie, n) for path in pages}
+        heads = [
+            b"GET /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ",
+            b"POST /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/x-www-form-urlencoded\r\n"
+            b"Content-Length: 100000\r\n\r\nusername=",
+            b"POST /mcp/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            + f"Authorization: Bearer {token}\r\n".encode()
+            + b"Content-Type: application/json\r\n"
+            b"Accept: application/json, text/event-stream\r\n"
+            b"Content-Length: 100000\r\n\r\n{",
+        ]
+        held = []
+        stop = threading.Event()
+        try:
+            for i in range(SLOW_SOCKETS):
+                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                sock.sendall(heads[i % len(heads)])
+                held.append(sock)
+
+            def trickle() -> None:
+                while not stop.wait(1.0):
+                    for sock in held:
+                        try:
+                            sock.sendall(b"a")
+                        except OSError:
+                            pass
+
+            trickler = threading.Thread(target=trickle, daemon=True)
+            trickler.start()
+            slow = {path: _median_ms(port, path, cookie, n) for path in pages}
+        finally:
+            stop.set()
+            for sock in held:
+                sock.close()
+    for path, label in pages.items():
+        report.add(
+            group="load",
+            figure=f"{label} latency, median of {n}, with {SLOW_SOCKETS} slow "
+            "clients held open (trickled headers, form bodies, MCP bodies)",
+            value=slow[path],
+            baseline_name="the same, idle",
+            baseline=idle[path],
+            unit="ms",
+            higher_is_better=False,
+            target="<= 2 x baseline",
+        )
 
 
 def _load(report: Report, env: dict, *, tool: str, tasks: int) -> None:

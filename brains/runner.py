@@ -213,8 +213,9 @@ class Runner:
         """Drive the task; always give the lease back when stopping.
 
         Starting a brain on a paused task is an explicit request to go on, so
-        the task is queued again first (the executor refuses if a step needs a
-        person, and the brain is told so by ``run_next_step``).
+        the task is queued again first (``tasks.actions.task_resume`` refuses
+        while a step needs a person; the runner logs why and the brain then
+        learns it from ``run_next_step``).
         """
         self.backend.record_brain(self.task_id, self.brain.name)
         if self.backend.task(self.task_id).get("status") == "paused":

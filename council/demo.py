@@ -2,8 +2,8 @@
 
 ``demo_round_load(owner=…)`` is idempotent: it finds the conversation
 "Council: household risk review" of that owner and returns its first round if
-it already has turns; otherwise it builds the round (the executor helper's
-``pippa_demo`` command calls it).
+it already has turns; otherwise it builds the round (the ``pippa_demo``
+command calls it).
 """
 
 from __future__ import annotations

@@ -28,11 +28,14 @@ def _turn_lines(artifact) -> list[str]:
 
 def turn_owners(artifact, user) -> list[OwnerLink]:
     """The council turns that link ``artifact``, as ``user`` sees them."""
-    links = TurnArtifact.objects.filter(artifact=artifact).select_related(
-        "turn", "turn__participant", "turn__round", "turn__round__conversation"
+    # The artifact's page is a dashboard page: staff see every keeper there.
+    links = (
+        TurnArtifact.objects.for_user(user, staff=True)
+        .filter(artifact=artifact)
+        .select_related(
+            "turn", "turn__participant", "turn__round", "turn__round__conversation"
+        )
     )
-    if not user.is_staff:
-        links = links.filter(turn__round__conversation__owner=user)
     return [
         OwnerLink("turn", link.get_role_display(), link.turn)
         for link in links.order_by("turn__round_id", "turn__order")

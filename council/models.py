@@ -5,7 +5,20 @@ from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
 
+from pippa_site.owners import OwnedQuerySet
 from tasks.models import Brain, Conversation
+
+
+class RoundQuerySet(OwnedQuerySet):
+    owner_field = "conversation__owner"
+
+
+class TurnQuerySet(OwnedQuerySet):
+    owner_field = "round__conversation__owner"
+
+
+class TurnArtifactQuerySet(OwnedQuerySet):
+    owner_field = "turn__round__conversation__owner"
 
 
 class CouncilRound(models.Model):
@@ -15,6 +28,8 @@ class CouncilRound(models.Model):
     number = models.PositiveIntegerField()
     topic = models.CharField(max_length=300)
     created_at = models.DateTimeField(default=timezone.now)
+
+    objects = RoundQuerySet.as_manager()
 
     class Meta:
         ordering = ["conversation", "number"]
@@ -62,6 +77,8 @@ class Turn(models.Model):
     text = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
+    objects = TurnQuerySet.as_manager()
+
     class Meta:
         ordering = ["round", "order"]
         constraints = [
@@ -96,6 +113,8 @@ class TurnArtifact(models.Model):
         "artifacts.Artifact", on_delete=models.DO_NOTHING, related_name="turn_links"
     )
     role = models.CharField(max_length=16, choices=Role, default=Role.PRODUCED)
+
+    objects = TurnArtifactQuerySet.as_manager()
 
     class Meta:
         constraints = [

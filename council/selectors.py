@@ -21,37 +21,20 @@ ERR_CONTEXT_MISSING = "The stored context of this turn is missing."
 ERR_NO_PARTICIPANTS = "this council round has no participants"
 
 
-def _get_for_user(rows, *, pk: int, owner: str, user, staff: bool, error: str):
-    """Return row ``pk`` if ``user`` owns its conversation (staff: any, unless
-    ``staff=False`` as for API tokens); else 404 with ``error``."""
-    if not (staff and user.is_staff):
-        rows = rows.filter(**{owner: user})
-    found = rows.filter(pk=pk).first()
-    if found is None:
-        raise Http404(error)
-    return found
-
-
-def round_get_for_user(*, user, round_id: int, staff: bool = True) -> CouncilRound:
-    return _get_for_user(
-        CouncilRound.objects.select_related("conversation"),
-        pk=round_id,
-        owner="conversation__owner",
-        user=user,
-        staff=staff,
-        error=ERR_ROUND_NOT_FOUND,
+def round_get_for_user(*, user, round_id: int, staff: bool = False) -> CouncilRound:
+    """Return the round if ``user`` may see its conversation (``pippa_site.owners``;
+    staff see every round only with ``staff=True``, as the council pages pass);
+    else Http404."""
+    return CouncilRound.objects.select_related("conversation").get_for_user(
+        user, round_id, staff=staff, error=ERR_ROUND_NOT_FOUND
     )
 
 
-def turn_get_for_user(*, user, turn_id: int, staff: bool = True) -> Turn:
-    return _get_for_user(
-        Turn.objects.select_related("round", "round__conversation", "participant"),
-        pk=turn_id,
-        owner="round__conversation__owner",
-        user=user,
-        staff=staff,
-        error=ERR_TURN_NOT_FOUND,
-    )
+def turn_get_for_user(*, user, turn_id: int, staff: bool = False) -> Turn:
+    """Return the turn if ``user`` may see its round (as ``round_get_for_user``)."""
+    return Turn.objects.select_related(
+        "round", "round__conversation", "participant"
+    ).get_for_user(user, turn_id, staff=staff, error=ERR_TURN_NOT_FOUND)
 
 
 def next_participant(*, council_round: CouncilRound) -> Participant | None:

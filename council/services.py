@@ -1,10 +1,11 @@
 """Council rounds: start a round, add turns, serialize the branch context.
 
-The horizontal axis (DESIGN.md): when a participant renders a widget, the next
-speakers receive a *ref* to it in ``artifact_refs[]`` (id, sha256, class,
-media type, title, size, source URL, preview URL, source_refs), never the
-payload. A receiver chooses to read the SVG source or the PNG preview through
-the artifact endpoints. Reading is read-only: no lease, no state change.
+The horizontal axis (docs/design.md, "The council and its refs"): when a
+participant renders a widget, the next speakers receive a *ref* to it in
+``artifact_refs[]`` (``tasks.documents.artifact_ref``: id, sha256,
+artifact_class, class_label, media type, title, size; plus source URL,
+preview URL, source_refs), never the payload. A receiver chooses to read the
+SVG source or the PNG preview through the artifact endpoints. Reading is read-only: no lease, no state change.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from artifacts.selectors import artifact_user_may_see
 from artifacts.services import artifact_store
 from council.models import CouncilRound, Participant, Turn, TurnArtifact
 from pippa_site.errors import Invalid
-from pippa_site.text import TextError, text_check, title_clean
+from pippa_site.text import TextError, bidi_strip, text_check, title_clean
+from tasks.documents import artifact_ref as brain_ref
 from tasks.models import Brain, Conversation
-from tasks.resume import artifact_ref as brain_ref
 
 CONTEXT_SCHEMA = "pippa.council.context/1"
 CONTEXT_MEDIA_TYPE = "application/json"
@@ -115,7 +116,7 @@ def round_start(
 def artifact_ref(artifact: Artifact, *, role: str | None = None) -> dict:
     """Return the ref a participant receives for ``artifact``: metadata and URLs only.
 
-    The brain-facing ref of ``tasks.resume.artifact_ref``, plus where to read
+    The ref of ``tasks.documents.artifact_ref``, plus where to read
     the source and the preview, and the sources it was made from.
     """
     status = preview_status(artifact)
@@ -288,8 +289,9 @@ def turn_add(
 ) -> Turn:
     """Record a participant's turn, with its widget and what it cites.
 
-    1. Check the participant and the cited artifact ids (each must be visible
-       to the conversation's owner).
+    1. Check the participant, the text (bidi controls are stripped, as
+       from titles) and the cited artifact ids (each must be visible to the
+       conversation's owner).
     2. Store the widget and render its preview (outside any transaction: the
        render may take seconds and must not hold the write lock).
     3. In one transaction: lock the round, take the next order, serialize the
@@ -301,12 +303,14 @@ def turn_add(
     if participant.round_id != council_round.pk:
         raise CouncilError(ERR_WRONG_ROUND)
     _text_check(text, widget_title, widget_media_type)
+    # Like a title, a turn's text must not flip what follows it on a page.
+    text = bidi_strip(text)
     if not text.strip() and widget is None:
         raise CouncilError(ERR_EMPTY_TURN)
     owner = council_round.conversation.owner
     cite_ids = list(dict.fromkeys(int(c) for c in cites))
     for cite_id in cite_ids:
-        if not artifact_user_may_see(user=owner, artifact_id=cite_id, staff=False):
+        if not artifact_user_may_see(user=owner, artifact_id=cite_id):
             raise CouncilError(ERR_UNKNOWN_CITE)
     produced: list[Artifact] = []
     if widget is not None:

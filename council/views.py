@@ -1,4 +1,5 @@
-"""Council pages and the branch-context endpoints: login-required, owner-checked.
+"""Council pages and the branch-context endpoints: login-required, owner-checked
+(staff see every round here, ``pippa_site.owners``).
 
 Reading a round or a context is read-only: no lease, no state change.
 """
@@ -34,7 +35,7 @@ def _json(body: bytes) -> HttpResponse:
 @require_GET
 @login_required
 def round_detail(request: HttpRequest, round_id: int) -> HttpResponse:
-    council_round = round_get_for_user(user=request.user, round_id=round_id)
+    council_round = round_get_for_user(user=request.user, round_id=round_id, staff=True)
     participants = list(council_round.participants.all())
     return render(
         request,
@@ -52,7 +53,7 @@ def round_detail(request: HttpRequest, round_id: int) -> HttpResponse:
 @login_required
 def round_context(request: HttpRequest, round_id: int) -> HttpResponse:
     """The context the next speaker (or ``?participant=<id>``) would receive now."""
-    council_round = round_get_for_user(user=request.user, round_id=round_id)
+    council_round = round_get_for_user(user=request.user, round_id=round_id, staff=True)
     context = context_for(
         council_round=council_round, participant_id=request.GET.get("participant")
     )
@@ -63,7 +64,7 @@ def round_context(request: HttpRequest, round_id: int) -> HttpResponse:
 @login_required
 def turn_context(request: HttpRequest, turn_id: int) -> HttpResponse:
     """The stored context this turn's speaker received, byte for byte."""
-    turn = turn_get_for_user(user=request.user, turn_id=turn_id)
+    turn = turn_get_for_user(user=request.user, turn_id=turn_id, staff=True)
     # Stored once and never rewritten: cacheable by its sha like any payload.
     sha = turn_context_sha(turn=turn)
     cached = not_modified(request, sha256=sha)
@@ -80,6 +81,6 @@ def turn_context_page(request: HttpRequest, turn_id: int) -> HttpResponse:
     The round page folds each turn's context and fetches this fragment (htmx)
     when it is opened; without script the fold links to the whole page.
     """
-    turn = turn_get_for_user(user=request.user, turn_id=turn_id)
+    turn = turn_get_for_user(user=request.user, turn_id=turn_id, staff=True)
     template = "council/turn_context.html" + ("#context" if request.htmx else "")
     return render(request, template, {"context": turn_context_view(turn=turn)})

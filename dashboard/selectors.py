@@ -9,6 +9,10 @@ The conversation page reads task rows only (their denormalised
 one page of steps and one page of events: a 10,000-step timeline is shown 100
 steps at a time, opening at the page that holds the current step, because
 rendering every row made the page take seconds and megabytes for no reader.
+
+Who sees what is ``pippa_site.owners``' rule: the dashboard is where staff see
+every row, so its selectors pass ``staff=True``, and the pages read a single
+conversation or task through ``tasks.documents``' getters with ``staff=True``.
 """
 
 from __future__ import annotations
@@ -33,18 +37,19 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce, Greatest
 from django.http import Http404
-from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
 from artifacts.models import Artifact
 from artifacts.preview import preview_status
 from artifacts.store import BlobError, default_store
 from council.models import CouncilRound
-from tasks.actions import step_resolve_options
+from pippa_site.owners import sees_every_row
+from tasks.actions import ATTENTION_STEPS, Choice, step_decision
 from tasks.models import Conversation, Event, Step, Task, needs_you_q
-from tasks.resume import ADOPT, CALL_AGAIN, envelope_read, resume_advice, resume_context
-from tasks.words import CHOICES, OUTSIDE_RERUN, OUTSIDE_RETRY, RULE_WORDS, actor_words
+from tasks.resume import envelope_read, resume_context
+from tasks.words import CHOICES, RULE_WORDS, actor_words
 
+ERR_NO_STEP = "No such step of this task."
 CONVERSATIONS_PER_PAGE = 50
 STEPS_PER_PAGE = 100
 EVENTS_PER_PAGE = 50
@@ -54,12 +59,9 @@ EVENTS_PER_PAGE = 50
 # not done, so more than one such step on a page is already unusual.
 MAX_ADVICE_PER_PAGE = 5
 EXCERPT_BYTES = 800
-# Resume advice actions that need no decision from a person.
-NO_DECISION = ("wait", "run", "none")
 
 ACTIVE = (Task.Status.QUEUED, Task.Status.RUNNING)
 ATTENTION = (Task.Status.NEEDS_REVIEW, Task.Status.FAILED)
-ATTENTION_STEPS = (Step.Status.RUNNING, Step.Status.NEEDS_REVIEW, Step.Status.FAILED)
 TEXT_TYPES = (
     "application/json",
     "application/xml",
@@ -101,7 +103,7 @@ def conversation_list(
     the latest change of the conversation or any of its tasks. ``needs_you``
     keeps only conversations with a step waiting for a person.
     """
-    conversations = Conversation.objects.for_user(user)
+    conversations = Conversation.objects.for_user(user, staff=True)
     query = query.strip()
     if query:
         task_match = Task.objects.filter(
@@ -155,21 +157,13 @@ def conversation_page(
 def conversations_needing_you(*, user) -> int:
     """How many of ``user``'s conversations have a step waiting for a person."""
     return (
-        Conversation.objects.for_user(user)
+        Conversation.objects.for_user(user, staff=True)
         .filter(
             Exists(
                 Step.objects.filter(needs_you_q(), task__conversation=OuterRef("pk"))
             )
         )
         .count()
-    )
-
-
-def conversation_get_for_user(*, user, conversation_id: int) -> Conversation:
-    """Return the conversation, or raise Http404 if ``user`` may not see it."""
-    return get_object_or_404(
-        Conversation.objects.for_user(user).select_related("owner"),
-        pk=conversation_id,
     )
 
 
@@ -200,29 +194,22 @@ def conversation_rounds(*, conversation: Conversation) -> list[CouncilRound]:
 # -- tasks ---------------------------------------------------------------------
 
 
-def task_get_for_user(*, user, task_id: int) -> Task:
-    """Return the task, or raise Http404 if ``user`` may not see its conversation."""
-    return get_object_or_404(
-        Task.objects.filter(
-            conversation__in=Conversation.objects.for_user(user)
-        ).select_related("conversation", "conversation__owner", "branched_from"),
-        pk=task_id,
-    )
-
-
 def task_last_seq_for_user(*, user, task_id: int) -> int:
-    """Return the task's last event seq, or raise Http404 like ``task_get_for_user``.
+    """Return the task's last event seq, or raise Http404 like
+    ``tasks.documents.task_get_for_user`` (staff see every task).
 
     The live timeline's idle poll asks only this, every 2 s from every open
-    tab: one indexed row in plain SQL instead of the task with its joins.
+    tab: one indexed row in plain SQL instead of the task with its joins. The
+    owner rule is ``TaskQuerySet.for_user``'s, written as SQL.
     """
     q = connection.ops.quote_name
+    everyone = sees_every_row(user, staff=True)
     sql = (
         f"SELECT t.last_seq FROM {q(Task._meta.db_table)} t"
         f" JOIN {q(Conversation._meta.db_table)} c ON c.id = t.conversation_id"
-        " WHERE t.id = %s" + ("" if user.is_staff else " AND c.owner_id = %s")
+        " WHERE t.id = %s" + ("" if everyone else " AND c.owner_id = %s")
     )
-    params = [int(task_id)] if user.is_staff else [int(task_id), user.pk]
+    params = [int(task_id)] if everyone else [int(task_id), user.pk]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -233,12 +220,10 @@ def task_last_seq_for_user(*, user, task_id: int) -> int:
 
 def step_get_for_user(*, user, task_id: int, step_id: int) -> Step:
     """Return one step of a task ``user`` may see, or raise Http404."""
-    return get_object_or_404(
-        Step.objects.filter(
-            task_id=task_id,
-            task__conversation__in=Conversation.objects.for_user(user),
-        ).select_related("task", "task__conversation", "output"),
-        pk=step_id,
+    return (
+        Step.objects.filter(task_id=task_id)
+        .select_related("task", "task__conversation", "output")
+        .get_for_user(user, step_id, staff=True, error=ERR_NO_STEP)
     )
 
 
@@ -287,18 +272,6 @@ class SavedOutput:
     preview: str = ""  # "image", "excerpt", "" (shown only as a download)
     excerpt: str = ""
     excerpt_truncated: bool = False
-
-
-@dataclass
-class Choice:
-    """One way forward for a step that needs a person."""
-
-    action: str  # adopt, rerun, retry, skip, fail
-    label: str
-    words: str
-    recommended: bool = False
-    confirm: bool = False  # reaches outside again: a confirmation page first
-    warning: str = ""
 
 
 @dataclass
@@ -420,15 +393,15 @@ def _advise(rows: list[StepRow], task: Task) -> None:
         return
 
     for row in attention:
-        advice = resume_advice(row.step, task=task)
-        if advice.action in NO_DECISION:
+        decision = step_decision(step=row.step, task=task)
+        if decision is None:
             continue
-        row.advice = advice
-        row.plain_words = RULE_WORDS.get(advice.rule, "")
-        row.resolve_options = list(step_resolve_options(row.step))
+        row.advice = decision.advice
+        row.plain_words = decision.plain_words
+        row.resolve_options = decision.options
         if "adopt" in row.resolve_options:
             row.saved = saved_output(envelope_read(row.step.pk).payload)
-        row.choices = _choices(row)
+        row.choices = decision.choices
 
 
 def saved_output(payload: dict | None) -> SavedOutput | None:
@@ -452,33 +425,6 @@ def saved_output(payload: dict | None) -> SavedOutput | None:
     return saved
 
 
-def _choices(row: StepRow) -> list[Choice]:
-    """The ways forward for a step that needs a person, the one Pippa would take first."""
-    step = row.step
-    wanted = {ADOPT: "adopt", CALL_AGAIN: "rerun"}.get(row.advice.action)
-    actions = list(row.resolve_options)
-    if step.status in (Step.Status.FAILED, Step.Status.NEEDS_REVIEW):
-        # Starting over is a retry (a new request); for a plain failure it
-        # replaces "run the same call again", which would say the same.
-        if "rerun" in actions and not step.side_effects:
-            actions.remove("rerun")
-        actions.insert(
-            actions.index("fail") if "fail" in actions else len(actions), "retry"
-        )
-    choices = []
-    for action in actions:
-        label, words = CHOICES[action]
-        choice = Choice(action=action, label=label, words=words)
-        if action == wanted:
-            choice.recommended = True
-        if step.side_effects and action in ("rerun", "retry"):
-            choice.confirm = True
-            choice.warning = OUTSIDE_RERUN if action == "rerun" else OUTSIDE_RETRY
-        choices.append(choice)
-    choices.sort(key=lambda c: not c.recommended)
-    return choices
-
-
 def current_step_page(*, task: Task) -> int:
     """Return the timeline page that holds the first step not yet done.
 
@@ -486,9 +432,6 @@ def current_step_page(*, task: Task) -> int:
     step is step ``steps_done + 1``.
     """
     return min(task.steps_done, max(task.steps_total - 1, 0)) // STEPS_PER_PAGE + 1
-
-
-FINISHED_STEPS = (Step.Status.DONE, Step.Status.SKIPPED)
 
 
 def _untouched(step: Step) -> bool:
@@ -500,7 +443,7 @@ def _untouched(step: Step) -> bool:
 
 
 # The same rule as a filter (a live update reads the unsettled steps always).
-SETTLED_Q = Q(status__in=FINISHED_STEPS) | Q(
+SETTLED_Q = Q(status__in=Step.Status.finished()) | Q(
     status=Step.Status.PENDING, attempts=0, next_attempt_at__isnull=True
 )
 
@@ -515,7 +458,7 @@ def settled_row_key(step: Step, task: Task, clock: TaskClock) -> tuple | None:
     Nothing else of the task goes in (its branch link, shown once the task is
     idle, is put in on the way out: dashboard.rows).
     """
-    if step.status not in FINISHED_STEPS and not _untouched(step):
+    if not step.is_finished and not _untouched(step):
         return None
     out = step.output
     output = (

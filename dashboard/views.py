@@ -35,6 +35,7 @@ from pippa_site.errors import PippaError
 from tasks import actions
 from tasks import services as task_services
 from tasks.demo import LIVE_CONVERSATION, live_task_start
+from tasks.documents import conversation_get_for_user, task_get_for_user
 from tasks.models import Step, Task
 from tasks.resume import envelope_read
 from tasks.words import CHOICES, OUTSIDE_RERUN, OUTSIDE_RETRY
@@ -140,8 +141,8 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
 @require_GET
 @dashboard_login_required
 def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    conversation = selectors.conversation_get_for_user(
-        user=request.user, conversation_id=pk
+    conversation = conversation_get_for_user(
+        user=request.user, conversation_id=pk, staff=True
     )
     tasks = selectors.conversation_tasks(conversation=conversation)
     context = {
@@ -167,8 +168,8 @@ def _demo_live_offer(conversation, tasks: list[Task]) -> bool:
 @dashboard_login_required
 def demo_live_run(request: HttpRequest, pk: int) -> HttpResponse:
     """Start a fresh live demo task in the demo's live conversation."""
-    conversation = selectors.conversation_get_for_user(
-        user=request.user, conversation_id=pk
+    conversation = conversation_get_for_user(
+        user=request.user, conversation_id=pk, staff=True
     )
     tasks = selectors.conversation_tasks(conversation=conversation)
     if not _demo_live_offer(conversation, tasks):
@@ -181,8 +182,8 @@ def demo_live_run(request: HttpRequest, pk: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @dashboard_login_required
 def conversation_delete(request: HttpRequest, pk: int) -> HttpResponse:
-    conversation = selectors.conversation_get_for_user(
-        user=request.user, conversation_id=pk
+    conversation = conversation_get_for_user(
+        user=request.user, conversation_id=pk, staff=True
     )
     if request.method == "POST":
         report = task_services.conversation_delete(conversation_id=conversation.pk)
@@ -241,7 +242,7 @@ def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
             )
         if since == last_seq:
             return HttpResponse(status=204)
-    task = selectors.task_get_for_user(user=request.user, task_id=pk)
+    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
     target = request.htmx.target if request.htmx else None
     if raw_since is not None and target == "live":
         return _live_update(request, task, since)
@@ -301,7 +302,7 @@ def _live_update(request: HttpRequest, task: Task, since: int) -> HttpResponse:
 @require_GET
 @dashboard_login_required
 def task_resume_context(request: HttpRequest, pk: int) -> HttpResponse:
-    task = selectors.task_get_for_user(user=request.user, task_id=pk)
+    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
     document = selectors.task_resume_context_json(task=task)
     if request.htmx:
         return render(
@@ -383,7 +384,7 @@ def _to_confirmation(request: HttpRequest, url: str) -> HttpResponse:
 @require_POST
 @dashboard_login_required
 def task_resume(request: HttpRequest, pk: int) -> HttpResponse:
-    task = selectors.task_get_for_user(user=request.user, task_id=pk)
+    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
     _act(request, actions.task_resume, MSG_QUEUED.format(title=task.title), task=task)
     return _after_action(request, task)
 
@@ -391,7 +392,7 @@ def task_resume(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 @dashboard_login_required
 def task_pause(request: HttpRequest, pk: int) -> HttpResponse:
-    task = selectors.task_get_for_user(user=request.user, task_id=pk)
+    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
     _act(request, actions.task_pause, MSG_PAUSED.format(title=task.title), task=task)
     return _after_action(request, task)
 
@@ -399,7 +400,7 @@ def task_pause(request: HttpRequest, pk: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @dashboard_login_required
 def task_cancel(request: HttpRequest, pk: int) -> HttpResponse:
-    task = selectors.task_get_for_user(user=request.user, task_id=pk)
+    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
     if request.method == "POST" and _confirmed(request):
         message = MSG_CANCELLED.format(title=task.title)
         _act(request, actions.task_cancel, message, task=task)
@@ -497,7 +498,7 @@ def step_resolve(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @dashboard_login_required
 def task_branch(request: HttpRequest, pk: int) -> HttpResponse:
-    task = selectors.task_get_for_user(user=request.user, task_id=pk)
+    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
     source = request.POST if request.method == "POST" else request.GET
     position = _int_or_none(source.get("after_position"))
     if position is None:

@@ -1,15 +1,21 @@
 """The Model Context Protocol server: tools and resources over Pippa's durable state.
 
-Every tool is a thin door onto the services the JSON API and the dashboard
-call (``tasks.plan``, ``tasks.executor`` through ``tasks.actions.step_run``,
+Every tool is a plain module-level function, a thin door onto the services
+the JSON API and the dashboard call (``tasks.plan``, ``tasks.actions``,
 ``tasks.resume``, ``artifacts``, ``council``); none carries a rule of its own.
+``tool`` registers each one on the module's ``server`` and returns it as it
+is, so a test calls ``get_task(task_id=1)`` inside ``acting_as(user)`` without
+the protocol.
+
 The user a call acts as comes from the door that received it (``--user`` or a
 token for stdio, the bearer token for HTTP) through ``acting_as``; every read
-is owner-checked, and another user's id is reported exactly like a missing one.
+is owner-only (a staff user's token too), and another user's id is reported
+exactly like a missing one.
 
 An anticipated failure (unknown id, a plan that would change history, a lease
-held elsewhere, bad arguments) is a tool error with one plain sentence
-(``isError``); nothing a caller sends crashes the server.
+held elsewhere, bad arguments, text no database can store) is a tool error
+with one plain sentence (``isError``); nothing a caller sends crashes the
+server.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import inspect
 import json
 import logging
 import secrets
@@ -37,10 +44,55 @@ from mcp.server.mcpserver.exceptions import (
     ToolError,
     UnexpectedToolError,
 )
-from mcp.types import ImageContent, TextContent, ToolAnnotations
+from mcp.server.stdio import stdio_server
+from mcp.shared._context_streams import create_context_streams
+from mcp.shared.message import SessionMessage
+from mcp.types import (
+    PARSE_ERROR,
+    ErrorData,
+    ImageContent,
+    JSONRPCError,
+    TextContent,
+    ToolAnnotations,
+)
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from artifacts.preview import preview_artifact_for, preview_status
+from artifacts.selectors import artifact_text_head
+from artifacts.store import BlobError, default_store
+from council.models import TurnArtifact
+from council.selectors import (
+    context_for,
+    participant_get,
+    round_get_for_user,
+    round_payload,
+    rounds_payload,
+)
+from council.services import artifact_ref
+from council.services import round_start as council_round_create
+from council.services import turn_add as council_turn_create
 from pippa_site.errors import PippaError
+from pippa_site.text import json_check, media_type_check
+from tasks import actions
+from tasks.documents import (
+    artifact_get,
+    artifact_payload,
+    artifacts_get,
+    conversation_get_for_user,
+    conversation_payload,
+    step_payload,
+    task_get_for_user,
+    task_payload,
+    task_summary,
+)
+from tasks.lease import door_worker_id, lease_release_own
+from tasks.models import Brain, Conversation, Step, Task
+from tasks.plan import conversation_task_create, plan_rewrite
+from tasks.plan import task_create as plan_task_create
+from tasks.resume import resume_context as resume_document
+from tasks.services import task_artifact_upload
+from tasks.tools import tools_all
+from tasks.words import CHOICES
 
 log = logging.getLogger("pippa.mcp")
 
@@ -53,7 +105,6 @@ PROGRESS_INTERVAL = 1.0
 
 ERR_NO_USER = "this MCP server is not signed in as any user"
 ERR_BAD_ARGS = "bad arguments for {tool}: {reasons}"
-ERR_NUL = "text may not contain NUL characters"
 ERR_DATABASE = "the database is unavailable right now; try the call again shortly"
 ERR_CONVERSATION_CHOICE = (
     "give either conversation_id (an existing conversation) or conversation_title"
@@ -73,6 +124,29 @@ ERR_TOO_LARGE = (
 )
 ERR_BASE64 = "content is not valid base64 (encoding='base64')"
 ERR_NO_WIDGET_OR_TEXT = "a turn needs text or a widget"
+ERR_UNREADABLE = (
+    "the message could not be read ({reason}); if its arguments are deeply"
+    " nested, send flatter JSON"
+)
+ERR_NO_STEP = "step {step} is not a step of task {task}"
+ERR_CONFIRM = "{reason} Call decide_step again with confirm=true."
+# What run_next_step says when nothing ran, naming the tool that goes on.
+MCP_PAUSED = "the task is paused; call resume_task to queue it, then run_next_step"
+MCP_DECISION = (
+    "step {position} is {status}: it waits for a decision; call decision_choices"
+    " for the ways forward, then decide_step"
+)
+ALREADY_STORED = (
+    "these bytes were already stored as artifact {id} (class {artifact_class},"
+    " {media_type}, “{title}”): that row is kept as it is, and only this task's"
+    " link and any new source_refs were added"
+)
+MSG_PAUSED = "paused “{title}”: it stops after the step it is on"
+MSG_QUEUED = "queued “{title}”: call run_next_step, or let a worker take it"
+MSG_CANCELLED = (
+    "cancelled “{title}”: no further step starts; the steps and outputs stay"
+)
+MSG_DECIDED = "step {position}: {label}"
 
 INSTRUCTIONS = """\
 Pippa keeps a task's plan and every step's output in durable storage, keyed by \
@@ -85,8 +159,11 @@ Outputs are artifacts with a class that decides what resume does:
 again), 3 snapshot (a search, a live quote: never re-run once saved; reuse it), \
 4 render (a widget or chart, re-rendered only from intact sources).
 run_next_step answers only after the step's result is saved (write before \
-show). Artifacts travel as refs (id, sha256, class); read one with \
-artifact_read when you need its source text or its PNG preview."""
+show). A step that waits for a decision (a call with outside effects left \
+unfinished, a failure) shows its ways forward in decision_choices; take one with \
+decide_step. pause_task, resume_task and cancel_task stop and start a task. \
+Artifacts travel as refs (id, sha256, class); read one with artifact_read when \
+you need its source text or its PNG preview."""
 
 
 # -- who the call acts as -------------------------------------------------------
@@ -111,26 +188,39 @@ def current_user():
     return user
 
 
-def _check_text(value: Any) -> None:
-    """Refuse NUL anywhere in the arguments (PostgreSQL cannot store it)."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise ToolError(ERR_NUL)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_text(key)
-            _check_text(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            _check_text(item)
-    elif isinstance(value, BaseModel):
-        _check_text(value.model_dump())
+def _actor() -> str:
+    """How events name an agent's action through MCP."""
+    return f"mcp:{current_user().get_username()}"
+
+
+# -- the door: one rule for every tool --------------------------------------------
+
+
+@functools.cache
+def _signature(fn: Callable) -> inspect.Signature:
+    return inspect.signature(fn)
+
+
+def _check_arguments(fn: Callable, args: tuple, kwargs: dict) -> None:
+    """Apply the text rule to every argument, at any depth (``json_check``).
+
+    NUL and unpaired surrogates are refused anywhere, keys included, and a
+    value nested deeper than ``pippa_site.text.MAX_JSON_DEPTH`` is refused as
+    a whole.
+    """
+    bound = _signature(fn).bind_partial(*args, **kwargs)
+    for name, value in bound.arguments.items():
+        if isinstance(value, Context):
+            continue
+        if isinstance(value, BaseModel):
+            value = value.model_dump()
+        elif isinstance(value, list):
+            value = [v.model_dump() if isinstance(v, BaseModel) else v for v in value]
+        json_check(value, field=name)
 
 
 def _plain_error(exc: Exception) -> str | None:
     """The plain sentence for a failure a caller can act on, else None."""
-    from artifacts.store import BlobError
-
     if isinstance(exc, Http404):
         return str(exc) or "not found"
     if isinstance(exc, PippaError):
@@ -144,87 +234,65 @@ def _plain_error(exc: Exception) -> str | None:
     return None
 
 
-def door(fn: Callable) -> Callable:
-    """Run a synchronous tool body as a door onto the services.
+def _as_tool_error(exc: Exception) -> ToolError | None:
+    if isinstance(exc, ToolError):
+        return exc
+    message = _plain_error(exc)
+    return None if message is None else ToolError(message)
 
-    Runs in a worker thread: give it a fresh database connection and close
-    that again afterwards (a worker thread outlives the call), refuse NUL in
-    text, and turn the services' anticipated errors into tool errors.
+
+def guarded(fn: Callable) -> Callable:
+    """Make ``fn`` a door: the text rule on its arguments, refusals as tool errors."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def run_async(*args, **kwargs):
+            try:
+                _check_arguments(fn, args, kwargs)
+                return await fn(*args, **kwargs)
+            except Exception as exc:
+                error = _as_tool_error(exc)
+                if error is None:
+                    raise
+                raise error from None
+
+        return run_async
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        try:
+            _check_arguments(fn, args, kwargs)
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            error = _as_tool_error(exc)
+            if error is None:
+                raise
+            raise error from None
+
+    return run
+
+
+def _connected(fn: Callable) -> Callable:
+    """Run ``fn`` in one of the SDK's worker threads with a fresh connection.
+
+    A worker thread outlives the call, so its connection is closed again
+    afterwards.
     """
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        for value in kwargs.values():
-            _check_text(value)
+    def run(*args, **kwargs):
         close_old_connections()
         try:
             return fn(*args, **kwargs)
-        except ToolError:
-            raise
-        except Exception as exc:
-            message = _plain_error(exc)
-            if message is None:
-                raise
-            raise ToolError(message) from None
         finally:
             connections.close_all()
 
-    return wrapper
+    return run
 
 
 async def _in_thread(fn: Callable, *args, **kwargs):
-    return await anyio.to_thread.run_sync(functools.partial(door(fn), *args, **kwargs))
-
-
-# -- argument models ---------------------------------------------------------------
-
-ArtifactClassValue = Annotated[
-    int,
-    Field(ge=1, le=4, description="1 file, 2 fetch, 3 snapshot, 4 render"),
-]
-StepStatus = Literal["pending", "running", "done", "failed", "needs_review", "skipped"]
-
-
-class StepIn(BaseModel):
-    """One step of a new plan."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    title: Annotated[str, Field(min_length=1, max_length=300)]
-    tool: Annotated[
-        str,
-        Field(min_length=1, max_length=100, description="a name from list_step_tools"),
-    ]
-    args: dict[str, Any] = Field(
-        default_factory=dict, description="small JSON arguments; refs, never payloads"
-    )
-
-
-class PlanItem(BaseModel):
-    """One entry of the whole plan, like a todo list item."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: int | None = Field(
-        default=None, description="an existing step's id: keeps that step"
-    )
-    title: Annotated[str | None, Field(max_length=300)] = None
-    tool: Annotated[str | None, Field(max_length=100)] = None
-    args: dict[str, Any] | None = None
-    status: StepStatus | None = Field(
-        default=None,
-        description="the status you believe it has; a different stored status is refused",
-    )
-
-
-class Participant(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: Annotated[str, Field(min_length=1, max_length=100)]
-    brain: str = Field(
-        default="other",
-        max_length=40,
-        description="claude, codex, kimi, grok, glm, gemini, ollama or other",
+    return await anyio.to_thread.run_sync(
+        functools.partial(_connected(fn), *args, **kwargs)
     )
 
 
@@ -259,24 +327,212 @@ def _reasons(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
+server = PippaMCPServer(
+    SERVER_NAME,
+    title="Pippa Stateful",
+    instructions=INSTRUCTIONS,
+    version="1",
+)
+# Pippa has no prompts: a capability is advertised only with content behind it.
+for _method in ("prompts/list", "prompts/get"):
+    server._lowlevel_server._request_handlers.pop(_method, None)
+
+READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+
+
+def build_server() -> PippaMCPServer:
+    """Return the MCP server, with every tool and resource registered."""
+    return server
+
+
+def tool(*, read_only: bool = False) -> Callable[[Callable], Callable]:
+    """Register a plain function as a tool on ``server``; return it as a door.
+
+    The returned function (``guarded``) is what the module exports and what
+    tests call; the server runs a synchronous one in a worker thread with its
+    own database connection.
+    """
+
+    def register(fn: Callable) -> Callable:
+        door = guarded(fn)
+        run = door if inspect.iscoroutinefunction(fn) else _connected(door)
+        server.add_tool(
+            run, name=fn.__name__, annotations=READ_ONLY if read_only else None
+        )
+        return door
+
+    return register
+
+
+# -- stdio ------------------------------------------------------------------------------
+
+
+def _request_id(line: str) -> int | str | None:
+    """The id of the request on ``line`` when Python's own parser can read it."""
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(message, dict) and "method" in message:
+        found = message.get("id")
+        if isinstance(found, str) or (
+            isinstance(found, int) and not isinstance(found, bool)
+        ):
+            return found
+    return None
+
+
+def unreadable_answer(exc: Exception) -> SessionMessage | None:
+    """The error answer to a line the SDK could not parse, or None.
+
+    The SDK's stdio reader passes such a line on as an exception, which the
+    session drops: the client would wait for ever. Its parser stops at 200
+    levels of nesting where Python's reads on, so the request's id can still
+    be found and answered (JSON-RPC's parse error, with that id).
+    """
+    if not isinstance(exc, ValidationError):
+        return None
+    errors = exc.errors()
+    if not errors or errors[0].get("type") != "json_invalid":
+        return None
+    line = errors[0].get("input")
+    request_id = _request_id(line) if isinstance(line, str) else None
+    if request_id is None:
+        return None
+    reason = str(errors[0].get("msg", "invalid JSON")).removeprefix("Invalid JSON: ")
+    return SessionMessage(
+        JSONRPCError(
+            jsonrpc="2.0",
+            id=request_id,
+            error=ErrorData(
+                code=PARSE_ERROR, message=ERR_UNREADABLE.format(reason=reason)
+            ),
+        )
+    )
+
+
+async def serve_stdio() -> None:
+    """Serve ``server`` over stdin and stdout until stdin closes.
+
+    As ``MCPServer.run("stdio")``, except that a request the SDK cannot
+    parse (nested past its limit) gets an error answer instead of none.
+    """
+    lowlevel = server._lowlevel_server
+    async with stdio_server() as (read, write):
+        send, receive = create_context_streams[SessionMessage | Exception](0)
+
+        async def forward():
+            async with send:
+                async for item in read:
+                    answer = (
+                        unreadable_answer(item) if isinstance(item, Exception) else None
+                    )
+                    if answer is not None:
+                        await write.send(answer)
+                        continue
+                    await send.send(item)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(forward)
+            await lowlevel.run(receive, write, lowlevel.create_initialization_options())
+            group.cancel_scope.cancel()
+
+
+# -- argument types -------------------------------------------------------------------
+
+# Strict: JSON true is not task 1, and "5" is not 5.
+Id = Annotated[int, Field(strict=True, ge=1, le=2**63 - 1)]
+Flag = Annotated[bool, Field(strict=True)]
+ArtifactClassValue = Annotated[
+    int,
+    Field(strict=True, ge=1, le=4, description="1 file, 2 fetch, 3 snapshot, 4 render"),
+]
+StepStatus = Literal["pending", "running", "done", "failed", "needs_review", "skipped"]
+DecisionAction = Literal["adopt", "rerun", "retry", "skip", "fail"]
+
+
+class StepIn(BaseModel):
+    """One step of a new plan."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    title: Annotated[str, Field(min_length=1, max_length=300)]
+    tool: Annotated[
+        str,
+        Field(min_length=1, max_length=100, description="a name from list_step_tools"),
+    ]
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="small JSON arguments; refs, never payloads"
+    )
+
+
+class PlanItem(BaseModel):
+    """One entry of the whole plan, like a todo list item."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: Id | None = Field(
+        default=None, description="an existing step's id: keeps that step"
+    )
+    title: Annotated[str | None, Field(max_length=300)] = None
+    tool: Annotated[str | None, Field(max_length=100)] = None
+    args: dict[str, Any] | None = None
+    status: StepStatus | None = Field(
+        default=None,
+        description="the status you believe it has; a different stored status is refused",
+    )
+
+
+class Participant(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: Annotated[str, Field(min_length=1, max_length=100)]
+    brain: str = Field(
+        default="other",
+        max_length=40,
+        description="claude, codex, kimi, grok, glm, gemini, ollama or other",
+    )
+
+
+def _models(items: list, model: type[BaseModel]) -> list:
+    """``items`` as ``model`` instances: the SDK passes models, a direct caller dicts."""
+    return [i if isinstance(i, model) else model.model_validate(i) for i in items]
+
+
+# -- documents ------------------------------------------------------------------------
+
+
 def _uri(kind: str, pk: int) -> str:
     return f"pippa://{kind}/{pk}"
 
 
-def _task_doc(task) -> dict[str, Any]:
-    from tasks.documents import task_payload
+def _plain_json(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
 
+
+def _task_doc(task: Task) -> dict[str, Any]:
     doc = task_payload(task)
     doc["uri"] = _uri("task", task.pk)
     for step in doc["steps"]:
         if step["output"]:
             step["output"]["uri"] = _uri("artifact", step["output"]["id"])
-    return json.loads(json.dumps(doc, default=str))
+    return _plain_json(doc)
+
+
+def _task_brief(task: Task, *, refresh: bool = True) -> dict[str, Any]:
+    """A task without its steps (``task_summary``, the one shape), with its uri."""
+    if refresh:
+        task.refresh_from_db()
+    return {**task_summary(task), "uri": _uri("task", task.pk)}
+
+
+def _artifact_doc(artifact) -> dict[str, Any]:
+    doc = _plain_json(artifact_payload(artifact))
+    doc["uri"] = _uri("artifact", artifact.pk)
+    return doc
 
 
 def _excerpt(artifact) -> dict[str, Any]:
-    from artifacts.selectors import artifact_text_head
-
     head = artifact_text_head(artifact=artifact, limit=EXCERPT_BYTES)
     if head.missing:
         return {"excerpt": None, "note": "the payload is missing"}
@@ -285,9 +541,156 @@ def _excerpt(artifact) -> dict[str, Any]:
     return {"excerpt": head.text, "truncated": head.truncated}
 
 
-def _worker(worker: str) -> str:
-    from tasks.lease import door_worker_id
+def _step_get(task: Task, step_id: int) -> Step:
+    step = Step.objects.select_related("task").filter(pk=step_id, task=task).first()
+    if step is None:
+        raise ToolError(ERR_NO_STEP.format(step=step_id, task=task.pk))
+    return step
 
+
+# -- conversations and tasks ------------------------------------------------------
+
+
+@tool(read_only=True)
+def list_conversations() -> list[dict[str, Any]]:
+    """List your conversations, newest first, with the ids of their tasks.
+
+    A conversation holds tasks and council rounds; a task's plan lives here,
+    keyed by conversation, so it survives your session ending.
+    """
+    rows = Conversation.objects.owned_by(current_user()).order_by("-updated_at")
+    return _plain_json([conversation_payload(c) for c in rows[:200]])
+
+
+@tool(read_only=True)
+def list_tasks(conversation_id: Id) -> list[dict[str, Any]]:
+    """List the tasks of one conversation with status and progress (no steps).
+
+    Call get_task for a task's plan, or resume_context before continuing it.
+    """
+    conversation = conversation_get_for_user(
+        user=current_user(), conversation_id=conversation_id
+    )
+    return [
+        _task_brief(t, refresh=False)
+        for t in conversation.tasks.order_by("created_at", "id")
+    ]
+
+
+@tool(read_only=True)
+def list_step_tools() -> list[dict[str, Any]]:
+    """List the tools a plan's steps may run, with the artifact class of each.
+
+    The class decides what resume does with the step's output: 1 file
+    (reuse if intact), 2 fetch (fetch again), 3 snapshot (never re-run once
+    saved), 4 render (re-render only from intact sources). A tool with
+    side_effects is never re-run from an uncertain state; a person decides.
+    """
+    return [
+        {
+            "name": t.name,
+            "artifact_class": t.artifact_class,
+            "side_effects": t.side_effects,
+            "media_type": t.media_type,
+            "description": (t.description or "").strip()[:500],
+        }
+        for t in tools_all()
+    ]
+
+
+@tool()
+def create_task(
+    title: Annotated[str, Field(min_length=1, max_length=300)],
+    steps: Annotated[list[StepIn], Field(min_length=1, max_length=200)],
+    conversation_id: Id | None = None,
+    conversation_title: Annotated[str | None, Field(max_length=300)] = None,
+    brain: str = "other",
+    queue: Flag = True,
+) -> dict[str, Any]:
+    """Create a task with its plan (an ordered list of steps) in a conversation.
+
+    Give conversation_id to add it to an existing conversation, or
+    conversation_title to start a new one. Each step names a tool from
+    list_step_tools; its artifact class is fixed now, so the resume rule of
+    every step is known before anything runs. queue=true (the default)
+    queues it: run_next_step runs its next step for you, and a background
+    worker may take it too. queue=false creates it paused: nothing runs it,
+    run_next_step included, until you call resume_task.
+    Returns the task with its plan (get_task shape).
+    """
+    user = current_user()
+    if (conversation_id is None) == (not conversation_title):
+        raise ToolError(ERR_CONVERSATION_CHOICE)
+    if brain not in Brain.values:
+        raise ToolError(
+            f"brain must be one of {', '.join(Brain.values)}, not {brain!r}"
+        )
+    new = {
+        "title": title,
+        "steps": [s.model_dump() for s in _models(steps, StepIn)],
+        "brain": brain,
+        "queue": queue,
+    }
+    if conversation_id is not None:
+        conversation = conversation_get_for_user(
+            user=user, conversation_id=conversation_id
+        )
+        task = plan_task_create(conversation=conversation, **new)
+    else:
+        task = conversation_task_create(
+            owner=user, conversation_title=conversation_title, **new
+        )
+    return _task_doc(task)
+
+
+@tool(read_only=True)
+def get_task(task_id: Id) -> dict[str, Any]:
+    """Return a task and its plan: each step's status, tool, attempts and output ref.
+
+    A step's output is a ref (id, sha256, artifact_class, media_type, uri),
+    never the payload; read one with artifact_read. artifact_class is the
+    resume rule: 1 file, 2 fetch, 3 snapshot (never re-run), 4 render.
+    """
+    return _task_doc(task_get_for_user(user=current_user(), task_id=task_id))
+
+
+@tool()
+def rewrite_plan(
+    task_id: Id,
+    steps: Annotated[list[PlanItem], Field(min_length=1, max_length=200)],
+) -> dict[str, Any]:
+    """Replace the task's whole plan, the way you rewrite a todo list.
+
+    List every step in order. Keep an existing step by giving its id (and
+    optionally the status you believe it has); add a step by giving title
+    and tool without an id; drop a never-run step by leaving it out. Done
+    steps must stay first, unchanged, in their order: their outputs stand.
+    A rewrite that would change history (edit or drop a done or attempted
+    step, or claim a status the step does not have) is refused with the
+    reason, and nothing changes; so is a rewrite while a step is running.
+    """
+    task = task_get_for_user(user=current_user(), task_id=task_id)
+    items = [s.model_dump(exclude_none=True) for s in _models(steps, PlanItem)]
+    return _task_doc(plan_rewrite(task=task, steps=items))
+
+
+@tool(read_only=True)
+def resume_context(task_id: Id) -> dict[str, Any]:
+    """Return the resume context: what a resumed brain reads before continuing.
+
+    Read it first whenever you pick up a task you did not just create (new
+    session, another agent, after a crash). It lists every step with its
+    status and output ref, the next step, and for an unfinished step the
+    rule resume will apply, so you never redo finished work.
+    """
+    task = task_get_for_user(user=current_user(), task_id=task_id)
+    return _plain_json(resume_document(task))
+
+
+# -- running, stopping and deciding -----------------------------------------------
+
+
+def _worker(worker: str) -> str:
     return door_worker_id(door="mcp", user=current_user(), worker=worker or "agent")
 
 
@@ -315,7 +718,7 @@ async def _with_heartbeats(ctx, fn, done: float, total: float, label: str):
         while not finished.is_set():
             with anyio.move_on_after(PROGRESS_INTERVAL):
                 await finished.wait()
-            if not finished.is_set():
+            if not finished.is_set() and ctx is not None:
                 beats += 1
                 await ctx.report_progress(
                     done + 1 - 1 / (beats + 1),
@@ -327,576 +730,440 @@ async def _with_heartbeats(ctx, fn, done: float, total: float, label: str):
     return result["run"]
 
 
-def _step_run_answer(task, run) -> dict[str, Any]:
+def _step_run_answer(task: Task, run: actions.StepRun) -> dict[str, Any]:
     """What run_next_step answers: the run, the step and its output ref, the task."""
     task.refresh_from_db()
+    detail = run.detail
+    if run.waiting == "paused":
+        detail = MCP_PAUSED
+    elif run.waiting == "decision" and run.step is not None:
+        detail = MCP_DECISION.format(
+            position=run.step.position, status=run.step.get_status_display()
+        )
     out: dict[str, Any] = {
         "ran": run.ran,
-        "detail": run.detail,
+        "detail": detail,
         "rule": run.rule,
         "step": None,
-        "task": {
-            "id": task.pk,
-            "status": task.status,
-            "steps_done": task.steps_done,
-            "steps_total": task.steps_total,
-            "uri": _uri("task", task.pk),
-        },
+        "task": _task_brief(task, refresh=False),
     }
     step = run.step
     if step is not None:
-        output = step.output
-        out["step"] = {
-            "id": step.pk,
-            "position": step.position,
-            "title": step.title,
-            "status": step.status,
-            "error": step.error,
-            "artifact_class": step.artifact_class,
-            "output": None
-            if output is None
-            else {
-                "id": output.pk,
-                "sha256": output.sha256,
-                "artifact_class": output.artifact_class,
-                "media_type": output.media_type,
-                "title": output.title,
-                "size": output.size,
-                "uri": _uri("artifact", output.pk),
-                **_excerpt(output),
-            },
-        }
+        out["step"] = _plain_json(step_payload(step))
+        if step.output is not None:
+            out["step"]["output"].update(
+                uri=_uri("artifact", step.output.pk), **_excerpt(step.output)
+            )
     return out
 
 
-def build_server() -> PippaMCPServer:
-    """Return the MCP server with every tool and resource registered."""
-    server = PippaMCPServer(
-        SERVER_NAME,
-        title="Pippa Stateful",
-        instructions=INSTRUCTIONS,
-        version="1",
+@tool()
+async def run_next_step(
+    task_id: Id,
+    ctx: Context | None = None,
+    worker: Annotated[
+        str,
+        Field(
+            max_length=60,
+            description="your own name, e.g. claude-laptop; the lease is held under it",
+        ),
+    ] = "",
+) -> dict[str, Any]:
+    """Run the task's next unfinished step and answer once its result is saved.
+
+    The executor takes the task's lease, calls the step's tool, writes the
+    output to durable storage and only then answers (write before show):
+    you get the step's status, its output ref (id, sha256, class) and a
+    short excerpt. A step left uncertain by a crash is resolved by its
+    class instead of being blindly re-run. Call again for the next step
+    until the task is done, failed or needs review. A paused task runs
+    nothing until resume_task; a step that waits for a decision is answered
+    with ran=false: see decision_choices and decide_step. Sends progress
+    notifications while a long step runs. If another worker holds the
+    lease you get an error saying until when.
+    """
+    user = current_user()
+    # One lease per call, given back when the call ends: an agent may never
+    # call again, and a second call under the same name must not mistake
+    # this one's step for an abandoned one.
+    worker_id = f"{_worker(worker)}#{secrets.token_hex(3)}"
+
+    def prepare():
+        task = task_get_for_user(user=user, task_id=task_id)
+        upcoming = task.steps.not_done().order_by("position").first()
+        return task, upcoming
+
+    task, upcoming = await _in_thread(prepare)
+    total = max(task.steps_total, 1)
+    done = task.steps_done
+    label = (
+        f"running step {upcoming.position} of {task.steps_total}: {upcoming.title}"
+        if upcoming is not None
+        else "settling the task"
     )
-    read_only = ToolAnnotations(read_only_hint=True, open_world_hint=False)
-
-    # -- conversations and tasks --------------------------------------------------
-
-    @server.tool(annotations=read_only)
-    @door
-    def list_conversations() -> list[dict[str, Any]]:
-        """List your conversations, newest first, with the ids of their tasks.
-
-        A conversation holds tasks and council rounds; a task's plan lives here,
-        keyed by conversation, so it survives your session ending.
-        """
-        from tasks.documents import conversation_payload
-        from tasks.models import Conversation
-
-        rows = Conversation.objects.owned_by(current_user()).order_by("-updated_at")
-        return json.loads(
-            json.dumps([conversation_payload(c) for c in rows[:200]], default=str)
-        )
-
-    @server.tool(annotations=read_only)
-    @door
-    def list_tasks(conversation_id: int) -> list[dict[str, Any]]:
-        """List the tasks of one conversation with status and progress (no steps).
-
-        Call get_task for a task's plan, or resume_context before continuing it.
-        """
-        from tasks.documents import conversation_get_for_user
-
-        conversation = conversation_get_for_user(
-            user=current_user(), conversation_id=conversation_id
-        )
-        return [
-            {
-                "id": t.pk,
-                "title": t.title,
-                "status": t.status,
-                "brain": t.brain,
-                "steps_done": t.steps_done,
-                "steps_total": t.steps_total,
-                "uri": _uri("task", t.pk),
-            }
-            for t in conversation.tasks.order_by("created_at", "id")
-        ]
-
-    @server.tool(annotations=read_only)
-    @door
-    def list_step_tools() -> list[dict[str, Any]]:
-        """List the tools a plan's steps may run, with the artifact class of each.
-
-        The class decides what resume does with the step's output: 1 file
-        (reuse if intact), 2 fetch (fetch again), 3 snapshot (never re-run once
-        saved), 4 render (re-render only from intact sources). A tool with
-        side_effects is never re-run from an uncertain state; a person decides.
-        """
-        from tasks.tools import tools_all
-
-        return [
-            {
-                "name": t.name,
-                "artifact_class": t.artifact_class,
-                "side_effects": t.side_effects,
-                "media_type": t.media_type,
-                "description": (t.description or "").strip()[:500],
-            }
-            for t in tools_all()
-        ]
-
-    @server.tool()
-    @door
-    def create_task(
-        title: Annotated[str, Field(min_length=1, max_length=300)],
-        steps: Annotated[list[StepIn], Field(min_length=1, max_length=200)],
-        conversation_id: int | None = None,
-        conversation_title: Annotated[str | None, Field(max_length=300)] = None,
-        brain: str = "other",
-        queue: bool = True,
-    ) -> dict[str, Any]:
-        """Create a task with its plan (an ordered list of steps) in a conversation.
-
-        Give conversation_id to add it to an existing conversation, or
-        conversation_title to start a new one. Each step names a tool from
-        list_step_tools; its artifact class is fixed now, so the resume rule of
-        every step is known before anything runs. queue=true lets a background
-        worker run it too; either way run_next_step runs the next step for you.
-        Returns the task with its plan (get_task shape).
-        """
-        from tasks.documents import conversation_get_for_user
-        from tasks.models import Brain
-        from tasks.plan import conversation_task_create, task_create
-
-        user = current_user()
-        if (conversation_id is None) == (not conversation_title):
-            raise ToolError(ERR_CONVERSATION_CHOICE)
-        if brain not in Brain.values:
-            raise ToolError(
-                f"brain must be one of {', '.join(Brain.values)}, not {brain!r}"
-            )
-        new = {
-            "title": title,
-            "steps": [s.model_dump() for s in steps],
-            "brain": brain,
-            "queue": queue,
-        }
-        if conversation_id is not None:
-            conversation = conversation_get_for_user(
-                user=user, conversation_id=conversation_id
-            )
-            task = task_create(conversation=conversation, **new)
-        else:
-            task = conversation_task_create(
-                owner=user, conversation_title=conversation_title, **new
-            )
-        return _task_doc(task)
-
-    @server.tool(annotations=read_only)
-    @door
-    def get_task(task_id: int) -> dict[str, Any]:
-        """Return a task and its plan: each step's status, tool, attempts and output ref.
-
-        A step's output is a ref (id, sha256, artifact_class, media_type, uri),
-        never the payload; read one with artifact_read. artifact_class is the
-        resume rule: 1 file, 2 fetch, 3 snapshot (never re-run), 4 render.
-        """
-        from tasks.documents import task_get_for_user
-
-        return _task_doc(task_get_for_user(user=current_user(), task_id=task_id))
-
-    @server.tool()
-    @door
-    def rewrite_plan(
-        task_id: int,
-        steps: Annotated[list[PlanItem], Field(min_length=1, max_length=200)],
-    ) -> dict[str, Any]:
-        """Replace the task's whole plan, the way you rewrite a todo list.
-
-        List every step in order. Keep an existing step by giving its id (and
-        optionally the status you believe it has); add a step by giving title
-        and tool without an id; drop a never-run step by leaving it out. Done
-        steps must stay first, unchanged, in their order: their outputs stand.
-        A rewrite that would change history (edit or drop a done or attempted
-        step, or claim a status the step does not have) is refused with the
-        reason, and nothing changes; so is a rewrite while a step is running.
-        """
-        from tasks.documents import task_get_for_user
-        from tasks.plan import plan_rewrite
-
-        task = task_get_for_user(user=current_user(), task_id=task_id)
-        items = [s.model_dump(exclude_none=True) for s in steps]
-        return _task_doc(plan_rewrite(task=task, steps=items))
-
-    @server.tool(annotations=read_only)
-    @door
-    def resume_context(task_id: int) -> dict[str, Any]:
-        """Return the resume context: what a resumed brain reads before continuing.
-
-        Read it first whenever you pick up a task you did not just create (new
-        session, another agent, after a crash). It lists every step with its
-        status and output ref, the next step, and for an unfinished step the
-        rule resume will apply, so you never redo finished work.
-        """
-        from tasks.documents import task_get_for_user
-        from tasks.resume import resume_context as context
-
-        task = task_get_for_user(user=current_user(), task_id=task_id)
-        return json.loads(json.dumps(context(task), default=str))
-
-    @server.tool()
-    async def run_next_step(
-        task_id: int,
-        ctx: Context,
-        worker: Annotated[
-            str,
-            Field(
-                max_length=60,
-                description="your own name, e.g. claude-laptop; the lease is held under it",
-            ),
-        ] = "",
-    ) -> dict[str, Any]:
-        """Run the task's next unfinished step and answer once its result is saved.
-
-        The executor takes the task's lease, calls the step's tool, writes the
-        output to durable storage and only then answers (write before show):
-        you get the step's status, its output ref (id, sha256, class) and a
-        short excerpt. A step left uncertain by a crash is resolved by its
-        class instead of being blindly re-run. Call again for the next step
-        until the task is done, failed or needs review. Sends progress
-        notifications while a long step runs. If another worker holds the
-        lease you get an error saying until when.
-        """
-        from tasks.actions import step_run
-        from tasks.documents import task_get_for_user
-        from tasks.lease import lease_release_own
-
-        user = current_user()
-        # One lease per call, given back when the call ends: an agent may never
-        # call again, and a second call under the same name must not mistake
-        # this one's step for an abandoned one.
-        worker_id = f"{_worker(worker)}#{secrets.token_hex(3)}"
-
-        def prepare():
-            task = task_get_for_user(user=user, task_id=task_id)
-            upcoming = task.steps.not_done().order_by("position").first()
-            return task, upcoming
-
-        task, upcoming = await _in_thread(prepare)
-        total = max(task.steps_total, 1)
-        done = task.steps_done
-        label = (
-            f"running step {upcoming.position} of {task.steps_total}: {upcoming.title}"
-            if upcoming is not None
-            else "settling the task"
-        )
+    if ctx is not None:
         await ctx.report_progress(done, total, label)
 
-        def step_and_release():
+    def step_and_release():
+        try:
+            return actions.step_run(task=task, worker_id=worker_id)
+        finally:
             try:
-                return step_run(task=task, worker_id=worker_id)
-            finally:
-                try:
-                    lease_release_own(task=task, worker_id=worker_id)
-                except DatabaseError:
-                    log.warning("lease of task %s left to expire", task.pk)
+                lease_release_own(task=task, worker_id=worker_id)
+            except DatabaseError:
+                log.warning("lease of task %s left to expire", task.pk)
 
-        run = await _with_heartbeats(ctx, step_and_release, done, total, label)
-        if run.lease_busy:
-            raise ToolError(run.detail)
+    run = await _with_heartbeats(ctx, step_and_release, done, total, label)
+    if run.lease_busy:
+        raise ToolError(run.detail)
 
-        out = await _in_thread(_step_run_answer, task, run)
-        # Progress only ever grows, so a call that ran nothing sends no second one.
-        if out["task"]["steps_done"] > done:
-            await ctx.report_progress(
-                out["task"]["steps_done"],
-                max(out["task"]["steps_total"], 1),
-                run.detail,
+    out = await _in_thread(_step_run_answer, task, run)
+    # Progress only ever grows, so a call that ran nothing sends no second one.
+    if ctx is not None and out["task"]["steps_done"] > done:
+        await ctx.report_progress(
+            out["task"]["steps_done"], max(out["task"]["steps_total"], 1), run.detail
+        )
+    return out
+
+
+@tool()
+def pause_task(task_id: Id) -> dict[str, Any]:
+    """Pause a queued or running task: it stops after the step it is on.
+
+    Nothing runs it (run_next_step included) until resume_task. The same
+    action as the dashboard's Pause button.
+    """
+    task = task_get_for_user(user=current_user(), task_id=task_id)
+    actions.task_pause(task=task, actor=_actor())
+    return {"message": MSG_PAUSED.format(title=task.title), "task": _task_brief(task)}
+
+
+@tool()
+def resume_task(task_id: Id) -> dict[str, Any]:
+    """Queue a paused or interrupted task again (the dashboard's Resume).
+
+    Refused while a step waits for a decision (see decision_choices) and for
+    a done or cancelled task. Then call run_next_step, or let a worker take it.
+    """
+    task = task_get_for_user(user=current_user(), task_id=task_id)
+    actions.task_resume(task=task, actor=_actor())
+    return {"message": MSG_QUEUED.format(title=task.title), "task": _task_brief(task)}
+
+
+@tool()
+def cancel_task(task_id: Id) -> dict[str, Any]:
+    """Cancel an unfinished task for good (the dashboard's Cancel).
+
+    A step running now finishes and its output is saved; no further step
+    starts. Nothing is deleted. A cancelled task cannot be resumed.
+    """
+    task = task_get_for_user(user=current_user(), task_id=task_id)
+    actions.task_cancel(task=task, actor=_actor())
+    return {
+        "message": MSG_CANCELLED.format(title=task.title),
+        "task": _task_brief(task),
+    }
+
+
+def _decision_doc(decision: actions.Decision) -> dict[str, Any]:
+    step = decision.step
+    return {
+        "step_id": step.pk,
+        "position": step.position,
+        "title": step.title,
+        "tool": step.tool,
+        "status": step.status,
+        "side_effects": step.side_effects,
+        "what_happened": decision.advice.words,
+        "rule": decision.advice.rule,
+        "plain_words": decision.plain_words,
+        "choices": [
+            {
+                "action": c.action,
+                "label": c.label,
+                "words": c.words,
+                "recommended": c.recommended,
+                "needs_confirm": c.confirm,
+                "warning": c.warning,
+            }
+            for c in decision.choices
+        ],
+    }
+
+
+@tool(read_only=True)
+def decision_choices(task_id: Id) -> list[dict[str, Any]]:
+    """List the steps that wait for a decision, each with its ways forward.
+
+    The same choices, in the same words, as the dashboard's decision card:
+    adopt (use the saved output), rerun (run the same call again), retry
+    (start the step over), skip, fail. The recommended one comes first. A
+    choice with needs_confirm reaches outside Pippa again: read its warning,
+    and pass confirm=true to decide_step only when you mean it. An empty list
+    means nothing waits for you.
+    """
+    task = task_get_for_user(user=current_user(), task_id=task_id)
+    steps = Step.objects.filter(task=task, status__in=actions.ATTENTION_STEPS)
+    decisions = []
+    for step in steps.order_by("position"):
+        step.task = task
+        decision = actions.step_decision(step=step, task=task)
+        if decision is not None:
+            decisions.append(_decision_doc(decision))
+    return decisions
+
+
+@tool()
+def decide_step(
+    task_id: Id,
+    step_id: Id,
+    action: DecisionAction,
+    confirm: Flag = False,
+) -> dict[str, Any]:
+    """Take one of decision_choices' ways forward for a step that waits for a decision.
+
+    Only a choice decision_choices offers now is accepted. One that reaches
+    outside Pippa again (needs_confirm) is refused without confirm=true, as
+    the dashboard asks for confirmation. The decision is also the go-ahead:
+    the task is queued again (unless it leaves it failed or finished); call
+    run_next_step to go on.
+    """
+    task = task_get_for_user(user=current_user(), task_id=task_id)
+    step = _step_get(task, step_id)
+    try:
+        actions.step_decide(step=step, action=action, confirmed=confirm, actor=_actor())
+    except actions.ConfirmationNeeded as exc:
+        raise ToolError(ERR_CONFIRM.format(reason=str(exc))) from None
+    step.refresh_from_db()
+    label = CHOICES[action][0]
+    return {
+        "message": MSG_DECIDED.format(position=step.position, label=label),
+        "step": {"id": step.pk, "position": step.position, "status": step.status},
+        "task": _task_brief(task),
+    }
+
+
+# -- artifacts -----------------------------------------------------------------------
+
+
+@tool(read_only=True)
+def artifact_read(
+    artifact_id: Id,
+    view: Literal["auto", "source", "preview"] = "auto",
+    sha256: Annotated[str, Field(max_length=64)] = "",
+) -> list[TextContent | ImageContent]:
+    """Read an artifact by its ref: its source as text, or its PNG preview as an image.
+
+    view='source' gives an SVG widget's markup or a text payload (capped at
+    256 KiB); view='preview' gives the widget's rendered PNG as image content,
+    to look at instead of parsing markup; 'auto' picks source for text and
+    the image for PNGs. Pass the sha256 from the ref to make sure you read
+    the bytes it names. Reading is read-only: no lease, no state change.
+    The first content block is the artifact's metadata as JSON.
+    """
+    artifact = artifact_get(user=current_user(), artifact_id=artifact_id)
+    if sha256 and sha256.lower() != artifact.sha256:
+        raise ToolError(
+            ERR_SHA_MISMATCH.format(
+                id=artifact.pk, actual=artifact.sha256, expected=sha256
             )
-        return out
-
-    # -- artifacts -----------------------------------------------------------------------
-
-    @server.tool(annotations=read_only)
-    @door
-    def artifact_read(
-        artifact_id: int,
-        view: Literal["auto", "source", "preview"] = "auto",
-        sha256: Annotated[str, Field(max_length=64)] = "",
-    ) -> list[TextContent | ImageContent]:
-        """Read an artifact by its ref: its source as text, or its PNG preview as an image.
-
-        view='source' gives an SVG widget's markup or a text payload (capped at
-        256 KiB); view='preview' gives the widget's rendered PNG as image content,
-        to look at instead of parsing markup; 'auto' picks source for text and
-        the image for PNGs. Pass the sha256 from the ref to make sure you read
-        the bytes it names. Reading is read-only: no lease, no state change.
-        The first content block is the artifact's metadata as JSON.
-        """
-        from artifacts.preview import preview_artifact_for, preview_status
-        from artifacts.selectors import artifact_text_head
-        from artifacts.store import BlobError, default_store
-        from tasks.documents import artifact_get, artifact_payload
-
-        artifact = artifact_get(user=current_user(), artifact_id=artifact_id)
-        if sha256 and sha256.lower() != artifact.sha256:
+        )
+    meta = _artifact_doc(artifact)
+    is_png = artifact.media_type == "image/png"
+    if view == "auto":
+        view = "preview" if is_png else "source"
+    if view == "preview":
+        image = preview_artifact_for(artifact)
+        if image is None:
+            why = preview_status(artifact).get("reason") or ""
             raise ToolError(
-                ERR_SHA_MISMATCH.format(
-                    id=artifact.pk, actual=artifact.sha256, expected=sha256
-                )
+                ERR_NO_PREVIEW.format(id=artifact.pk, reason=f" ({why})" if why else "")
             )
-        meta = json.loads(json.dumps(artifact_payload(artifact), default=str))
-        meta["uri"] = _uri("artifact", artifact.pk)
-        is_png = artifact.media_type == "image/png"
-        if view == "auto":
-            view = "preview" if is_png else "source"
-        if view == "preview":
-            image = preview_artifact_for(artifact)
-            if image is None:
-                why = preview_status(artifact).get("reason") or ""
-                raise ToolError(
-                    ERR_NO_PREVIEW.format(
-                        id=artifact.pk, reason=f" ({why})" if why else ""
-                    )
-                )
-            try:
-                png = default_store().get(image.sha256)
-            except BlobError:
-                raise ToolError(ERR_BLOB_MISSING.format(id=image.pk)) from None
-            meta["preview"] = {"id": image.pk, "sha256": image.sha256}
-            return [
-                TextContent(type="text", text=json.dumps(meta)),
-                ImageContent(
-                    type="image",
-                    data=base64.b64encode(png).decode("ascii"),
-                    mime_type="image/png",
-                ),
-            ]
-        head = artifact_text_head(artifact=artifact, limit=MAX_SOURCE_CHARS)
-        if not head.is_text:
-            raise ToolError(
-                ERR_BINARY.format(id=artifact.pk, media_type=artifact.media_type)
-            )
-        if head.missing:
-            raise ToolError(ERR_BLOB_MISSING.format(id=artifact.pk))
-        meta["truncated"] = head.truncated
+        try:
+            png = default_store().get(image.sha256)
+        except BlobError:
+            raise ToolError(ERR_BLOB_MISSING.format(id=image.pk)) from None
+        meta["preview"] = {"id": image.pk, "sha256": image.sha256}
         return [
             TextContent(type="text", text=json.dumps(meta)),
-            TextContent(type="text", text=head.text),
+            ImageContent(
+                type="image",
+                data=base64.b64encode(png).decode("ascii"),
+                mime_type="image/png",
+            ),
         ]
-
-    @server.tool()
-    @door
-    def artifact_store(
-        task_id: int,
-        content: Annotated[str, Field(max_length=2 * MAX_STORE_BYTES)],
-        artifact_class: ArtifactClassValue,
-        media_type: Annotated[str, Field(min_length=1, max_length=255)] = "text/plain",
-        title: Annotated[str, Field(max_length=300)] = "",
-        source_refs: Annotated[list[int], Field(max_length=50)] = [],  # noqa: B006
-        step_id: int | None = None,
-        encoding: Literal["text", "base64"] = "text",
-    ) -> dict[str, Any]:
-        """Store a small artifact (up to 1 MiB) that this task persisted; return its ref.
-
-        The bytes are written to the content-addressed store before the row
-        that names them (write before show); the same bytes stored twice are
-        one artifact. Choose artifact_class by how it behaves on resume: 1 file,
-        2 fetch (can be fetched again), 3 snapshot (cannot be reproduced: a
-        search, a live quote), 4 render (derived from other artifacts: name
-        them in source_refs, so lineage keeps them alive).
-        """
-        from tasks.documents import (
-            artifact_payload,
-            artifacts_get,
-            task_get_for_user,
+    head = artifact_text_head(artifact=artifact, limit=MAX_SOURCE_CHARS)
+    if not head.is_text:
+        raise ToolError(
+            ERR_BINARY.format(id=artifact.pk, media_type=artifact.media_type)
         )
-        from tasks.services import task_artifact_upload
+    if head.missing:
+        raise ToolError(ERR_BLOB_MISSING.format(id=artifact.pk))
+    meta["truncated"] = head.truncated
+    return [
+        TextContent(type="text", text=json.dumps(meta)),
+        TextContent(type="text", text=head.text),
+    ]
 
-        user = current_user()
-        task = task_get_for_user(user=user, task_id=task_id)
-        if encoding == "base64":
-            try:
-                data = base64.b64decode(content, validate=True)
-            except (binascii.Error, ValueError):
-                raise ToolError(ERR_BASE64) from None
-        else:
-            data = content.encode("utf-8")
-        if not data:
-            raise ToolError(ERR_EMPTY)
-        if len(data) > MAX_STORE_BYTES:
-            raise ToolError(ERR_TOO_LARGE)
-        sources = artifacts_get(user=user, artifact_ids=source_refs)
-        artifact = task_artifact_upload(
-            task=task,
-            step_id=step_id,
-            stream=iter([data]),
-            media_type=media_type,
-            artifact_class=artifact_class,
-            title=title,
-            source_ids=[s.pk for s in sources],
-            max_bytes=MAX_STORE_BYTES,
-        )
-        doc = json.loads(json.dumps(artifact_payload(artifact), default=str))
-        doc["uri"] = _uri("artifact", artifact.pk)
-        return doc
 
-    # -- council ----------------------------------------------------------------------
+@tool()
+def artifact_store(
+    task_id: Id,
+    content: Annotated[str, Field(max_length=2 * MAX_STORE_BYTES)],
+    artifact_class: ArtifactClassValue,
+    media_type: Annotated[str, Field(min_length=1, max_length=255)] = "text/plain",
+    title: Annotated[str, Field(max_length=300)] = "",
+    source_refs: Annotated[list[Id], Field(max_length=50)] = [],  # noqa: B006
+    step_id: Id | None = None,
+    encoding: Literal["text", "base64"] = "text",
+) -> dict[str, Any]:
+    """Store a small artifact (up to 1 MiB) that this task persisted; return its ref.
 
-    @server.tool()
-    @door
-    def council_round_start(
-        conversation_id: int,
-        topic: Annotated[str, Field(min_length=1, max_length=300)],
-        participants: Annotated[list[Participant], Field(min_length=1, max_length=20)],
-    ) -> dict[str, Any]:
-        """Start the next council round of a conversation with named participants.
-
-        Participants speak in the order given; council_context tells each one
-        what the earlier speakers said and made (as refs).
-        """
-        from council.selectors import round_payload
-        from council.services import round_start
-        from tasks.documents import conversation_get_for_user
-
-        conversation = conversation_get_for_user(
-            user=current_user(), conversation_id=conversation_id
-        )
-        council_round = round_start(
-            conversation=conversation,
-            topic=topic,
-            participants=[(p.name, p.brain) for p in participants],
-        )
-        return round_payload(council_round=council_round)
-
-    @server.tool(annotations=read_only)
-    @door
-    def council_rounds(conversation_id: int) -> list[dict[str, Any]]:
-        """List a conversation's council rounds with their participants' ids."""
-        from council.selectors import rounds_payload
-        from tasks.documents import conversation_get_for_user
-
-        conversation = conversation_get_for_user(
-            user=current_user(), conversation_id=conversation_id
-        )
-        return rounds_payload(conversation=conversation)
-
-    @server.tool(annotations=read_only)
-    @door
-    def council_context(
-        round_id: int, participant_id: int | None = None
-    ) -> dict[str, Any]:
-        """Return the context the next speaker of a council round receives.
-
-        Earlier turns' text and artifact_refs[] (id, sha256, class, media type,
-        title, size, preview state, source_refs): refs, never payloads. To see a
-        widget, call artifact_read with its id: view='source' for the SVG
-        markup, view='preview' for the PNG. Read-only.
-        """
-        from council.selectors import context_for, round_get_for_user
-
-        council_round = round_get_for_user(user=current_user(), round_id=round_id)
-        return context_for(council_round=council_round, participant_id=participant_id)
-
-    @server.tool()
-    @door
-    def council_turn_add(
-        round_id: int,
-        participant_id: int,
-        text: Annotated[str, Field(max_length=20000)] = "",
-        widget_svg: Annotated[str, Field(max_length=MAX_STORE_BYTES)] = "",
-        widget_title: Annotated[str, Field(max_length=300)] = "",
-        widget_source_refs: Annotated[list[int], Field(max_length=50)] = [],  # noqa: B006
-        cites: Annotated[list[int], Field(max_length=50)] = [],  # noqa: B006
-    ) -> dict[str, Any]:
-        """Speak in a council round: your text, an optional SVG widget, and citations.
-
-        The widget is stored as a class-4 (render) artifact and its PNG preview
-        is rendered now; later speakers receive both as refs in their
-        council_context. cites names artifacts (by id) you built on.
-        """
-        from council.models import TurnArtifact
-        from council.selectors import participant_get, round_get_for_user
-        from council.services import artifact_ref, turn_add
-        from tasks.documents import artifacts_get
-
-        user = current_user()
-        council_round = round_get_for_user(user=user, round_id=round_id)
-        participant = participant_get(
-            council_round=council_round, participant_id=participant_id
-        )
-        if not text.strip() and not widget_svg:
-            raise ToolError(ERR_NO_WIDGET_OR_TEXT)
-        sources = artifacts_get(user=user, artifact_ids=widget_source_refs)
-        cited = artifacts_get(user=user, artifact_ids=cites)
-        turn = turn_add(
-            council_round=council_round,
-            participant=participant,
-            text=text,
-            widget=widget_svg.encode("utf-8") if widget_svg else None,
-            widget_title=widget_title,
-            widget_source_ids=[s.pk for s in sources],
-            cites=[c.pk for c in cited],
-        )
-        produced = [
-            artifact_ref(link.artifact, role=link.role)
-            for link in turn.artifact_links.filter(
-                role=TurnArtifact.Role.PRODUCED
-            ).select_related("artifact")
-        ]
-        return {
-            "turn_id": turn.pk,
-            "order": turn.order,
-            "round_id": council_round.pk,
-            "artifact_refs": produced,
-        }
-
-    # -- resources --------------------------------------------------------------------
-
-    @server.resource(
-        "pippa://task/{task_id}",
-        name="task",
-        description="A task and its plan with per-step status and output refs (JSON).",
-        mime_type="application/json",
+    The bytes are written to the content-addressed store before the row
+    that names them (write before show). Bytes you already stored are one
+    artifact: the answer then says already_stored=true, and its class,
+    title and media type are the earlier row's, which stand. Choose
+    artifact_class by how it behaves on resume: 1 file, 2 fetch (can be
+    fetched again), 3 snapshot (cannot be reproduced: a search, a live
+    quote), 4 render (derived from other artifacts: name them in
+    source_refs, so lineage keeps them alive). media_type is type/subtype,
+    e.g. text/markdown or image/svg+xml.
+    """
+    user = current_user()
+    media_type_check(media_type, field="media_type")
+    task = task_get_for_user(user=user, task_id=task_id)
+    if encoding == "base64":
+        try:
+            data = base64.b64decode(content, validate=True)
+        except (binascii.Error, ValueError):
+            raise ToolError(ERR_BASE64) from None
+    else:
+        data = content.encode("utf-8")
+    if not data:
+        raise ToolError(ERR_EMPTY)
+    if len(data) > MAX_STORE_BYTES:
+        raise ToolError(ERR_TOO_LARGE)
+    sources = artifacts_get(user=user, artifact_ids=source_refs)
+    artifact = task_artifact_upload(
+        task=task,
+        step_id=step_id,
+        stream=iter([data]),
+        media_type=media_type,
+        artifact_class=artifact_class,
+        title=title,
+        source_ids=[s.pk for s in sources],
+        max_bytes=MAX_STORE_BYTES,
     )
-    def task_resource(task_id: str) -> str:
-        from tasks.documents import task_get_for_user
+    doc = _artifact_doc(artifact)
+    doc["already_stored"] = not getattr(artifact, "_created", True)
+    if doc["already_stored"]:
+        doc["note"] = ALREADY_STORED.format(
+            id=artifact.pk,
+            artifact_class=artifact.artifact_class,
+            media_type=artifact.media_type,
+            title=artifact.title,
+        )
+    return doc
 
-        def read():
-            return _task_doc(
-                task_get_for_user(user=current_user(), task_id=_resource_id(task_id))
-            )
 
-        return json.dumps(_resource_read(read))
+# -- council ----------------------------------------------------------------------
 
-    @server.resource(
-        "pippa://artifact/{artifact_id}",
-        name="artifact",
-        description=(
-            "An artifact's metadata (JSON) and, for text such as SVG source, its "
-            "text; use the artifact_read tool for a widget's PNG preview."
-        ),
-        mime_type="application/json",
+
+@tool()
+def council_round_start(
+    conversation_id: Id,
+    topic: Annotated[str, Field(min_length=1, max_length=300)],
+    participants: Annotated[list[Participant], Field(min_length=1, max_length=20)],
+) -> dict[str, Any]:
+    """Start the next council round of a conversation with named participants.
+
+    Participants speak in the order given; council_context tells each one
+    what the earlier speakers said and made (as refs).
+    """
+    conversation = conversation_get_for_user(
+        user=current_user(), conversation_id=conversation_id
     )
-    def artifact_resource(artifact_id: str) -> str:
-        from artifacts.selectors import artifact_text_head
-        from tasks.documents import artifact_get, artifact_payload
+    council_round = council_round_create(
+        conversation=conversation,
+        topic=topic,
+        participants=[(p.name, p.brain) for p in _models(participants, Participant)],
+    )
+    return round_payload(council_round=council_round)
 
-        def read():
-            artifact = artifact_get(
-                user=current_user(), artifact_id=_resource_id(artifact_id)
-            )
-            doc = json.loads(json.dumps(artifact_payload(artifact), default=str))
-            doc["uri"] = _uri("artifact", artifact.pk)
-            head = artifact_text_head(artifact=artifact, limit=MAX_SOURCE_CHARS)
-            if head.is_text and not head.missing:
-                doc["text"] = head.text
-                doc["truncated"] = head.truncated
-            return doc
 
-        return json.dumps(_resource_read(read))
+@tool(read_only=True)
+def council_rounds(conversation_id: Id) -> list[dict[str, Any]]:
+    """List a conversation's council rounds with their participants' ids."""
+    conversation = conversation_get_for_user(
+        user=current_user(), conversation_id=conversation_id
+    )
+    return rounds_payload(conversation=conversation)
 
-    return server
+
+@tool(read_only=True)
+def council_context(round_id: Id, participant_id: Id | None = None) -> dict[str, Any]:
+    """Return the context the next speaker of a council round receives.
+
+    Earlier turns' text and artifact_refs[] (id, sha256, class, media type,
+    title, size, preview state, source_refs): refs, never payloads. To see a
+    widget, call artifact_read with its id: view='source' for the SVG
+    markup, view='preview' for the PNG. Read-only.
+    """
+    council_round = round_get_for_user(
+        user=current_user(), round_id=round_id, staff=False
+    )
+    return context_for(council_round=council_round, participant_id=participant_id)
+
+
+@tool()
+def council_turn_add(
+    round_id: Id,
+    participant_id: Id,
+    text: Annotated[str, Field(max_length=20000)] = "",
+    widget_svg: Annotated[str, Field(max_length=MAX_STORE_BYTES)] = "",
+    widget_title: Annotated[str, Field(max_length=300)] = "",
+    widget_source_refs: Annotated[list[Id], Field(max_length=50)] = [],  # noqa: B006
+    cites: Annotated[list[Id], Field(max_length=50)] = [],  # noqa: B006
+) -> dict[str, Any]:
+    """Speak in a council round: your text, an optional SVG widget, and citations.
+
+    The widget is stored as a class-4 (render) artifact and its PNG preview
+    is rendered now; later speakers receive both as refs in their
+    council_context. cites names artifacts (by id) you built on.
+    """
+    user = current_user()
+    council_round = round_get_for_user(user=user, round_id=round_id, staff=False)
+    participant = participant_get(
+        council_round=council_round, participant_id=participant_id
+    )
+    if not text.strip() and not widget_svg:
+        raise ToolError(ERR_NO_WIDGET_OR_TEXT)
+    sources = artifacts_get(user=user, artifact_ids=widget_source_refs)
+    cited = artifacts_get(user=user, artifact_ids=cites)
+    turn = council_turn_create(
+        council_round=council_round,
+        participant=participant,
+        text=text,
+        widget=widget_svg.encode("utf-8") if widget_svg else None,
+        widget_title=widget_title,
+        widget_source_ids=[s.pk for s in sources],
+        cites=[c.pk for c in cited],
+    )
+    produced = [
+        artifact_ref(link.artifact, role=link.role)
+        for link in turn.artifact_links.filter(
+            role=TurnArtifact.Role.PRODUCED
+        ).select_related("artifact")
+    ]
+    return {
+        "turn_id": turn.pk,
+        "order": turn.order,
+        "round_id": council_round.pk,
+        "artifact_refs": produced,
+    }
+
+
+# -- resources --------------------------------------------------------------------
 
 
 def _resource_id(raw: str) -> int:
@@ -909,6 +1176,45 @@ def _resource_id(raw: str) -> int:
 def _resource_read(read: Callable[[], Any]) -> Any:
     """Run a resource read as a door: owner-checked, 404 as resource-not-found."""
     try:
-        return door(read)()
+        return _connected(guarded(read))()
     except ToolError as exc:
         raise ResourceNotFoundError(str(exc)) from None
+
+
+@server.resource(
+    "pippa://task/{task_id}",
+    name="task",
+    description="A task and its plan with per-step status and output refs (JSON).",
+    mime_type="application/json",
+)
+def task_resource(task_id: str) -> str:
+    def read():
+        return _task_doc(
+            task_get_for_user(user=current_user(), task_id=_resource_id(task_id))
+        )
+
+    return json.dumps(_resource_read(read))
+
+
+@server.resource(
+    "pippa://artifact/{artifact_id}",
+    name="artifact",
+    description=(
+        "An artifact's metadata (JSON) and, for text such as SVG source, its "
+        "text; use the artifact_read tool for a widget's PNG preview."
+    ),
+    mime_type="application/json",
+)
+def artifact_resource(artifact_id: str) -> str:
+    def read():
+        artifact = artifact_get(
+            user=current_user(), artifact_id=_resource_id(artifact_id)
+        )
+        doc = _artifact_doc(artifact)
+        head = artifact_text_head(artifact=artifact, limit=MAX_SOURCE_CHARS)
+        if head.is_text and not head.missing:
+            doc["text"] = head.text
+            doc["truncated"] = head.truncated
+        return doc
+
+    return json.dumps(_resource_read(read))

@@ -1,16 +1,20 @@
 """gunicorn settings for ``make run``: ``gunicorn -c python:pippa_site.gunicorn_conf``.
 
-Threaded workers (gthread): a live task page polls every 2 s, and a handful of
-tabs must not queue behind one slow page. Request bodies are never read ahead
-by gunicorn: Django reads what a view asks for (bounded by
-DATA_UPLOAD_MAX_MEMORY_SIZE, and the API's streamed upload by
-PIPPA_MAX_UPLOAD_BYTES), and a body a view left unread is not buffered; the
-connection is closed instead. Headers and the request line are bounded here.
+gunicorn manages the processes (start, restart on a crash or after
+``max_requests``, graceful stop); each worker is uvicorn (``uvicorn-worker``)
+serving the ASGI application ``pippa_site.asgi``: Django, and the MCP SDK's
+streamable HTTP app at ``/mcp/``. A connection is a coroutine on the worker's
+event loop, not a thread: a client that trickles its headers or body, or
+holds a stream open, ties up nothing another client needs. Django's views run
+on ``PIPPA_WEB_THREADS`` threads per process (``pippa_site.sync_pool``), each
+borrowed only while a view runs. docs/serving-and-bench.md says why.
 """
 
 from __future__ import annotations
 
 import os
+
+from uvicorn_worker import UvicornWorker
 
 
 def _int(name: str, default: int) -> int:
@@ -18,28 +22,45 @@ def _int(name: str, default: int) -> int:
     return int(value) if value else default
 
 
+class PippaUvicornWorker(UvicornWorker):
+    """uvicorn with the site's bounds."""
+
+    CONFIG_KWARGS = {
+        "loop": "asyncio",
+        # h11: the request line and headers together are bounded (16 KiB; more
+        # is a 400 and the connection closes).
+        "http": "h11",
+        "h11_max_incomplete_event_size": 16 * 1024,
+        # The lifespan starts the MCP session manager and the thread pool.
+        "lifespan": "on",
+        # The client's address is the socket's: X-Forwarded-For counts only
+        # with PIPPA_BEHIND_PROXY (pippa_site.throttle.client_ip), never
+        # because a local client sent one.
+        "proxy_headers": False,
+        "server_header": False,
+        "date_header": True,
+        "timeout_graceful_shutdown": 20,
+    }
+
+
 bind = [f"{os.environ.get('HOST', '127.0.0.1')}:{os.environ.get('PORT', '8000')}"]
-wsgi_app = "pippa_site.wsgi:application"
-worker_class = "gthread"
-# One process per two cores, eight threads each. The machine also runs the
-# step workers, and a web process (one GIL) never takes more than one core from
-# them; threads carry the concurrency of many tabs polling. Each process keeps
-# its own drawn timeline rows (dashboard/rows.py), so fewer, threaded processes
-# draw each row fewer times: on 2 cores, in two consecutive load runs, 1 x 8
-# kept the workers at 0.97x their speed alone under 20 polling tabs, 2 x 4 at
-# 0.59x (a ratio the machine's load moves a lot: docs/serving-and-bench.md).
+wsgi_app = "pippa_site.asgi:application"
+worker_class = "pippa_site.gunicorn_conf.PippaUvicornWorker"
+# One process per two cores. The machine also runs the step workers, and a web
+# process (one GIL) never takes more than one core from them; its threads and
+# its event loop carry the concurrency of many tabs polling. Each process keeps
+# its own drawn timeline rows (dashboard/rows.py), so fewer processes draw each
+# row fewer times.
 workers = _int("PIPPA_WEB_WORKERS", max(1, (os.cpu_count() or 2) // 2))
-threads = _int("PIPPA_WEB_THREADS", 8)
-# A page is milliseconds; a streamed upload of 256 MiB on a slow link is not.
-timeout = _int("PIPPA_WEB_TIMEOUT", 120)
+# The heartbeat: a worker whose event loop stops answering for this long is
+# restarted. Views run on threads, so a slow page or upload does not count.
+timeout = _int("PIPPA_WEB_TIMEOUT", 60)
 graceful_timeout = 20
+# Idle keep-alive connections close after this many seconds.
 keepalive = 5
 # Recycle workers now and then so slow leaks cannot pile up.
 max_requests = 5000
 max_requests_jitter = 500
-limit_request_line = 8190
-limit_request_fields = 100
-limit_request_field_size = 8190
 # Two servers on one machine (tests, a second checkout) must not share a
 # control socket in $HOME; nothing here uses gunicornc.
 control_socket_disable = True

@@ -1,13 +1,14 @@
 """Settings for Pippa Stateful, read from the environment.
 
 Every knob has a default that lets a fresh checkout run: SQLite in the data
-dir, a secret key generated once and kept there, DEBUG off. The README's
-configuration table lists the variables.
+dir, a secret key generated once and kept there, DEBUG off. The table in
+docs/configuration.md lists the variables.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -248,6 +249,10 @@ AXES_COOLOFF_TIME = timedelta(minutes=env_int("PIPPA_LOGIN_COOLOFF_MINUTES", 15)
 # that pair, not Dad on his own machine.
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
+# A try refused during a lockout is not counted, so nobody sharing Dad's address
+# can keep him locked out by trying again: the cool-off runs from the failure
+# that locked.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
 AXES_LOCKOUT_CALLABLE = "pippa_site.throttle.lockout_response"
 AXES_CLIENT_IP_CALLABLE = "pippa_site.throttle.client_ip"
 AXES_VERBOSE = False
@@ -273,7 +278,8 @@ STORAGES = {
     },
 }
 
-# Request bodies: the WSGI server (gunicorn) streams them; Django reads at most
+# Request bodies: the ASGI server reads them (pippa_site/asgi.py refuses one
+# larger than a form before reading it, except the API's upload); Django reads at most
 # this much of a form or JSON body into memory (more is a 400), and spools
 # uploaded files to disk past FILE_UPLOAD_MAX_MEMORY_SIZE. The API's artifact
 # upload streams into the blob store up to PIPPA_MAX_UPLOAD_BYTES.
@@ -281,6 +287,14 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("PIPPA_MAX_FORM_BYTES", 2_621_440)
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
 DATA_UPLOAD_MAX_NUMBER_FILES = 10
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
+
+# Serving (pippa_site/asgi.py, gunicorn_conf.py), per web process: threads for
+# Django's synchronous views, and for MCP tool calls; MCP over HTTP's largest
+# request body and its requests in flight per token.
+PIPPA_WEB_THREADS = env_int("PIPPA_WEB_THREADS", 8)
+PIPPA_MCP_THREADS = env_int("PIPPA_MCP_THREADS", 4)
+PIPPA_MCP_MAX_BODY_BYTES = env_int("PIPPA_MCP_MAX_BODY_BYTES", 4 * 1024 * 1024)
+PIPPA_MCP_STREAMS_PER_TOKEN = env_int("PIPPA_MCP_STREAMS_PER_TOKEN", 8)
 
 # Executor knobs.
 PIPPA_LEASE_SECONDS = env_int("PIPPA_LEASE_SECONDS", 60)
@@ -303,6 +317,39 @@ PIPPA_MAX_UPLOAD_BYTES = env_int("PIPPA_MAX_UPLOAD_BYTES", 256 * 1024 * 1024)
 # The Messages API version the Anthropic adapter asks for (the anthropic-version
 # header): the one Anthropic's own Python SDK sends as of anthropic 2.14.
 PIPPA_ANTHROPIC_VERSION = env_str("PIPPA_ANTHROPIC_VERSION", "2026-10-21")
+
+# Notifications: a step that starts waiting for a person tells its owner
+# (tasks.notify, docs/notifications.md). The site's Apprise URLs, comma
+# separated: a mailto:// or mailtos:// one is the mail server through which
+# users' e-mail addresses are reached. A comma inside one URL (to=a,b) stays.
+PIPPA_NOTIFY_URLS = [
+    url.strip(" ,")
+    for url in re.split(
+        r",\s*(?=[A-Za-z][A-Za-z0-9+.-]*://)", env_str("PIPPA_NOTIFY_URLS")
+    )
+    if url.strip(" ,")
+]
+
+
+def _site_url() -> str:
+    """Where links in messages point: PIPPA_SITE_URL, or the first plain allowed host."""
+    hosts = [h for h in ALLOWED_HOSTS if h not in ("*",) and not h.startswith(".")]
+    scheme = "https" if HTTPS else "http"
+    return f"{scheme}://{(hosts or ['127.0.0.1'])[0]}:{env_int('PORT', 8000)}"
+
+
+PIPPA_SITE_URL = (env_str("PIPPA_SITE_URL") or _site_url()).rstrip("/")
+# A first notice waits this long for others to go in the same message; after a
+# message, an owner's next one waits out the window (several decisions within
+# a few minutes become one message).
+PIPPA_NOTIFY_DELAY_SECONDS = env_float("PIPPA_NOTIFY_DELAY_SECONDS", 30.0)
+PIPPA_NOTIFY_WINDOW_SECONDS = env_float("PIPPA_NOTIFY_WINDOW_SECONDS", 300.0)
+# A message that could not be sent is tried again after base * 2**(n-1),
+# capped, jittered (tasks.faults.backoff_delay), for as long as its step waits.
+PIPPA_NOTIFY_RETRY_BASE_SECONDS = env_float("PIPPA_NOTIFY_RETRY_BASE_SECONDS", 30.0)
+PIPPA_NOTIFY_RETRY_MAX_SECONDS = env_float("PIPPA_NOTIFY_RETRY_MAX_SECONDS", 3600.0)
+# A worker's claim on a message while it sends; a dead worker's runs out.
+PIPPA_NOTIFY_CLAIM_SECONDS = env_int("PIPPA_NOTIFY_CLAIM_SECONDS", 120)
 
 LOGGING = {
     "version": 1,

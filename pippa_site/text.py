@@ -6,8 +6,17 @@ the page would then write it raw. So every door refuses such text with a
 clear 4xx before it reaches a database (``text_check``, ``json_check``), on
 both engines alike.
 
-Titles also lose their bidi embedding, override and isolate controls
-(``title_clean``): a title must not flip the text that follows it on a page.
+JSON values are checked to any depth: past ``MAX_JSON_DEPTH`` levels of
+nesting the value is refused (``TextError`` too), never passed on unchecked.
+
+Titles and council turn text lose their bidi embedding, override and isolate
+controls (``title_clean``, ``bidi_strip``): text must not flip what follows it
+on a page.
+
+A media type must be ``type/subtype`` (RFC 6838's token characters, optional
+``; name=value`` parameters, no CR, LF or other control characters):
+``media_type_check`` is the one rule every door applies before a media type
+is stored or later sent as a header.
 """
 
 from __future__ import annotations
@@ -26,6 +35,21 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 # LRE, RLE, PDF, LRO, RLO and LRI, RLI, FSI, PDI.
 _BIDI_CONTROLS = re.compile("[\u202a-\u202e\u2066-\u2069]")
 MAX_JSON_DEPTH = 64
+ERR_TOO_DEEP = "{field} is nested more than {depth} levels deep; send flatter JSON"
+ERR_MEDIA_TYPE = (
+    "{field} must be a media type such as text/plain or image/svg+xml"
+    " (type/subtype, optional ; parameters), not {value!r}"
+)
+MAX_MEDIA_TYPE = 255
+# RFC 6838 section 4.2 names (restricted-name), and RFC 9110 parameters
+# (token = token / quoted-string), with optional spaces around ";" and no
+# control characters anywhere.
+_NAME = r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}"
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_QUOTED = r'"(?:[\t !#-\[\]-~]|\\[\t !-~])*"'
+_MEDIA_TYPE = re.compile(
+    rf"{_NAME}/{_NAME}(?:[ \t]*;[ \t]*{_TOKEN}=(?:{_TOKEN}|{_QUOTED}))*"
+)
 
 
 class TextError(Invalid):
@@ -47,9 +71,13 @@ def text_check(value: str, *, field: str = "text") -> str:
 
 
 def json_check(value: Any, *, field: str = "value", _depth: int = 0) -> Any:
-    """``text_check`` every string (keys too) inside a JSON-like value."""
+    """``text_check`` every string (keys too) inside a JSON-like value.
+
+    A value nested deeper than ``MAX_JSON_DEPTH`` is refused as a whole
+    (``TextError``): nothing deeper goes on unchecked.
+    """
     if _depth > MAX_JSON_DEPTH:
-        return value
+        raise TextError(ERR_TOO_DEEP.format(field=field, depth=MAX_JSON_DEPTH))
     if isinstance(value, str):
         return text_check(value, field=field)
     if isinstance(value, dict):
@@ -60,6 +88,40 @@ def json_check(value: Any, *, field: str = "value", _depth: int = 0) -> Any:
         for item in value:
             json_check(item, field=field, _depth=_depth + 1)
     return value
+
+
+def media_type_check(value: str, *, field: str = "media type") -> str:
+    """Return ``value`` if it is a ``type/subtype`` media type, else raise ``TextError``.
+
+    Refuses CR, LF and every other control character, so a stored media type
+    can always be sent back as a ``Content-Type`` header.
+    """
+    if (
+        not isinstance(value, str)
+        or len(value) > MAX_MEDIA_TYPE
+        or not _MEDIA_TYPE.fullmatch(value)
+    ):
+        shown = value[:80] if isinstance(value, str) else value
+        raise TextError(ERR_MEDIA_TYPE.format(field=field, value=shown))
+    return value
+
+
+def media_type_clean(value: str, *, default: str = "application/octet-stream") -> str:
+    """Return ``value`` if it is a media type by ``media_type_check``, else ``default``.
+
+    For media types written by machines (a tool's result), where refusing
+    would lose a result: people's and agents' input is refused first by
+    ``media_type_check`` at the door.
+    """
+    try:
+        return media_type_check(value)
+    except TextError:
+        return default
+
+
+def bidi_strip(value: str) -> str:
+    """Return ``value`` without bidi embedding, override and isolate controls."""
+    return _BIDI_CONTROLS.sub("", value or "")
 
 
 def title_clean(value: str) -> str:

@@ -5,18 +5,33 @@ Logins go through ``django.contrib.auth.authenticate``, which axes watches
 (``AxesStandaloneBackend`` refuses a locked-out name and address; its
 middleware answers with ``registration/locked_out.html``, status 429).
 
-An API token is not a username and password, so the bearer check reports its
-failures to axes itself: a failed token is ``user_login_failed`` for the name
-``API_TOKEN_NAME`` from the client's address, and a locked-out address gets 429
-before its token is even looked up. The limit, the cool-off and the reset
-commands (``axes_reset_ip``, ``axes_reset_username``) are the ones for logins.
+An API token is not a username and password, so the bearer check
+(``api_token_user``, for the API and MCP doors alike) reports its failures to
+axes itself: a failed token is ``user_login_failed`` for the name
+``API_TOKEN_NAME`` from the client's address. A valid token is looked up
+first and always answers, so only failing tokens are throttled: a stranger
+guessing from Dad's address cannot lock out Dad's runner, and a good token
+never clears the address's failures (one valid token would otherwise reset a
+guesser's count). The limit, the cool-off and the reset commands
+(``axes_reset_ip``, ``axes_reset_username``) are the ones for logins.
+
+Lockouts cannot be extended by trying again: a try refused during a lockout
+is not counted (``AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False`` for
+logins, the same rule here for tokens), so the cool-off runs from the failure
+that locked. Every 429 says in ``Retry-After`` how many seconds are left.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from datetime import timedelta
+
 from django.conf import settings
 from django.contrib.auth.signals import user_login_failed
+from django.db.models import Max
 from django.http import HttpRequest
+from django.utils import timezone
 
 # The "username" a failed bearer token is counted under.
 API_TOKEN_NAME = "api-token"
@@ -51,22 +66,47 @@ def api_token_failed(request: HttpRequest) -> None:
     user_login_failed.send(sender=__name__, credentials=_credentials(), request=request)
 
 
-def api_token_succeeded(request: HttpRequest) -> None:
-    """A good token clears this address's failed token attempts (as a login does)."""
-    from axes.utils import reset
+class TokenLockedOut(Exception):
+    """A failing token from an address that is locked out (429, ``Retry-After``)."""
 
-    if settings.AXES_ENABLED and settings.AXES_RESET_ON_SUCCESS:
-        address = client_ip(request)
-        if address and _has_failures(address):
-            reset(ip=address, username=API_TOKEN_NAME)
+    def __init__(self, seconds: int):
+        self.seconds = seconds
+        minutes = max(1, math.ceil(seconds / 60))
+        super().__init__(ERR_API_LOCKED.format(minutes=minutes))
 
 
-def _has_failures(address: str) -> bool:
+def api_token_user(request: HttpRequest, *, raw: str, authenticate: Callable):
+    """Return the user of bearer token ``raw``, or None for a token that fails.
+
+    1. A valid token answers at once, whatever the address's failures: only
+       failing tokens are throttled, and a good one clears nothing.
+    2. A failing token from a locked-out address raises ``TokenLockedOut``,
+       uncounted (counting it would extend the lockout).
+    3. Any other failing token is counted against the address.
+    """
+    user = authenticate(raw=raw)
+    if user is not None:
+        return user
+    if api_token_locked_out(request):
+        raise TokenLockedOut(lockout_seconds_left(request, username=API_TOKEN_NAME))
+    api_token_failed(request)
+    return None
+
+
+def lockout_seconds_left(request: HttpRequest, *, username: str | None) -> int:
+    """Seconds until the lockout of ``username`` from this address ends (at least 1)."""
     from axes.models import AccessAttempt
 
-    return AccessAttempt.objects.filter(
-        ip_address=address, username=API_TOKEN_NAME
-    ).exists()
+    cooloff = settings.AXES_COOLOFF_TIME
+    if not isinstance(cooloff, timedelta):
+        cooloff = timedelta(hours=float(cooloff or 0))
+    latest = AccessAttempt.objects.filter(
+        ip_address=client_ip(request), username=username
+    ).aggregate(latest=Max("attempt_time"))["latest"]
+    if latest is None:
+        return max(1, math.ceil(cooloff.total_seconds()))
+    left = latest + cooloff - timezone.now()
+    return max(1, math.ceil(left.total_seconds()))
 
 
 ERR_API_LOCKED = (
@@ -80,10 +120,13 @@ def lockout_response(request: HttpRequest, original_response, credentials):
     from django.http import JsonResponse
     from django.shortcuts import render
 
-    minutes = int(settings.AXES_COOLOFF_TIME.total_seconds() // 60)
+    seconds = lockout_seconds_left(
+        request, username=(credentials or {}).get("username")
+    )
     if request.path.startswith("/api/"):
         response = JsonResponse(
-            {"detail": ERR_API_LOCKED.format(minutes=minutes)}, status=429
+            {"detail": ERR_API_LOCKED.format(minutes=max(1, math.ceil(seconds / 60)))},
+            status=429,
         )
     else:
         response = render(
@@ -95,5 +138,5 @@ def lockout_response(request: HttpRequest, original_response, credentials):
             },
             status=429,
         )
-    response["Retry-After"] = str(int(settings.AXES_COOLOFF_TIME.total_seconds()))
+    response["Retry-After"] = str(seconds)
     return response

@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 
+from api import notify_views
 from api import views as api_views
 from api.api import api
 from pippa_mcp.views import mcp_endpoint
@@ -15,11 +16,17 @@ urlpatterns = [
     path("artifacts/", include("artifacts.urls")),
     path("council/", include("council.urls")),
     path("api/v1/", api.urls),
-    # Streamable HTTP MCP; both spellings, since a POST cannot follow a slash redirect.
+    # Streamable HTTP MCP: pippa_site.asgi routes both spellings to the SDK's
+    # transport before Django; a WSGI server reaching these says so (501).
     path("mcp/", mcp_endpoint, name="mcp"),
     path("mcp", mcp_endpoint),
     # Anything else under the API answers in the API's own words (JSON 404).
     re_path(r"^api/", api_views.api_not_found),
     path("settings/tokens/", include("api.urls")),
+    path(
+        "settings/notifications/",
+        notify_views.notify_settings,
+        name="notify_settings",
+    ),
     path("", include("dashboard.urls")),
 ]

@@ -1,3 +1,10 @@
+"""WSGI entry point, for ``manage.py runserver`` and Django's test live server.
+
+The site is served as ASGI (``pippa_site/asgi.py``: ``make run``, ``make dev``);
+under WSGI everything but MCP over HTTP works, and ``/mcp/`` answers 501 saying
+so (``pippa_mcp.views``).
+"""
+
 from __future__ import annotations
 
 import os

@@ -22,13 +22,18 @@ from tasks.executor import outcome_preview, step, step_adopt
 from tasks.lease import lease_drop, lease_refuse_live
 from tasks.models import TASK_OPEN, Event, LinkRole, Step, Task, TaskArtifact
 from tasks.resume import (
+    ADOPT,
+    CALL_AGAIN,
     Envelope,
+    ResumeAdvice,
     envelope_read,
     payload_intact,
+    resume_advice,
     source_ids_for,
     sources_alive,
 )
 from tasks.services import events_append
+from tasks.words import CHOICES, OUTSIDE_RERUN, OUTSIDE_RETRY, RULE_WORDS
 
 ERR_NOT_RETRYABLE = (
     "only a failed or needs-review step can be retried (step {position} is {status})"
@@ -57,15 +62,21 @@ ERR_BRANCH_NOTHING = (
 
 # What a runner is told when no step ran (step_run).
 ERR_NOTHING_TO_RUN = "nothing to run: the task is {status}"
-ERR_PAUSED = "the task is paused; resume it first (POST /tasks/{id}/resume)"
+# The API's wording; the MCP door names its own tool (StepRun.waiting).
+ERR_PAUSED = "the task is paused; resume it first (POST /api/v1/tasks/{id}/resume)"
 ERR_ALL_DONE = "every step is finished: the task is {status}"
 ERR_BLOCKED = "step {position} is {status}: a person must retry or resolve it"
+ERR_NO_DECISION = "step {position} is {status}: it waits for no decision"
+ERR_NOT_A_CHOICE = "{action!r} is not a way forward for step {position} now; the choices are: {allowed}"
+ERR_CONFIRM = (
+    "“{title}” acts outside Pippa ({tool}): {label} may reach the outside world a"
+    " second time. {warning} Confirm to go ahead."
+)
 ERR_LEASE_BUSY = (
     "another worker ({owner}) holds the task's lease until {until}; try again later"
 )
 
 ACTIONS = ("adopt", "rerun", "fail", "skip")
-FINISHED = (Step.Status.DONE, Step.Status.SKIPPED)
 
 
 class ActionError(Conflict):
@@ -95,7 +106,7 @@ def _settle(
     so a paused task goes back to the worker queue instead of staying paused.
     """
     statuses = list(Step.objects.filter(task=task).values_list("status", flat=True))
-    done = sum(1 for s in statuses if s in FINISHED)
+    done = sum(1 for s in statuses if s in Step.Status.finished())
     if Step.Status.NEEDS_REVIEW in statuses:
         status = Task.Status.NEEDS_REVIEW
     elif Step.Status.FAILED in statuses:
@@ -265,8 +276,9 @@ def step_retry(*, step: Step, actor: str = "") -> Step:
 def task_branch(*, task: Task, after_position: int, actor: str = "") -> Task:
     """Make a new task in the same conversation keeping steps 1..k and their outputs.
 
-    1. Refuse a ``k`` out of range, or one that keeps an unfinished step.
-    2. Create the branch task, done if it keeps every step, else queued.
+    1. Refuse a ``k`` out of range, one that keeps every step (the branch
+       would have nothing to run), or one that keeps an unfinished step.
+    2. Create the branch task, queued.
     3. Copy every step: kept ones with their status, attempts and output,
        the rest as new pending steps; link the kept outputs as referenced.
     4. Log ``task_branched`` on both tasks.
@@ -314,7 +326,7 @@ def _branch_check(steps: list[Step], after_position: int) -> None:
     if after_position == len(steps):
         raise ActionError(ERR_BRANCH_NOTHING)
     for s in steps[:after_position]:
-        if s.status not in FINISHED:
+        if not s.is_finished:
             raise ActionError(
                 ERR_BRANCH_UNFINISHED.format(
                     position=s.position, status=s.get_status_display()
@@ -487,6 +499,136 @@ def _resolve_locked(*, step: Step, action: str, actor: str):
     return outcome
 
 
+# -- deciding a step that waits for a person ---------------------------------------
+
+# Resume advice that needs no decision from a person.
+NO_DECISION = ("wait", "run", "none")
+# A step in one of these may wait for a person (a running one only when its
+# worker is gone and its call was left open).
+ATTENTION_STEPS = (Step.Status.RUNNING, Step.Status.NEEDS_REVIEW, Step.Status.FAILED)
+
+
+@dataclass
+class Choice:
+    """One way forward for a step that needs a person."""
+
+    action: str  # adopt, rerun, retry, skip, fail
+    label: str
+    words: str
+    recommended: bool = False
+    confirm: bool = False  # reaches outside again: asked to confirm first
+    warning: str = ""
+
+
+@dataclass
+class Decision:
+    """A step that waits for a person: what resume would do, and the choices."""
+
+    step: Step
+    advice: ResumeAdvice
+    options: list[str]  # what step_resolve allows (step_resolve_options)
+    choices: list[Choice]
+
+    @property
+    def plain_words(self) -> str:
+        return RULE_WORDS.get(self.advice.rule, "")
+
+
+def step_decision(*, step: Step, task: Task) -> Decision | None:
+    """Return the decision ``step`` waits for, or None when it waits for none.
+
+    The one source of the decision card's choices: the dashboard draws them
+    and the MCP door offers them, in the words of ``tasks.words``.
+    A cancelled task waits for no decision.
+    """
+    if task.status == Task.Status.CANCELLED or step.status not in ATTENTION_STEPS:
+        return None
+    advice = resume_advice(step, task=task)
+    if advice.action in NO_DECISION:
+        return None
+    options = list(step_resolve_options(step))
+    return Decision(
+        step=step,
+        advice=advice,
+        options=options,
+        choices=step_choices(step=step, advice=advice, options=options),
+    )
+
+
+def step_choices(
+    *, step: Step, advice: ResumeAdvice, options: list[str]
+) -> list[Choice]:
+    """The ways forward for a step that needs a person, the one Pippa would take first."""
+    wanted = {ADOPT: "adopt", CALL_AGAIN: "rerun"}.get(advice.action)
+    chosen = list(options)
+    if step.status in (Step.Status.FAILED, Step.Status.NEEDS_REVIEW):
+        # Starting over is a retry (a new request); for a plain failure it
+        # replaces "run the same call again", which would say the same.
+        if "rerun" in chosen and not step.side_effects:
+            chosen.remove("rerun")
+        chosen.insert(
+            chosen.index("fail") if "fail" in chosen else len(chosen), "retry"
+        )
+    choices = []
+    for action in chosen:
+        label, words = CHOICES[action]
+        choice = Choice(action=action, label=label, words=words)
+        if action == wanted:
+            choice.recommended = True
+        if step.side_effects and action in ("rerun", "retry"):
+            choice.confirm = True
+            choice.warning = OUTSIDE_RERUN if action == "rerun" else OUTSIDE_RETRY
+        choices.append(choice)
+    choices.sort(key=lambda c: not c.recommended)
+    return choices
+
+
+def step_decide(
+    *, step: Step, action: str, confirmed: bool = False, actor: str = ""
+) -> Step:
+    """Take one of the decision card's choices for a step that waits for a person.
+
+    1. Refuse a step that waits for no decision, and an action the card does
+       not offer now (``step_decision``).
+    2. A choice that reaches outside Pippa again (``confirm``) needs
+       ``confirmed``, as the dashboard's confirmation page does.
+    3. ``retry`` is ``step_retry``; every other choice is ``step_resolve``.
+    """
+    step = Step.objects.select_related("task").get(pk=step.pk)
+    decision = step_decision(step=step, task=step.task)
+    if decision is None:
+        raise ActionError(
+            ERR_NO_DECISION.format(
+                position=step.position, status=step.get_status_display()
+            )
+        )
+    choice = next((c for c in decision.choices if c.action == action), None)
+    if choice is None:
+        raise ActionError(
+            ERR_NOT_A_CHOICE.format(
+                action=action,
+                position=step.position,
+                allowed=", ".join(c.action for c in decision.choices),
+            )
+        )
+    if choice.confirm and not confirmed:
+        raise ConfirmationNeeded(
+            ERR_CONFIRM.format(
+                title=step.title,
+                tool=step.tool,
+                label=f"“{choice.label}”",
+                warning=choice.warning,
+            )
+        )
+    if action == "retry":
+        return step_retry(step=step, actor=actor)
+    return step_resolve(step=step, action=action, actor=actor)
+
+
+class ConfirmationNeeded(ActionError):
+    """A choice that reaches outside Pippa again, asked without confirmation."""
+
+
 # -- a runner's step -----------------------------------------------------------------
 
 
@@ -498,6 +640,9 @@ class StepRun:
     lease_busy: bool = False
     invoked: bool = False
     rule: str = ""
+    # Why nothing ran, for a door to word its own way forward: "paused", or
+    # "decision" (a step waits for a person).
+    waiting: str = ""
 
 
 def step_run(*, task, worker_id: str) -> StepRun:
@@ -512,7 +657,12 @@ def step_run(*, task, worker_id: str) -> StepRun:
     task.refresh_from_db()
     if outcome is None:
         if task.status == Task.Status.PAUSED:
-            return StepRun(ran=False, detail=ERR_PAUSED.format(id=task.pk), step=None)
+            return StepRun(
+                ran=False,
+                detail=ERR_PAUSED.format(id=task.pk),
+                step=None,
+                waiting="paused",
+            )
         if task.lease_live and task.lease_owner != worker_id:
             until = task.lease_expires_at.isoformat()
             return StepRun(
@@ -536,10 +686,12 @@ def step_run(*, task, worker_id: str) -> StepRun:
         detail = outcome.error or ERR_BLOCKED.format(
             position=step_row.position, status=step_row.get_status_display()
         )
+    waits = step_row.status in (Step.Status.FAILED, Step.Status.NEEDS_REVIEW)
     return StepRun(
         ran=ran,
         detail=detail[:2000],
         step=step_row,
         invoked=outcome.invoked,
         rule=outcome.rule,
+        waiting="decision" if waits else "",
     )

@@ -339,14 +339,12 @@ class StepInline(StepShownMixin, admin.TabularInline):
 
 def _branch_choices(steps: list[Step]) -> list[tuple[int, str, list[Step]]]:
     """Return (k, label, kept steps) for every k a branch may keep: 0 up to the
-    last step of the unbroken run of finished steps (task_branch's rule)."""
+    last step of the unbroken run of finished steps, short of the plan's last
+    step (task_branch's rule)."""
     choices = [(0, "Keep no step: start the plan over", [])]
     for n, step in enumerate(steps, start=1):
         # After the last step a branch would be a copy that changes nothing.
-        if n == len(steps) or step.status not in (
-            Step.Status.DONE,
-            Step.Status.SKIPPED,
-        ):
+        if n == len(steps) or not step.is_finished:
             break
         choices.append((n, f"Keep steps 1–{n}, continue from step {n + 1}", steps[:n]))
     return choices

@@ -69,6 +69,7 @@ from artifacts.store import BlobStore, default_store
 from pippa_site.private import loose_paths
 from tasks.lease import lease_release
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
+from tasks.notify import notify_step_waiting
 from tasks.resume import CLOSING_KINDS
 from tasks.services import event_append
 from tasks.statements import LEASE_DEAD
@@ -445,9 +446,10 @@ def _envelope_close(event_id: int, task_id: int, step_id: int) -> bool:
             "reason": ENVELOPE_OPEN_REASON.format(status=task.status),
             "event": event_id,
         }
-        Step.objects.filter(pk=step_id, status=Step.Status.RUNNING).update(
+        if Step.objects.filter(pk=step_id, status=Step.Status.RUNNING).update(
             status=Step.Status.NEEDS_REVIEW, error=data["reason"]
-        )
+        ):
+            notify_step_waiting(step_id=step_id, reason=Step.Status.NEEDS_REVIEW)
         Task.objects.filter(pk=task_id).exclude(
             status__in=[Task.Status.DONE, Task.Status.FAILED, Task.Status.CANCELLED]
         ).update(status=Task.Status.NEEDS_REVIEW, updated_at=timezone.now())

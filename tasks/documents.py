@@ -3,7 +3,9 @@
 The doors for programs (the JSON API, the MCP server, the brain runner's
 in-process backend) all use these, so a brain sees the same documents
 whichever way it is connected. Another user's object is reported exactly like
-a missing one (Http404).
+a missing one (Http404). The dashboard reads conversations and tasks through
+the same two getters, passing ``staff=True`` where staff see every row
+(``pippa_site.owners``); a program's door never does.
 """
 
 from __future__ import annotations
@@ -21,28 +23,31 @@ ERR_NO_TASK = "task {id} not found (or not yours)"
 ERR_NO_ARTIFACT = "artifact {id} not found (or not yours)"
 
 
-def conversation_get_for_user(*, user, conversation_id: int) -> Conversation:
-    found = Conversation.objects.owned_by(user).filter(pk=conversation_id).first()
-    if found is None:
-        raise Http404(ERR_NO_CONVERSATION.format(id=conversation_id))
-    return found
-
-
-def task_get_for_user(*, user, task_id: int) -> Task:
-    found = (
-        Task.objects.filter(conversation__in=Conversation.objects.owned_by(user))
-        .filter(pk=task_id)
-        .first()
+def conversation_get_for_user(
+    *, user, conversation_id: int, staff: bool = False
+) -> Conversation:
+    """Return the conversation if ``user`` may see it (``pippa_site.owners``:
+    their own; every one to staff only with ``staff=True``); else Http404."""
+    return Conversation.objects.select_related("owner").get_for_user(
+        user,
+        conversation_id,
+        staff=staff,
+        error=ERR_NO_CONVERSATION.format(id=conversation_id),
     )
-    if found is None:
-        raise Http404(ERR_NO_TASK.format(id=task_id))
-    return found
+
+
+def task_get_for_user(*, user, task_id: int, staff: bool = False) -> Task:
+    """Return the task if ``user`` may see its conversation (as
+    ``conversation_get_for_user``); else Http404."""
+    return Task.objects.select_related(
+        "conversation", "conversation__owner", "branched_from"
+    ).get_for_user(user, task_id, staff=staff, error=ERR_NO_TASK.format(id=task_id))
 
 
 def artifact_get(*, user, artifact_id: int) -> Artifact:
     """The user's own artifact (staff too see only their own), with an API-worded 404."""
     try:
-        return artifact_get_for_user(user=user, artifact_id=artifact_id, staff=False)
+        return artifact_get_for_user(user=user, artifact_id=artifact_id)
     except Http404:
         raise Http404(ERR_NO_ARTIFACT.format(id=artifact_id)) from None
 
@@ -55,22 +60,34 @@ def artifacts_get(*, user, artifact_ids) -> list[Artifact]:
     ]
 
 
-def artifact_ref_payload(artifact: Artifact | None) -> dict[str, Any] | None:
-    if artifact is None:
-        return None
+# -- the shapes: one artifact ref, one step, one task --------------------------
+# Every door that shows a program these rows builds them here: the task
+# document (the API, MCP's get_task), the resume context (tasks.resume), the
+# council's refs (council.services) and MCP's task list. The API's response
+# schemas (api.api: ArtifactRefOut, StepOut, TaskSummaryOut, TaskOut) mirror
+# them, and tests/api/test_shapes.py holds the two to the same keys.
+
+
+def artifact_ref(artifact: Artifact) -> dict[str, Any]:
+    """The ref of an artifact a program reads: metadata and sha, never the payload."""
     return {
         "id": artifact.pk,
         "sha256": artifact.sha256,
         "artifact_class": artifact.artifact_class,
+        "class_label": artifact.class_label,
         "media_type": artifact.media_type,
         "title": artifact.title,
         "size": artifact.size,
     }
 
 
+def artifact_ref_payload(artifact: Artifact | None) -> dict[str, Any] | None:
+    return None if artifact is None else artifact_ref(artifact)
+
+
 def artifact_payload(artifact: Artifact) -> dict[str, Any]:
     return {
-        **artifact_ref_payload(artifact),
+        **artifact_ref(artifact),
         "source_refs": list(
             artifact.source_links.order_by("position", "id").values_list(
                 "source_id", flat=True
@@ -82,6 +99,7 @@ def artifact_payload(artifact: Artifact) -> dict[str, Any]:
 
 
 def step_payload(step: Step) -> dict[str, Any]:
+    """A step of a plan: what it runs, its class, where it stands, its output's ref."""
     return {
         "id": step.pk,
         "position": step.position,
@@ -98,10 +116,8 @@ def step_payload(step: Step) -> dict[str, Any]:
     }
 
 
-def task_payload(task: Task) -> dict[str, Any]:
-    """The task as it is in the database now, with its steps in order."""
-    task.refresh_from_db()
-    steps = task.steps.select_related("output").order_by("position")
+def task_summary(task: Task) -> dict[str, Any]:
+    """A task without its steps: status and progress (a task list's row)."""
     return {
         "id": task.pk,
         "conversation_id": task.conversation_id,
@@ -111,7 +127,20 @@ def task_payload(task: Task) -> dict[str, Any]:
         "steps_total": task.steps_total,
         "steps_done": task.steps_done,
         "lease_owner": task.lease_owner,
-        "steps": [step_payload(s) for s in steps],
+    }
+
+
+def task_steps(task: Task) -> list[Step]:
+    """The task's steps in order, each with its output row joined."""
+    return list(task.steps.select_related("output").order_by("position"))
+
+
+def task_payload(task: Task) -> dict[str, Any]:
+    """The task as it is in the database now, with its steps in order."""
+    task.refresh_from_db()
+    return {
+        **task_summary(task),
+        "steps": [step_payload(s) for s in task_steps(task)],
     }
 
 

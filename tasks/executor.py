@@ -78,6 +78,7 @@ from tasks.lease import (
     lease_unreserve,
 )
 from tasks.models import Conversation, Event, LinkRole, Step, Task
+from tasks.notify import notify_step_waiting
 from tasks.resume import (
     ADOPT,
     CALL_AGAIN,
@@ -313,6 +314,7 @@ def _started_entry(row: StepRow, worker_id: str) -> tuple:
 
 def _fail_exhausted(cursor, row: StepRow, worker_id: str, pre: list) -> StepOutcome:
     cursor.execute(sql.STEP_FAIL, [S.FAILED, _dt(timezone.now()), row.id])
+    notify_step_waiting(step_id=row.id, owner_id=row.owner_id, reason="failed")
     entries = [
         *pre,
         (
@@ -627,6 +629,7 @@ def _record_failure(
             data["next_attempt_at"] = next_at.isoformat()
         entries = [(Event.Kind.TOOL_CALL_FAILED, row.id, data)]
         if exhausted:
+            notify_step_waiting(step_id=row.id, owner_id=row.owner_id, reason="failed")
             entries.append((Event.Kind.STEP_FAILED, row.id, {"attempts": row.attempts}))
             task_status = lease_close(
                 cursor, row.task_id, worker_id, Task.Status.FAILED, entries
@@ -861,6 +864,7 @@ def step_needs_review(
     belongs here, in the same transaction.
     """
     cursor.execute(sql.STEP_NEEDS_REVIEW, [S.NEEDS_REVIEW, advice.words, row.id])
+    notify_step_waiting(step_id=row.id, owner_id=row.owner_id, reason="needs_review")
     entries = [
         (Event.Kind.UNCERTAIN_RESOLVED, row.id, note),
         (

@@ -47,15 +47,17 @@ def _output_lines(artifact) -> list[str]:
 
 def task_owners(artifact, user) -> list[OwnerLink]:
     """The tasks that link or output ``artifact``, each once, as ``user`` sees them."""
-    links = TaskArtifact.objects.filter(artifact=artifact).select_related(
-        "task", "task__conversation"
+    # The artifact's page is a dashboard page: staff see every keeper there.
+    links = (
+        TaskArtifact.objects.for_user(user, staff=True)
+        .filter(artifact=artifact)
+        .select_related("task", "task__conversation")
     )
-    outputs = Step.objects.filter(output=artifact).select_related(
-        "task", "task__conversation"
+    outputs = (
+        Step.objects.for_user(user, staff=True)
+        .filter(output=artifact)
+        .select_related("task", "task__conversation")
     )
-    if not user.is_staff:
-        links = links.filter(task__conversation__owner=user)
-        outputs = outputs.filter(task__conversation__owner=user)
     owners: list[OwnerLink] = []
     seen: set[int] = set()
     for link in links.order_by("task_id", "role"):

@@ -7,11 +7,21 @@ from django.urls import reverse
 from django.utils import timezone
 
 from artifacts.models import ArtifactClass
+from pippa_site.owners import OwnedQuerySet
 
 ERR_EVENT_IMMUTABLE = "events are append-only: an existing event cannot be changed"
 ERR_EVENT_DELETE = (
     "events are append-only: they leave only with their task's conversation"
 )
+ERR_CONVERSATION_DELETE = (
+    "a conversation leaves only through tasks.services.conversation_delete"
+    "(conversation_id=...), which removes its subtree in one locked transaction,"
+    " then the artifacts nothing keeps and their blobs"
+)
+
+
+class DeleteRefused(Exception):
+    """A ``delete()`` on a model whose rows leave only through a service."""
 
 
 class EventImmutable(Exception):
@@ -30,37 +40,14 @@ class Brain(models.TextChoices):
     OTHER = "other", "Other"
 
 
-class ConversationQuerySet(models.QuerySet):
-    def for_user(self, user) -> ConversationQuerySet:
-        """What the dashboard shows ``user``: their own, or everything to staff."""
-        if user.is_staff:
-            return self
-        return self.filter(owner=user)
-
+class ConversationQuerySet(OwnedQuerySet):
     def owned_by(self, user) -> ConversationQuerySet:
-        """The user's own conversations, staff or not: what an API token reaches."""
-        return self.filter(owner=user)
+        """The user's own conversations: ``for_user(user)``, under its old name
+        for ``pippa_mcp`` until it calls ``for_user``."""
+        return self.for_user(user)
 
     def delete(self):
-        """Delete every conversation through ``conversation_delete``.
-
-        A bulk delete from the admin or the shell must not skip the artifact
-        rule or the blob sweep, so there is no second way out.
-        """
-        # The one import back from the service to its model's module (the
-        # service needs the models first); import-linter knows it.
-        from tasks.services import conversation_delete
-
-        reports = [
-            conversation_delete(conversation_id=pk)
-            for pk in self.values_list("pk", flat=True)
-        ]
-        removed = sum(r.total_removed for r in reports)
-        counts: dict[str, int] = {}
-        for report in reports:
-            for label, n in report.removed_counts().items():
-                counts[label] = counts.get(label, 0) + n
-        return removed, counts
+        raise DeleteRefused(ERR_CONVERSATION_DELETE)
 
     delete.alters_data = True
     delete.queryset_only = True
@@ -96,15 +83,14 @@ class Conversation(models.Model):
         return reverse("tasks:conversation", args=[self.pk])
 
     def delete(self, using=None, keep_parents=False):
-        from tasks.services import conversation_delete  # as in QuerySet.delete
-
-        report = conversation_delete(conversation_id=self.pk)
-        return report.total_removed, report.removed_counts()
+        raise DeleteRefused(ERR_CONVERSATION_DELETE)
 
     delete.alters_data = True
 
 
-class TaskQuerySet(models.QuerySet):
+class TaskQuerySet(OwnedQuerySet):
+    owner_field = "conversation__owner"
+
     def lease_dead(self) -> TaskQuerySet:
         """Tasks no worker holds live: no holder, no expiry, or past it.
 
@@ -242,9 +228,16 @@ class Task(models.Model):
         return round(100 * self.steps_done / self.steps_total)
 
 
-class StepQuerySet(models.QuerySet):
+class StepQuerySet(OwnedQuerySet):
+    owner_field = "task__conversation__owner"
+
+    def finished(self) -> StepQuerySet:
+        """Steps done or skipped (``StepStatus.finished``)."""
+        return self.filter(status__in=StepStatus.finished())
+
     def not_done(self) -> StepQuerySet:
-        return self.exclude(status__in=[Step.Status.DONE, Step.Status.SKIPPED])
+        """Steps not finished: what the executor still has to run or settle."""
+        return self.exclude(status__in=StepStatus.finished())
 
     def needs_you(self) -> StepQuerySet:
         """Steps waiting for a person's decision: the one "needs you" rule.
@@ -276,6 +269,20 @@ class StepStatus(models.TextChoices):
     FAILED = "failed", "failed"
     NEEDS_REVIEW = "needs_review", "needs review"
     SKIPPED = "skipped", "skipped"
+
+    @classmethod
+    def finished(cls) -> tuple[StepStatus, ...]:
+        """The statuses of a finished step: done, or skipped by a person.
+
+        The one definition: a finished step counts in ``Task.steps_done``, is
+        never run again, and a plan rewrite keeps it as it is.
+        """
+        return (cls.DONE, cls.SKIPPED)
+
+    @classmethod
+    def finished_sql(cls) -> str:
+        """``finished()`` as an SQL list, for the executor's hand-written statements."""
+        return "(" + ", ".join(f"'{s}'" for s in cls.finished()) + ")"
 
 
 class Step(models.Model):
@@ -364,6 +371,10 @@ class Step(models.Model):
     @property
     def class_label(self) -> str:
         return ArtifactClass(self.artifact_class).label
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in StepStatus.finished()
 
     @property
     def duration(self):
@@ -502,6 +513,10 @@ class LinkRole(models.TextChoices):
     REFERENCED = "referenced", "referenced"
 
 
+class TaskArtifactQuerySet(OwnedQuerySet):
+    owner_field = "task__conversation__owner"
+
+
 class TaskArtifact(models.Model):
     """Ownership link: a task (and step) persisted or points at an artifact."""
 
@@ -526,6 +541,8 @@ class TaskArtifact(models.Model):
     role = models.CharField(max_length=16, choices=Role, default=Role.PERSISTED)
     created_at = models.DateTimeField(default=timezone.now)
 
+    objects = TaskArtifactQuerySet.as_manager()
+
     class Meta:
         constraints = [
             models.UniqueConstraint(
@@ -539,3 +556,106 @@ class TaskArtifact(models.Model):
 
     def __str__(self) -> str:
         return f"task {self.task_id} {self.role} artifact {self.artifact_id}"
+
+
+class NotifySettings(models.Model):
+    """A person's choice to be told when a step waits for them, and where.
+
+    Read by ``tasks.notify``: a notice is written only for an owner who has
+    notifications on and at least one address, and checked again before it
+    goes out.
+    """
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.DB_CASCADE,
+        related_name="notify_settings",
+    )
+    enabled = models.BooleanField(default=False)
+    # One e-mail address or Apprise URL a line, checked with Apprise at the door.
+    addresses = models.TextField(blank=True, default="")
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return (
+            f"notifications of user {self.user_id}: {'on' if self.enabled else 'off'}"
+        )
+
+    @property
+    def address_list(self) -> list[str]:
+        return [line.strip() for line in self.addresses.splitlines() if line.strip()]
+
+
+class NoticeState(models.TextChoices):
+    PENDING = "pending", "waiting to be sent"
+    SENT = "sent", "sent"
+    # Not sent, and never will be: the decision was taken first, or the owner
+    # turned notifications off; ``note`` says which.
+    DROPPED = "dropped", "dropped"
+
+
+class Notice(models.Model):
+    """The outbox: one row per "a step started waiting for a person".
+
+    Written in the transaction that makes the step wait
+    (``tasks.notify.notify_step_waiting``), delivered by the worker after the
+    commit (``tasks.notify.notify_deliver``). The notices that go out together
+    share ``message_id``: the id of the first of them, which names the message
+    (an e-mail's Message-ID), so a repeat after a crash is the same message.
+    """
+
+    State = NoticeState
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.DB_CASCADE, related_name="+"
+    )
+    # Goes with its step, and so with its conversation.
+    step = models.ForeignKey(
+        Step, on_delete=models.DB_CASCADE, related_name="notices", db_index=False
+    )
+    reason = models.CharField(max_length=16)  # the step's waiting status
+    state = models.CharField(max_length=8, choices=State, default=State.PENDING)
+    created_at = models.DateTimeField(default=timezone.now)
+    # Not sent before this: the gathering delay, the owner's window, a back-off.
+    due_at = models.DateTimeField(default=timezone.now)
+    message_id = models.PositiveBigIntegerField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    # A worker's claim while it sends (compare-and-set; a dead worker's runs out).
+    claimed_by = models.CharField(max_length=200, blank=True, default="")
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    note = models.CharField(max_length=300, blank=True, default="")
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=NoticeState.values),
+                name="tasks_notice_state_valid",
+            ),
+            # A step waiting once is told once, however often a crash makes
+            # the transition be written again.
+            models.UniqueConstraint(
+                fields=["step"],
+                condition=Q(state="pending"),
+                name="tasks_notice_one_pending_per_step",
+            ),
+        ]
+        indexes = [
+            # The worker's delivery poll: pending notices by due time.
+            models.Index(
+                fields=["due_at"],
+                name="tasks_notice_pending_due",
+                condition=Q(state="pending"),
+            ),
+            # The owner's window: when their last message went out.
+            models.Index(
+                fields=["owner", "sent_at"],
+                name="tasks_notice_owner_sent",
+                condition=Q(state="sent"),
+            ),
+            # Deletion's cascade from a step.
+            models.Index(fields=["step"], name="tasks_notice_step"),
+        ]
+
+    def __str__(self) -> str:
+        return f"notice {self.pk} ({self.state}) for step {self.step_id}"

@@ -62,9 +62,6 @@ class PlanConflict(Conflict, PlanError):
     """A plan that would change the task's history or a running task (409)."""
 
 
-FINISHED = (Step.Status.DONE, Step.Status.SKIPPED)
-
-
 def _clean_step(raw: Any, n: int) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise PlanError(ERR_STEP_NOT_DICT.format(n=n))
@@ -248,7 +245,7 @@ class _Rewrite:
         )
 
     def has_history(self, step: Step) -> bool:
-        return step.status in FINISHED or step.pk in self.attempted
+        return step.is_finished or step.pk in self.attempted
 
     def add(self, raw: Any, n: int) -> None:
         """Rules 2-4 for one item: an existing step kept (maybe edited), or a new one."""
@@ -311,7 +308,7 @@ class _Rewrite:
                     )
                 )
         new_ids = self.new_ids
-        finished = [s.pk for s in self.existing.values() if s.status in FINISHED]
+        finished = [s.pk for s in self.existing.values() if s.is_finished]
         if new_ids[: len(finished)] != finished:
             moved = next(
                 (
@@ -325,7 +322,7 @@ class _Rewrite:
         attempted = [
             s.pk
             for s in self.existing.values()
-            if s.status not in FINISHED and (s.pk in self.attempted or s.attempts)
+            if not s.is_finished and (s.pk in self.attempted or s.attempts)
         ]
         kept_order = [pk for pk in new_ids if pk in set(attempted)]
         if kept_order != attempted:
@@ -355,7 +352,7 @@ class _Rewrite:
                 Step.objects.filter(pk=old.pk).update(position=n)
             else:
                 Step.objects.filter(pk=old.pk).update(position=n, **fields)
-        done = Step.objects.filter(task=locked, status__in=FINISHED).count()
+        done = Step.objects.filter(task=locked).finished().count()
         total = len(self.new_order)
         changes: dict[str, Any] = {
             "steps_total": total,

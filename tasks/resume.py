@@ -1,8 +1,8 @@
 """What a resumed brain reads, and what resume will do with each step.
 
 ``resume_context(task)`` is the one document every brain gets: the plan with
-statuses, each done step's artifact ref (never its payload) and, for a step
-left in the uncertain state, the rule resume will apply. ``resume_advice`` is
+statuses, each done step's artifact ref (never its payload) and, for each
+unfinished step, the rule resume will apply. ``resume_advice`` is
 the same rule for one step, in words a person understands; the executor acts
 on exactly the decision ``uncertain_decide`` returns, so the advice shown is
 the thing that happens.
@@ -18,11 +18,14 @@ from typing import Any
 
 from artifacts.models import Artifact, ArtifactClass
 from artifacts.store import CHUNK, default_store
+from tasks.documents import step_payload, task_steps, task_summary
 from tasks.models import Event, Step, Task
 from tasks.tools import files_root
 from tasks.words import relative_text
 
-SCHEMA = "pippa.resume/1"
+# 2: refs say "artifact_class" (was "class"), steps carry the task document's
+# fields (id, error), the task its lease_owner.
+SCHEMA = "pippa.resume/2"
 
 # Kinds that open or close a tool-call envelope, in the step's own log.
 ENVELOPE_KINDS = (
@@ -168,7 +171,8 @@ def sources_alive(ids: list[int] | None) -> bool:
 
 
 def uncertain_decide(step: Step, env: Envelope) -> ResumeAdvice:
-    """Apply DESIGN.md's class table to a step whose envelope is open."""
+    """Apply docs/design.md's class table ("Four artifact classes, four resume
+    rules") to a step whose envelope is open."""
     has_payload = bool(env.payload and env.payload.get("sha"))
     if step.side_effects and env.unsaved:
         return ResumeAdvice(
@@ -290,68 +294,28 @@ def resume_advice(step: Step, *, task: Task | None = None) -> ResumeAdvice:
     )
 
 
-def artifact_ref(artifact: Artifact) -> dict[str, Any]:
-    """The brain-facing ref of an artifact: metadata and sha, never the payload."""
-    return {
-        "id": artifact.pk,
-        "sha256": artifact.sha256,
-        "class": artifact.artifact_class,
-        "class_label": artifact.class_label,
-        "media_type": artifact.media_type,
-        "size": artifact.size,
-        "title": artifact.title,
-    }
-
-
 def resume_context(task: Task) -> dict[str, Any]:
     """Return the brain-agnostic document a resumed brain reads.
 
-    The same document for every brain: the plan with statuses, each done
-    step's artifact ref, and for each unfinished step what resume will do.
+    The same document for every brain: the task and its plan in the shapes of
+    the task document (``tasks.documents``: each step with its output's
+    artifact ref), plus each step's idempotency key, and for each unfinished
+    step what resume will do.
     """
     task = Task.objects.get(pk=task.pk)
-    steps = list(
-        Step.objects.filter(task=task).select_related("output").order_by("position")
-    )
-    next_position = next(
-        (
-            s.position
-            for s in steps
-            if s.status not in (Step.Status.DONE, Step.Status.SKIPPED)
-        ),
-        None,
-    )
+    steps = task_steps(task)
+    next_position = next((s.position for s in steps if not s.is_finished), None)
     out_steps = []
     for s in steps:
-        entry: dict[str, Any] = {
-            "position": s.position,
-            "title": s.title,
-            "tool": s.tool,
-            "args": s.args,
-            "status": s.status,
-            "artifact_class": s.artifact_class,
-            "side_effects": s.side_effects,
-            "attempts": s.attempts,
-            "max_attempts": s.max_attempts,
-            "idempotency_key": s.idempotency_key(),
-            "output": artifact_ref(s.output) if s.output_id else None,
-        }
-        if s.status not in (Step.Status.DONE, Step.Status.SKIPPED):
+        entry = {**step_payload(s), "idempotency_key": s.idempotency_key()}
+        if not s.is_finished:
             advice = resume_advice(s, task=task)
             entry["resume"] = {"rule": advice.rule, "words": advice.words}
-            if s.error:
-                entry["error"] = s.error[:500]
         out_steps.append(entry)
     return {
         "schema": SCHEMA,
         "task": {
-            "id": task.pk,
-            "title": task.title,
-            "status": task.status,
-            "brain": task.brain,
-            "conversation_id": task.conversation_id,
-            "steps_total": task.steps_total,
-            "steps_done": task.steps_done,
+            **task_summary(task),
             "branched_from": task.branched_from_id,
             "branched_after_step": task.branched_at,
         },

@@ -1,4 +1,5 @@
-"""Writes that span tables: conversations, the event log, deletion."""
+"""Writes that span tables: conversations, the event log, a task's brain and
+uploads, widget previews, deletion."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from artifacts.keepers import conversation_artifact_ids
 from artifacts.models import Artifact
 from artifacts.services import _check_class, artifact_record, blob_put, sources_check
 from pippa_site.errors import Invalid, NotFound
-from pippa_site.text import text_check, title_clean
+from pippa_site.text import media_type_check, text_check, title_clean
 from tasks import statements
 from tasks.crashpoints import PREVIEW_BOUNDARY, crashpoint
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
@@ -182,8 +183,8 @@ def task_artifact_upload(
 
     All or nothing:
 
-    1. Check the step and the sources (each one of the task owner's rows),
-       before any I/O.
+    1. Check the media type (``type/subtype``), the step and the sources
+       (each one of the task owner's rows), before any I/O.
     2. Stream the body into the blob store (at most one chunk in memory).
        Over ``max_bytes`` raises ``BlobTooLarge``; fewer or more bytes than
        ``expected_size`` (the declared Content-Length: a client gone
@@ -199,6 +200,7 @@ def task_artifact_upload(
     from artifacts.preview import WIDGET_MEDIA_TYPES
 
     _check_class(artifact_class)
+    media_type_check(media_type, field="media type")
     owner_id = task.conversation.owner_id
     if step_id is not None and not Step.objects.filter(pk=step_id, task=task).exists():
         raise UploadError(ERR_BAD_STEP.format(id=step_id, task=task.pk))
@@ -384,6 +386,9 @@ def conversation_delete(*, conversation_id: int) -> DeletionReport:
 
     unnamed = _payload_shas_without_rows(conversation_id, report)
 
+    # One statement, and the schema's ON DELETE CASCADE does the rest: the
+    # model's own delete() refuses (it names this service), and no collector
+    # loads a row.
     table = connection.ops.quote_name(Conversation._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(f"DELETE FROM {table} WHERE id = %s", [conversation_id])

@@ -1,7 +1,7 @@
 """The tool registry: what a step may call, and how its output behaves on resume.
 
 A tool is a function ``fn(ctx: ToolContext, **args) -> ToolResult`` registered
-under a name with the artifact class of its output (1–4, DESIGN.md "Four
+under a name with the artifact class of its output (1–4, docs/design.md "Four
 artifact classes") and whether it has outside side effects. A tool that
 declares no class is filed as class 3 (a snapshot: never re-run once its
 output was persisted).
@@ -190,7 +190,8 @@ def tool(
 
 
 def tools_load(modules: list[str] | None = None) -> list[str]:
-    """Import the built-in tool modules and those in ``PIPPA_TOOLS``; return them."""
+    """Import the built-in tool modules and ``modules`` (by default those in
+    ``PIPPA_TOOLS``); return the names imported."""
     global _loaded
     names = list(BUILTIN_TOOL_MODULES) + list(
         settings.PIPPA_TOOLS if modules is None else modules

@@ -140,7 +140,7 @@ EVENT_WORDS = {
 
 
 def actor_words(actor: str) -> str:
-    """Return "dad", "boss (admin)", "dad's runner", "a worker" for an event's actor."""
+    """Return "dad", "boss (admin)", "dad's runner", "dad's agent", "a worker" for an event's actor."""
     if not actor:
         return "someone"
     role, _, name = str(actor).partition(":")
@@ -152,6 +152,8 @@ def actor_words(actor: str) -> str:
         return f"{name} (admin)"
     if role == "api":
         return f"{name.split(':')[0]}'s runner"
+    if role == "mcp":
+        return f"{name.split(':')[0]}'s agent"
     if role == "worker":
         return "a worker"
     return actor

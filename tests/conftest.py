@@ -1,4 +1,9 @@
-"""Shared fixtures: plain factories (kwargs.setdefault), data dirs, subprocess env."""
+"""Shared fixtures (plain factories, data dirs, subprocess env) and the test rules.
+
+The rules: a fast password hasher for every test but the one that checks the
+real one, and a marker on every test that starts a process, a server or a
+browser, so the fast suite (``make test``) never starts one.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
+from django.test import override_settings
 
 from artifacts.models import ArtifactClass
 from artifacts.services import artifact_store
@@ -20,9 +26,97 @@ REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOT_DIR = REPO / "var" / "screenshots"
 
+# What a test may start only with a marker (the fast suite deselects them):
+# fixtures that start a server, a browser or a child process, or only exist
+# to hand one its environment.
+STARTS_SOMETHING = {
+    "live_server",  # Django's threaded server
+    "subprocess_env",
+    "python_exe",
+    "worker",
+    "server_env",
+    "stdio_session",
+    "http_server",
+    "mcp_url",
+    "asgi_server",  # uvicorn serving pippa_site.asgi, in a thread
+    "logged_in_page",
+    "page",  # pytest-playwright's
+    "context",
+    "browser",
+}
+MAY_START_SOMETHING = {"slow", "browser"}
+# Children a fast test may start: mounting a size-capped tmpfs (``tmpfs``),
+# and the sandboxed preview renderer the site itself starts for every picture.
+FAST_COMMANDS = {"mount", "umount"}
+FAST_SCRIPTS = {"render_worker.py"}
+FAST_PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
 # Playwright's sync API runs an event loop in the test thread; Django's ORM
 # would refuse to run there without this.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+def pytest_configure(config):
+    sys.addaudithook(_refuse_unmarked_processes)
+
+
+# The test being run now, for the audit hook below (one per xdist worker).
+_running: dict[str, pytest.Item | None] = {"item": None}
+
+
+def _may_start_something(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(name) for name in MAY_START_SOMETHING)
+
+
+def _refuse_unmarked_processes(event: str, args: tuple) -> None:
+    """A test without ``slow``/``browser`` that starts a child process fails."""
+    item = _running["item"]
+    if event != "subprocess.Popen" or item is None or _may_start_something(item):
+        return
+    executable, argv = args[0], args[1]
+    if executable is None:
+        executable = argv if isinstance(argv, str | bytes) else argv[0]
+    words = [argv] if isinstance(argv, str | bytes) else list(argv)
+    if Path(os.fsdecode(executable)).name in FAST_COMMANDS or any(
+        Path(os.fsdecode(word)).name in FAST_SCRIPTS for word in words
+    ):
+        return
+    message = (
+        f"{item.nodeid} started a process ({os.fsdecode(executable)}) "
+        "without @pytest.mark.slow (or browser): the fast suite must not"
+    )
+    item.stash[_UNMARKED] = message
+    raise RuntimeError(message)
+
+
+_UNMARKED = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _running["item"] = item
+    try:
+        return (yield)
+    finally:
+        _running["item"] = None
+
+
+@pytest.fixture(autouse=True)
+def _no_unmarked_process(request):
+    """Fail the test even when the code under test swallowed the RuntimeError."""
+    yield
+    if _UNMARKED in request.node.stash:
+        pytest.fail(request.node.stash[_UNMARKED], pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fast_password_hasher():
+    """MD5 instead of PBKDF2 (1.5 M rounds, ~370 ms a user) for every test.
+
+    ``tests/test_auth.py`` puts the real hashers back to prove a login with them.
+    """
+    with override_settings(PASSWORD_HASHERS=FAST_PASSWORD_HASHERS):
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -190,7 +284,19 @@ def make_artifact(make_user):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip browser tests, loudly, where Debian's chromium is not installed."""
+    """Refuse unmarked tests that start something; skip browser tests, loudly,
+    where Debian's chromium is not installed."""
+    unmarked = [
+        f"{item.nodeid} (uses {', '.join(sorted(STARTS_SOMETHING & set(item.fixturenames)))})"
+        for item in items
+        if STARTS_SOMETHING & set(item.fixturenames) and not _may_start_something(item)
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            "These tests start a server, a browser or a process but carry neither "
+            "@pytest.mark.slow nor @pytest.mark.browser, so the fast suite would "
+            "run them:\n  " + "\n  ".join(unmarked)
+        )
     if CHROMIUM.exists():
         return
     skip = pytest.mark.skip(reason="no /usr/bin/chromium (run .ci/install-chromium)")

@@ -1,4 +1,4 @@
-"""The architecture is a contract: import-linter checks it on every test run."""
+"""The architecture is a contract: import-linter checks it (`make lint`, `make test-all`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_every_import_points_down_and_no_app_imports_in_a_circle():
     lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     assert lint, "import-linter is part of the test extra: pip install -e '.[test]'"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.conf import global_settings
 from django.contrib.auth import SESSION_KEY
 from django.contrib.sessions.models import Session
 from django.test import Client
@@ -93,3 +94,29 @@ def test_the_store_reads_what_it_wrote_and_nothing_after_delete(user):
     gone = SessionStore(store.session_key)
     assert SESSION_KEY not in gone
     assert gone.session_key is None
+
+
+@pytest.mark.django_db
+def test_a_login_works_with_the_real_password_hasher(client, make_user, settings):
+    """The other tests hash with MD5 for speed; this one uses what a site uses."""
+    settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
+    user = make_user(username="real-hasher", password="a-long-real-password-0123")
+    assert user.password.startswith("pbkdf2_sha256$")
+
+    wrong = client.post(
+        "/login/", {"username": "real-hasher", "password": "not-the-password"}
+    )
+    assert wrong.status_code == 200
+    assert SESSION_KEY not in client.session
+
+    right = client.post(
+        "/login/", {"username": "real-hasher", "password": "a-long-real-password-0123"}
+    )
+    assert right.status_code == 302
+    assert client.session[SESSION_KEY] == str(user.pk)
+    assert _home(client).wsgi_request.user == user
+
+
+@pytest.mark.django_db
+def test_the_other_tests_hash_passwords_with_md5_for_speed(user):
+    assert user.password.startswith("md5$")

@@ -1,6 +1,7 @@
 """Text the databases cannot store gets a clear 4xx at every door, on SQLite
-and PostgreSQL alike; unknown API paths answer JSON; titles cannot flip the
-text that follows them."""
+and PostgreSQL alike, at any depth of JSON; media types follow one rule;
+unknown API paths answer JSON; titles and turn text cannot flip the text that
+follows them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from django.urls import reverse
 
 from api.services import token_create
-from pippa_site.text import title_clean
+from pippa_site.text import MAX_JSON_DEPTH, TextError, media_type_check, title_clean
 from tasks.models import Conversation, Step, Task
 
 pytestmark = pytest.mark.django_db
@@ -196,3 +197,118 @@ def test_an_admin_edit_of_a_title_loses_its_bidi_controls(client, make_user, use
 
     assert response.status_code == 302
     assert title == "Invoice txt.exe paid"
+
+
+def _nested(depth: int, leaf="x"):
+    value = leaf
+    for _ in range(depth):
+        value = {"k": value}
+    return value
+
+
+@pytest.mark.parametrize("leaf", ["x", NUL])
+def test_json_nested_past_the_cap_is_a_422_and_nothing_is_written(client, bearer, leaf):
+    before = _counts()
+    body = {
+        "conversation_title": "c",
+        "title": "t",
+        "steps": [{**PLAN[0], "args": _nested(MAX_JSON_DEPTH + 6, leaf)}],
+    }
+    response = _post(client, "/api/v1/tasks", body, bearer)
+
+    assert response.status_code == 422
+    assert f"nested more than {MAX_JSON_DEPTH} levels deep" in response.json()["detail"]
+    assert _counts() == before
+
+
+def test_json_within_the_cap_is_checked_at_every_level(client, bearer):
+    body = {
+        "conversation_title": "c",
+        "title": "t",
+        "steps": [{**PLAN[0], "args": _nested(MAX_JSON_DEPTH - 1, NUL)}],
+    }
+    response = _post(client, "/api/v1/tasks", body, bearer)
+
+    assert response.status_code == 422
+    assert "cannot be stored" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("content_type", ["plain", "text/", "text/pl ain"])
+def test_an_upload_whose_content_type_is_not_a_media_type_is_a_400(
+    client, bearer, user, blob_store, content_type
+):
+    from artifacts.models import Artifact
+
+    task = Task.objects.create(
+        conversation=Conversation.objects.create(owner=user, title="c"), title="t"
+    )
+    response = client.generic(
+        "POST",
+        f"/api/v1/tasks/{task.pk}/artifacts?artifact_class=3",
+        b"payload",
+        content_type=content_type,
+        **bearer,
+    )
+
+    assert response.status_code == 400
+    assert "Content-Type must be a media type" in response.json()["detail"]
+    assert not Artifact.objects.exists()
+    assert list(blob_store.iter_shas()) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("text/plain", True),
+        ("image/svg+xml", True),
+        ("text/plain; charset=utf-8", True),
+        ('multipart/mixed; boundary="a b"', True),
+        ("application/vnd.pippa.resume+json", True),
+        ("text/plain\r\nSet-Cookie: x=1", False),
+        ("text/plain\n", False),
+        ("text/plain\x00", False),
+        ("text", False),
+        ("/plain", False),
+        ("text/pl ain", False),
+        ("text/plain;", False),
+        ("t" * 200 + "/x", False),
+    ],
+)
+def test_the_one_media_type_rule(value, ok):
+    if ok:
+        assert media_type_check(value) == value
+    else:
+        with pytest.raises(TextError):
+            media_type_check(value)
+
+
+def test_a_machine_written_media_type_that_breaks_the_rule_is_stored_as_octet_stream(
+    user,
+):
+    from artifacts.services import artifact_store
+
+    artifact = artifact_store(
+        owner=user,
+        data=b"tool output",
+        media_type="text/plain\r\nX-Evil: 1",
+        artifact_class=3,
+    )
+
+    assert artifact.media_type == "application/octet-stream"
+
+
+def test_bidi_controls_are_stripped_from_council_turn_text(user):
+    from council.services import round_start, turn_add
+
+    conversation = Conversation.objects.create(owner=user, title="Council")
+    council_round = round_start(
+        conversation=conversation, topic="PIPA", participants=[("claude", "claude")]
+    )
+    turn = turn_add(
+        council_round=council_round,
+        participant=council_round.participants.get(),
+        text=RLO,
+    )
+
+    turn.refresh_from_db()
+    assert turn.text == "Invoice txt.exe paid"

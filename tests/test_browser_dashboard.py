@@ -64,7 +64,7 @@ def test_dad_opens_a_conversation_and_a_task_at_desktop_and_phone_widths(
         summary = page.locator("summary:has(#resume-heading)")
         summary.focus()
         page.keyboard.press("Enter")  # keyboard opens the panel; htmx loads it
-        expect(page.locator("pre.json")).to_contain_text('"schema": "pippa.resume/1"')
+        expect(page.locator("pre.json")).to_contain_text('"schema": "pippa.resume/2"')
         screenshot(page, f"dashboard-task-running-{name}")
 
 

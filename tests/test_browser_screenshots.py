@@ -1,4 +1,4 @@
-"""Screenshots of the main pages for the README, at 1280 and 390 px wide.
+"""Screenshots of the main pages (README, docs/look.md), at 1280 and 390 px wide.
 
 Skipped unless PIPPA_DOCS_SCREENSHOTS=1 (``make screenshots``): it writes
 docs/screenshots/*.png from the same demo data the browser tests use, cut to a

@@ -86,6 +86,7 @@ def _settings_in_child(env: dict[str, str], code: str):
     )
 
 
+@pytest.mark.slow
 def test_synchronous_is_full_by_default_normal_on_request_and_a_wrong_value_is_refused(
     tmp_path,
 ):

@@ -1,14 +1,17 @@
 """Serving: compressed HTML that stays safe against BREACH, payloads left as they
-are, and the production server (gunicorn) bounding what a client may send."""
+are, and the production server (gunicorn's uvicorn workers serving the ASGI
+application) bounding what a client may send, and slow clients costing nothing."""
 
 from __future__ import annotations
 
 import gzip
 import http.client
+import json
 import re
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -80,7 +83,13 @@ def test_htmx_fragments_and_json_are_compressed_too(
     assert b'"openapi"' in gzip.decompress(api.content)
 
 
-# --- The production server: gunicorn with pippa_site/gunicorn_conf.py ---------
+def test_mcp_under_a_wsgi_server_says_it_is_served_by_the_asgi_app(client):
+    response = client.post("/mcp/", data="{}", content_type="application/json")
+    assert response.status_code == 501
+    assert "served by the ASGI application" in response.json()["error"]["message"]
+
+
+# --- The production server: gunicorn + uvicorn with pippa_site/gunicorn_conf.py ---
 
 
 def _free_port() -> int:
@@ -108,6 +117,8 @@ def gunicorn_server(transactional_db, subprocess_env, python_exe):
     """gunicorn serving this test's database with the settings ``make run`` uses."""
     env = {**subprocess_env, "PORT": str(_free_port()), "HOST": "127.0.0.1"}
     env.pop("PIPPA_PLAIN_STATIC", None)
+    # Django's async-safety checks stay on in the server, as in production.
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     env["PIPPA_WEB_WORKERS"] = "1"
     subprocess.run(
         [python_exe, "manage.py", "collectstatic", "--noinput", "-v", "0"],
@@ -189,7 +200,7 @@ def test_gunicorn_serves_compressed_pages_and_immutable_compressed_static(
     _, port = gunicorn_server
     page = _get(port, "/login/", **{"Accept-Encoding": "gzip"})
     assert page.status == 200
-    assert page.headers["Server"] == "gunicorn"
+    assert page.headers["Server"] is None  # no server banner
     assert page.headers["Content-Encoding"] == "gzip"
     html = gzip.decompress(page.body)
     css = re.search(rb'href="(/static/css/[^"]+\.css)"', html).group(1).decode()
@@ -205,8 +216,8 @@ def test_gunicorn_serves_compressed_pages_and_immutable_compressed_static(
     [
         # Unauthenticated upload: refused before a byte of the body is read.
         ("/api/v1/tasks/1/artifacts?artifact_class=2", {401}),
-        # A form larger than DATA_UPLOAD_MAX_MEMORY_SIZE.
-        ("/login/", {400, 403}),
+        # A form larger than DATA_UPLOAD_MAX_MEMORY_SIZE: refused unread.
+        ("/login/", {413}),
     ],
 )
 def test_a_huge_request_body_is_refused_without_the_server_buffering_it(
@@ -232,3 +243,132 @@ def test_a_request_with_an_oversized_header_is_refused_by_the_server(
     response = _get(port, "/login/", **{"X-Pad": "a" * 20_000})
     assert response.status in {400, 431}
     assert _get(port, "/login/").status == 200
+
+
+def _timed_get(port: int, path: str, **headers) -> tuple[int, float]:
+    started = time.monotonic()
+    response = _get(port, path, **headers)
+    return response.status, time.monotonic() - started
+
+
+@pytest.mark.slow
+def test_slow_clients_and_held_streams_do_not_keep_the_login_page_waiting(
+    gunicorn_server, make_user
+):
+    """Trickled headers, trickled bodies and MCP streams cost no worker (1 process)."""
+    from api.services import token_create
+
+    _, port = gunicorn_server
+    token = token_create(user=make_user(), name="agent").raw
+    idle = [_timed_get(port, "/login/") for _ in range(3)]
+    held: list[socket.socket] = []
+
+    def hold(head: bytes) -> None:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sock.sendall(head)
+        held.append(sock)
+
+    try:
+        for n in range(30):  # headers that never end
+            hold(f"GET /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow-{n}: ".encode())
+        for _ in range(10):  # a form body that never ends
+            hold(
+                b"POST /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/x-www-form-urlencoded\r\n"
+                b"Content-Length: 100000\r\n\r\nusername="
+            )
+        for _ in range(10):  # an MCP call whose body never ends
+            hold(
+                b"POST /mcp/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                + f"Authorization: Bearer {token}\r\n".encode()
+                + b"Content-Type: application/json\r\n"
+                b"Accept: application/json, text/event-stream\r\n"
+                b"Content-Length: 100000\r\n\r\n{"
+            )
+        # What every TypeScript-SDK client does after initialize, 8 times over.
+        streams = [
+            _timed_get(
+                port,
+                "/mcp/",
+                Accept="text/event-stream",
+                Authorization=f"Bearer {token}",
+            )
+            for _ in range(8)
+        ]
+        during = []
+        for _ in range(10):
+            for sock in held[::7]:
+                sock.sendall(b"a")  # a byte now and then keeps each one alive
+            during.append(_timed_get(port, "/login/"))
+            time.sleep(0.2)
+    finally:
+        for sock in held:
+            sock.close()
+
+    assert [status for status, _ in idle + during] == [200] * 13
+    assert max(seconds for _, seconds in during) < 1.0
+    assert {status for status, _ in streams} == {405}
+    assert max(seconds for _, seconds in streams) < 1.0
+    assert _get(port, "/login/").status == 200
+
+
+@pytest.fixture
+def asgi_server(transactional_db):
+    """The ASGI application under uvicorn, in a thread of this process."""
+    from tests.support.asgi_server import ThreadedServer
+
+    server = ThreadedServer().start()
+    yield server
+    server.stop()
+
+
+def _request(url: str, method: str, body: bytes | None = None, **headers):
+    request = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+@pytest.mark.slow
+def test_a_large_upload_and_its_download_go_through_the_asgi_server_whole(
+    asgi_server, make_user, make_conversation, make_task
+):
+    """Past the form limit only an upload with a good token is read; the download
+    streams back the same bytes."""
+    from api.services import token_create
+
+    user = make_user()
+    task = make_task(conversation=make_conversation(owner=user))
+    token = token_create(user=user, name="uploader").raw
+    payload = bytes(range(256)) * (12 * 1024)  # 3 MiB, past the 2.5 MiB form limit
+    url = f"{asgi_server.url}/api/v1/tasks/{task.pk}/artifacts?artifact_class=2"
+
+    refused = _request(
+        url,
+        "POST",
+        payload,
+        **{"Authorization": "Bearer pip_wrong", "Content-Type": "application/pdf"},
+    )
+    stored = _request(
+        url,
+        "POST",
+        payload,
+        **{"Authorization": f"Bearer {token}", "Content-Type": "application/pdf"},
+    )
+    artifact = json.loads(stored[2])
+    content = _request(
+        f"{asgi_server.url}/api/v1/artifacts/{artifact['id']}/content",
+        "GET",
+        **{"Authorization": f"Bearer {token}"},
+    )
+
+    assert (
+        refused[0],
+        {k.lower(): v for k, v in refused[1].items()}.get("connection"),
+    ) == (401, "close"), refused
+    assert stored[0] == 201
+    assert artifact["size"] == len(payload)
+    assert content[0] == 200
+    assert content[2] == payload

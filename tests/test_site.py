@@ -39,6 +39,7 @@ def _manage(args, env, python_exe):
     )
 
 
+@pytest.mark.slow
 def test_check_deploy_is_clean_under_production_settings(tmp_path, python_exe):
     env = {
         "PATH": "/usr/bin:/bin",
@@ -53,6 +54,7 @@ def test_check_deploy_is_clean_under_production_settings(tmp_path, python_exe):
     assert "no issues" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_secret_key_is_generated_once_and_kept_in_the_data_dir(tmp_path, python_exe):
     env = {"PATH": "/usr/bin:/bin", "PIPPA_DATA_DIR": str(tmp_path)}
     code = [
@@ -69,6 +71,7 @@ def test_a_secret_key_is_generated_once_and_kept_in_the_data_dir(tmp_path, pytho
     assert (tmp_path / "secret_key").stat().st_mode & 0o077 == 0
 
 
+@pytest.mark.slow
 def test_debug_is_off_unless_asked_for(tmp_path, python_exe):
     code = ["shell", "-c", "from django.conf import settings; print(settings.DEBUG)"]
     base = {"PATH": "/usr/bin:/bin", "PIPPA_DATA_DIR": str(tmp_path)}
@@ -78,6 +81,7 @@ def test_debug_is_off_unless_asked_for(tmp_path, python_exe):
     )
 
 
+@pytest.mark.slow
 def test_a_non_postgres_database_url_is_refused_clearly(tmp_path, python_exe):
     env = {
         "PATH": "/usr/bin:/bin",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timedelta
 
 from django import template
@@ -18,17 +17,7 @@ from tasks.words import relative_text
 
 register = template.Library()
 
-MAX_DATA_CHARS = 300
 ABSOLUTE_FORMAT = "D j M Y, H:i:s T"
-
-
-@register.filter
-def compact_json(value: object) -> str:
-    """Return event data as one line of JSON, cut to a readable length."""
-    text = json.dumps(value, default=str, separators=(", ", ": "))
-    if len(text) > MAX_DATA_CHARS:
-        return text[: MAX_DATA_CHARS - 1] + "…"
-    return text
 
 
 @register.filter

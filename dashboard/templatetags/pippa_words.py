@@ -48,10 +48,15 @@ def actor_words(actor: str) -> str:
     return words.actor_words(str(actor or ""))
 
 
+def _json_line(value: object) -> str:
+    return json.dumps(value, default=str, separators=(", ", ": "))
+
+
 @register.filter
 def json_summary(value: object) -> str:
-    """Return event data as one short line (the fold's summary)."""
-    text = json.dumps(value, default=str, separators=(", ", ": "))
+    """Return event data as one line of JSON, cut to ``MAX_SUMMARY_CHARS``
+    (the fold's summary; ``json_long`` says whether it was cut)."""
+    text = _json_line(value)
     if len(text) > MAX_SUMMARY_CHARS:
         return text[: MAX_SUMMARY_CHARS - 1] + "…"
     return text
@@ -59,9 +64,7 @@ def json_summary(value: object) -> str:
 
 @register.filter
 def json_long(value: object) -> bool:
-    return (
-        len(json.dumps(value, default=str, separators=(", ", ": "))) > MAX_SUMMARY_CHARS
-    )
+    return len(_json_line(value)) > MAX_SUMMARY_CHARS
 
 
 @register.filter

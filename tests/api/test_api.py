@@ -90,9 +90,13 @@ def test_an_oversized_json_body_is_a_413(api_client, settings):
     assert not Conversation.objects.exists()
 
 
-def test_another_users_task_conversation_and_artifact_answer_404(make_api_client):
+@pytest.mark.parametrize("staff", [False, True], ids=["user", "staff"])
+def test_another_users_task_conversation_and_artifact_answer_404(
+    make_api_client, make_user, staff
+):
     owner = make_api_client()
-    stranger = make_api_client()
+    # A token acts as its own user: a staff user's token sees no more.
+    stranger = make_api_client(make_user(is_staff=staff))
     task = new_task(owner)
     run(owner, task["id"])
     artifact_id = Step.objects.get(task_id=task["id"], position=1).output_id
@@ -363,10 +367,12 @@ def test_the_council_context_carries_refs_not_payloads(api_client):
     assert b"".join(content.streaming_content) == svg
 
 
-def test_another_users_council_round_is_a_404(make_api_client):
+@pytest.mark.parametrize("staff", [False, True], ids=["user", "staff"])
+def test_another_users_council_round_is_a_404(make_api_client, make_user, staff):
     from council.services import round_start
 
-    owner, stranger = make_api_client(), make_api_client()
+    owner = make_api_client()
+    stranger = make_api_client(make_user(is_staff=staff))
     conversation = Conversation.objects.create(owner=owner.user, title="c")
     council_round = round_start(
         conversation=conversation, topic="t", participants=[("Ada", "claude")]

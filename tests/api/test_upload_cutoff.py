@@ -14,7 +14,8 @@ from api.services import token_create
 from artifacts.models import Artifact
 from tasks.models import Conversation, Task, TaskArtifact
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Each test talks to the live server over a raw socket.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 DECLARED = 8 * 1024 * 1024
 SENT = 1024 * 1024

@@ -310,6 +310,7 @@ def _run_in_locked_worker(code: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a locked-down Python of its own
 def test_the_render_sandbox_kills_the_process_before_it_opens_a_file(canary):
     proc = _run_in_locked_worker(f"open({str(canary.path)!r}).read()\n")
 
@@ -318,6 +319,7 @@ def test_the_render_sandbox_kills_the_process_before_it_opens_a_file(canary):
     assert canary.close() is False
 
 
+@pytest.mark.slow  # a locked-down Python of its own
 def test_the_render_sandbox_kills_the_process_before_it_opens_a_socket(listener):
     proc = _run_in_locked_worker(
         f"socket.create_connection(('127.0.0.1', {listener.port}))\n"
@@ -328,6 +330,7 @@ def test_the_render_sandbox_kills_the_process_before_it_opens_a_socket(listener)
     assert listener.close() == 0
 
 
+@pytest.mark.slow  # a locked-down Python of its own
 def test_the_render_sandbox_refuses_urls_other_than_data_uris(listener):
     proc = _run_in_locked_worker(
         "import urllib.request\n"

@@ -26,7 +26,7 @@ from tasks.models import Conversation
 REF_KEYS = {
     "id",
     "sha256",
-    "class",
+    "artifact_class",
     "class_label",
     "media_type",
     "title",
@@ -142,7 +142,7 @@ def test_the_next_participant_receives_earlier_turns_text_and_full_artifact_refs
     assert set(ref) >= REF_KEYS
     assert ref["id"] == widget.pk
     assert ref["sha256"] == widget.sha256
-    assert ref["class"] == 4
+    assert ref["artifact_class"] == 4
     assert ref["media_type"] == "image/svg+xml"
     assert ref["size"] == widget.size
     assert ref["source_url"] == f"/artifacts/{widget.pk}/source"

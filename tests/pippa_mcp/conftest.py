@@ -18,6 +18,7 @@ from mcp.types import Implementation
 
 from api.services import token_create
 from tests.conftest import REPO
+from tests.support.asgi_server import ThreadedServer
 
 PLAN = [
     {"title": "Fetch closes", "tool": "test.fetch", "args": {}},
@@ -55,8 +56,16 @@ async def http_session(url: str, token: str, *, name: str = "agent-a"):
 
 
 @pytest.fixture
-def mcp_url(live_server) -> str:
-    return f"{live_server.url}/mcp/"
+def asgi_server(transactional_db):
+    """The site's ASGI application under uvicorn, in a thread of this process."""
+    server = ThreadedServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def mcp_url(asgi_server) -> str:
+    return f"{asgi_server.url}/mcp/"
 
 
 @pytest.fixture
@@ -94,18 +103,19 @@ def stdio_session(server_env, python_exe):
 
 @pytest.fixture
 def http_server(server_env, python_exe, tmp_path):
-    """Start ``manage.py runserver`` in its own process; yield (url, process)."""
+    """Start uvicorn serving the ASGI application in its own process; yield (url, process)."""
     procs = []
 
     def start():
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        with (tmp_path / f"runserver-{port}.log").open("wb") as log:
+        with (tmp_path / f"uvicorn-{port}.log").open("wb") as log:
             proc = subprocess.Popen(
                 [
-                    *(python_exe, "manage.py", "runserver", "--noreload"),
-                    f"127.0.0.1:{port}",
+                    *(python_exe, "-m", "uvicorn", "pippa_site.asgi:application"),
+                    *("--host", "127.0.0.1", "--port", str(port)),
+                    *("--lifespan", "on", "--http", "h11", "--no-proxy-headers"),
                 ],
                 cwd=REPO,
                 env=server_env,
@@ -122,7 +132,7 @@ def http_server(server_env, python_exe, tmp_path):
                 if proc.poll() is not None:
                     break
                 time.sleep(0.2)
-        raise AssertionError("runserver did not start")
+        raise AssertionError("uvicorn did not start")
 
     yield start
     for proc in procs:

@@ -1,16 +1,29 @@
-"""The MCP server over streamable HTTP at /mcp/, driven by the SDK's own client."""
+"""The MCP server over streamable HTTP at /mcp/ of the ASGI application (a real
+uvicorn), driven by the SDK's own client; then the door itself, with raw
+requests: methods, Host/Origin, body size, throttle, requests per token."""
 
 from __future__ import annotations
 
 import base64
 import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
 import urllib.error
 import urllib.request
+from collections import Counter
+from datetime import timedelta
 
 import pytest
+from axes.models import AccessAttempt
 
 from artifacts.models import Artifact
+from pippa_site.throttle import API_TOKEN_NAME
 from tasks.models import Event, Step, Task
+from tests.conftest import REPO
 from tests.pippa_mcp.conftest import (
     PLAN,
     call,
@@ -22,7 +35,8 @@ from tests.pippa_mcp.conftest import (
 from tests.support.asyncrun import run_async
 from tests.support.executing import invocations
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# The SDK's client against the live server.
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 WIDGET = (
     '<svg xmlns="http://www.w3.org/2000/svg" width="120" height="60">'
@@ -38,6 +52,11 @@ TOOLS = {
     "rewrite_plan",
     "resume_context",
     "run_next_step",
+    "pause_task",
+    "resume_task",
+    "cancel_task",
+    "decision_choices",
+    "decide_step",
     "artifact_read",
     "artifact_store",
     "council_round_start",
@@ -208,7 +227,7 @@ def test_bad_arguments_get_a_plain_tool_error_and_the_server_keeps_serving(
         (
             "create_task",
             {"title": "t\x00", "conversation_title": "c", "steps": PLAN},
-            "text may not contain NUL characters",
+            "title contains a character that cannot be stored (NUL or an unpaired surrogate)",
         ),
         (
             "artifact_read",
@@ -424,7 +443,7 @@ def test_a_council_widget_is_read_by_ref_as_image_and_as_source_by_the_next_clie
     context, ref, image, source, wrong = run(next_speaker)
     assert context["for"]["name"] == "Codex"
     assert ref["media_type"] == "image/svg+xml"
-    assert ref["class"] == 4
+    assert ref["artifact_class"] == 4
     assert "<svg" not in json.dumps(context)  # refs, never payloads
     assert not image.is_error
     meta, picture = image.content
@@ -485,3 +504,292 @@ def test_an_artifact_is_stored_with_class_and_source_refs_and_read_as_a_resource
     assert doc["sha256"] == source["sha256"]
     assert json.loads(task_doc.contents[0].text)["id"] == task["id"]
     assert Step.objects.filter(task_id=task["id"]).count() == 3
+
+
+# -- the door itself: methods, Host/Origin, body size, throttle, streams per token --
+
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"},
+    },
+}
+HEADERS = {
+    "Content-Type": "application/json",
+    "Accept": "application/json, text/event-stream",
+}
+
+
+def _post(url: str, body: dict | bytes, **headers) -> tuple[int, dict, bytes]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(
+        url, data=data, method="POST", headers={**HEADERS, **headers}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_get_and_delete_on_the_stateless_server_answer_405_at_once(
+    mcp_url, token_for, user
+):
+    """A TypeScript-SDK client opens GET /mcp/ after initialize: it must not hang."""
+    token = token_for(user)
+    answers = []
+    for method in ("GET", "DELETE"):
+        request = urllib.request.Request(
+            mcp_url,
+            method=method,
+            headers={"Accept": "text/event-stream", "Authorization": f"Bearer {token}"},
+        )
+        started = time.monotonic()
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=5)
+        answers.append((caught.value.code, caught.value.headers["Allow"]))
+        assert time.monotonic() - started < 1.0
+    assert answers == [(405, "POST"), (405, "POST")]
+    # The POST that follows on the same server is answered as usual.
+    status, _, _ = _post(mcp_url, INIT, Authorization=f"Bearer {token}")
+    assert status == 200
+
+
+def test_a_foreign_origin_or_host_is_refused_and_the_sites_own_origin_is_not(
+    asgi_server, mcp_url, token_for, user, settings
+):
+    settings.CSRF_TRUSTED_ORIGINS = ["https://pippa.example.org"]
+    auth = {"Authorization": f"Bearer {token_for(user)}"}
+    own = f"http://127.0.0.1:{asgi_server.port}"
+
+    evil_origin = _post(mcp_url, INIT, Origin="http://evil.example", **auth)
+    evil_host = _post(mcp_url, INIT, Host="evil.example", **auth)
+    rebound = _post(
+        mcp_url, INIT, Host="evil.example:80", Origin="http://evil.example", **auth
+    )
+    same_site = _post(mcp_url, INIT, Origin=own, **auth)
+    trusted = _post(mcp_url, INIT, Origin="https://pippa.example.org", **auth)
+    no_origin = _post(mcp_url, INIT, **auth)
+
+    assert (evil_origin[0], evil_origin[2]) == (403, b"Invalid Origin header")
+    assert (evil_host[0], evil_host[2]) == (421, b"Invalid Host header")
+    assert rebound[0] == 421
+    assert [same_site[0], trusted[0], no_origin[0]] == [200, 200, 200]
+
+
+def test_an_oversized_call_is_answered_413_and_the_session_carries_on(
+    mcp_url, token_for, user, settings
+):
+    settings.PIPPA_MCP_MAX_BODY_BYTES = 64 * 1024
+
+    async def scenario():
+        async with http_session(mcp_url, token_for(user)) as mcp:
+            task = await task_create(mcp)
+            answers = []
+            for n in range(4):
+                try:
+                    await mcp.call_tool(
+                        "artifact_store",
+                        {
+                            "task_id": task["id"],
+                            "content": "x" * (200 * 1024 + n),
+                            "artifact_class": 2,
+                        },
+                    )
+                    answers.append("stored")
+                except Exception as exc:  # noqa: BLE001 - the SDK raises MCPError
+                    answers.append(str(exc))
+                # The same session, the next call: answered as usual.
+                answers.append(
+                    (await call(mcp, "get_task", {"task_id": task["id"]}))["id"]
+                )
+            return task, answers
+
+    task, answers = run(scenario)
+    too_large = "request body too large (at most 65536 bytes)"
+    assert answers == [too_large, task["id"]] * 4
+    assert Artifact.objects.count() == 0
+
+
+def test_failed_mcp_tokens_are_throttled_with_the_apis_counters(
+    mcp_url, token_for, user, settings, client
+):
+    settings.AXES_FAILURE_LIMIT = 5
+    settings.AXES_COOLOFF_TIME = timedelta(minutes=15)
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+
+    statuses = [
+        _post(mcp_url, listing, Authorization=f"Bearer pip_wrong{i}") for i in range(7)
+    ]
+    api = client.get(
+        "/api/v1/conversations",
+        HTTP_AUTHORIZATION="Bearer pip_wrong-api",
+        REMOTE_ADDR="127.0.0.1",
+    )
+    counted = AccessAttempt.objects.filter(username=API_TOKEN_NAME).exists()
+    good = _post(mcp_url, INIT, Authorization=f"Bearer {token_for(user)}")
+
+    assert [s for s, _, _ in statuses[:5]] == [401] * 5
+    status, headers, body = statuses[6]
+    assert status == 429
+    assert 0 < int(headers["retry-after"]) <= 15 * 60
+    assert "too many failed API token attempts" in json.loads(body)["error"]["message"]
+    # One counter per address, whichever door the token came through.
+    assert api.status_code == 429
+    assert counted
+    # A valid token is looked up before the address's lockout.
+    assert good[0] == 200
+
+
+def test_requests_in_flight_are_bounded_per_token(
+    asgi_server, token_for, user, settings
+):
+    settings.PIPPA_MCP_STREAMS_PER_TOKEN = 2
+    busy, other = token_for(user), token_for(user)
+
+    def hold(token: str) -> socket.socket:
+        """A call whose body trickles: it is in flight until the body ends."""
+        sock = socket.create_connection(("127.0.0.1", asgi_server.port), timeout=10)
+        sock.sendall(
+            f"POST /mcp/ HTTP/1.1\r\nHost: 127.0.0.1:{asgi_server.port}\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+            "Accept: application/json, text/event-stream\r\n"
+            "Content-Length: 1000\r\n\r\n{".encode()
+        )
+        return sock
+
+    held = [hold(busy), hold(busy)]
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            third = _post(
+                f"{asgi_server.url}/mcp/", INIT, Authorization=f"Bearer {busy}"
+            )
+            if third[0] == 429:
+                break
+            time.sleep(0.05)
+        others = _post(f"{asgi_server.url}/mcp/", INIT, Authorization=f"Bearer {other}")
+    finally:
+        for sock in held:
+            sock.close()
+    assert third[0] == 429
+    assert "too many MCP requests in flight" in json.loads(third[2])["error"]["message"]
+    assert others[0] == 200
+    # The held calls ended with their connections: the token may call again.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        again = _post(f"{asgi_server.url}/mcp/", INIT, Authorization=f"Bearer {busy}")
+        if again[0] == 200:
+            break
+        time.sleep(0.05)
+    assert again[0] == 200
+
+
+# -- many calls, some abandoned: nothing left behind ------------------------------
+
+SOAK_CALLS = 2000
+SOAK_CONCURRENCY = 6
+
+
+def _busy_threads() -> list[str]:
+    """Threads (other than this one) in the project's or the SDK's code.
+
+    The lease keeper (``tasks.lease``) is one standing thread per process, not
+    a request's: it is left out.
+    """
+    here = threading.get_ident()
+    standing = {t.ident for t in threading.enumerate() if t.name == "pippa-lease"}
+    busy = []
+    for ident, frame in sys._current_frames().items():
+        if ident == here or ident in standing:
+            continue
+        stack = traceback.extract_stack(frame)
+        ours = [
+            f"{f.filename}:{f.lineno}" for f in stack if _ours_or_the_sdks(f.filename)
+        ]
+        if ours:
+            busy.append(
+                f"{ident}: {ours[-1]} ... {stack[-1].filename}:{stack[-1].lineno}"
+            )
+    return busy
+
+
+def _ours_or_the_sdks(filename: str) -> bool:
+    if "/site-packages/" in filename:
+        return "/site-packages/mcp/" in filename
+    return filename.startswith(str(REPO)) and "/tests/" not in filename
+
+
+@pytest.mark.slow
+def test_two_thousand_calls_a_tenth_abandoned_leave_nothing_behind_and_login_answers(
+    asgi_server, mcp_url, token_for, user, python_exe, subprocess_env
+):
+    # Three agents of one user, two connections each.
+    tokens = [token_for(user) for _ in range(3)]
+    token = tokens[0]
+
+    async def setup():
+        async with http_session(mcp_url, token) as mcp:
+            return await task_create(mcp)
+
+    task = run(setup)
+    login = f"{asgi_server.url}/login/"
+    probes: list[float] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            with urllib.request.urlopen(login, timeout=10) as response:
+                response.read()
+                assert response.status == 200
+            probes.append(time.monotonic() - started)
+            time.sleep(0.1)
+
+    def soak() -> Counter:
+        # The load comes from a process of its own: its client work must not
+        # share this interpreter's lock with the server under test.
+        done = subprocess.run(
+            [
+                *(python_exe, "-m", "tests.support.mcp_soak", mcp_url),
+                *(str(SOAK_CALLS), str(SOAK_CONCURRENCY), str(task["id"]), *tokens),
+            ],
+            cwd=REPO,
+            env=subprocess_env,
+            capture_output=True,
+            timeout=600,
+            check=True,
+        )
+        return Counter(json.loads(done.stdout))
+
+    urllib.request.urlopen(login, timeout=10).read()  # a warm page: the idle time
+    baseline = len(asgi_server.tasks())
+    prober = threading.Thread(target=probe, name="login-probe")
+    prober.start()
+    try:
+        outcomes = soak()
+        # And after: the server still answers everyone.
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        prober.join(timeout=30)
+
+    assert sum(outcomes.values()) == SOAK_CALLS, outcomes
+    assert outcomes["answered"] == SOAK_CALLS * 4 // 5
+    assert outcomes["left mid-answer"] + outcomes["left early"] == SOAK_CALLS // 5
+    assert len(probes) > 10
+    assert max(probes) < 1.0, sorted(probes)[-5:]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        tasks, busy = asgi_server.tasks(), _busy_threads()
+        if len(tasks) <= baseline and not busy:
+            break
+        time.sleep(0.5)
+    assert len(tasks) <= baseline, [t.get_coro() for t in tasks]
+    assert busy == []
+    status, _, _ = _post(mcp_url, INIT, Authorization=f"Bearer {token}")
+    assert status == 200

@@ -1,6 +1,6 @@
 """The MCP server as a process: killed with SIGKILL mid-step, resumed by another client.
 
-The server is ``manage.py pippa_mcp`` over stdio (or ``runserver`` serving
+The server is ``manage.py pippa_mcp`` over stdio (or uvicorn serving
 /mcp/), driven by the SDK's own client. Real tool calls are counted through
 the side-channel file the test tools append to.
 """
@@ -16,6 +16,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from mcp.shared.exceptions import MCPError
 
+from council.models import Turn
+from council.services import round_start
 from tasks.models import Conversation, Event, Step
 from tests.pippa_mcp.conftest import (
     call,
@@ -56,6 +58,7 @@ def _shas(task: dict) -> dict[int, str]:
     return {s["position"]: s["output"]["sha256"] for s in task["steps"] if s["output"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 def test_a_server_killed_mid_step_is_resumed_by_a_client_with_another_name(
     transport, stdio_session, http_server, mcp_url, token_for, user, tool_log
@@ -137,6 +140,7 @@ def test_a_server_killed_mid_step_is_resumed_by_a_client_with_another_name(
     check_invariants([task_id])
 
 
+@pytest.mark.slow
 def test_a_server_killed_before_a_snapshots_result_committed_takes_it_again(
     stdio_session, user, tool_log
 ):
@@ -173,6 +177,7 @@ def test_a_server_killed_before_a_snapshots_result_committed_takes_it_again(
     assert invocations(tool_log)[ran["step"]["id"]] == 2
 
 
+@pytest.mark.slow
 def test_the_stdio_server_of_another_user_sees_none_of_it(
     stdio_session, make_user, make_task, user
 ):
@@ -200,3 +205,95 @@ def test_the_stdio_command_refuses_to_start_without_a_known_user(
         call_command("pippa_mcp", "--user", "nobody")
     with pytest.raises(CommandError, match="token is unknown, revoked"):
         call_command("pippa_mcp", "--token", "pip_wrong")
+
+
+def _nested(depth: int):
+    value = "x"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.slow
+def test_the_stdio_server_answers_what_the_sdk_cannot_parse_and_keeps_serving(
+    stdio_session, user
+):
+    async def scenario():
+        async with stdio_session("--user", user.username) as mcp:
+            with anyio.fail_after(30):
+                try:
+                    await mcp.call_tool(
+                        "get_task", {"task_id": 1, "deep": _nested(200)}
+                    )
+                except MCPError as exc:
+                    refused = str(exc)
+                else:
+                    refused = "answered"
+                listed = await call(mcp, "list_conversations", {})
+            return refused, listed
+
+    refused, listed = run_async(scenario)
+    assert "could not be read (recursion limit exceeded" in refused
+    assert "send flatter JSON" in refused
+    assert listed == []
+
+
+@pytest.mark.slow
+def test_the_stdio_server_advertises_only_what_it_serves_and_types_strictly(
+    stdio_session, user
+):
+    async def scenario():
+        async with stdio_session("--user", user.username) as mcp:
+            capabilities = mcp.initialize_result.capabilities
+            as_bool = await mcp.call_tool("get_task", {"task_id": True})
+            as_text = await mcp.call_tool("get_task", {"task_id": "1"})
+            flag = await mcp.call_tool(
+                "create_task",
+                {
+                    "title": "t",
+                    "conversation_title": "c",
+                    "steps": [{"title": "s", "tool": "test.fetch", "args": {}}],
+                    "queue": "false",
+                },
+            )
+            return capabilities, as_bool, as_text, flag
+
+    capabilities, as_bool, as_text, flag = run_async(scenario)
+    assert capabilities.prompts is None
+    assert capabilities.tools is not None
+    assert capabilities.resources is not None
+    assert error(as_bool).startswith("bad arguments for get_task: task_id:")
+    assert error(as_text).startswith("bad arguments for get_task: task_id:")
+    assert error(flag).startswith("bad arguments for create_task: queue:")
+    assert not Conversation.objects.exists()
+
+
+@pytest.mark.slow
+def test_a_staff_users_server_reads_and_writes_only_its_own_council_rounds(
+    stdio_session, make_user, user
+):
+    conversation = Conversation.objects.create(owner=user, title="Council")
+    council_round = round_start(
+        conversation=conversation, topic="PIPA", participants=[("claude", "claude")]
+    )
+    participant = council_round.participants.get()
+    boss = make_user(username="boss", is_staff=True, is_superuser=True)
+
+    async def scenario():
+        async with stdio_session("--user", boss.username) as mcp:
+            read = await mcp.call_tool(
+                "council_context", {"round_id": council_round.pk}
+            )
+            spoke = await mcp.call_tool(
+                "council_turn_add",
+                {
+                    "round_id": council_round.pk,
+                    "participant_id": participant.pk,
+                    "text": "a staff user's words in Dad's round",
+                },
+            )
+            return read, spoke
+
+    read, spoke = run_async(scenario)
+    assert error(read) == error(spoke) == "No such council round."
+    assert not Turn.objects.exists()

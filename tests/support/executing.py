@@ -152,7 +152,7 @@ def check_invariants(task_ids: list[int] | None = None) -> None:
         assert [e[0] for e in events] == list(range(1, len(events) + 1)), task.pk
         assert task.last_seq == len(events)
         steps = list(Step.objects.filter(task=task).select_related("output"))
-        finished = sum(s.status in ("done", "skipped") for s in steps)
+        finished = sum(s.is_finished for s in steps)
         assert (task.steps_total, task.steps_done) == (len(steps), finished), task.pk
         open_by_step: dict[int, bool] = {}
         persisted_gen: dict[int, set] = {}

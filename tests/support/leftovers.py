@@ -30,7 +30,7 @@ from django.db.models import F
 
 from artifacts.models import Artifact, ArtifactSource, PendingUnlink
 from council.models import CouncilRound, Participant, Turn, TurnArtifact
-from tasks.models import Conversation, Event, Step, Task, TaskArtifact
+from tasks.models import Conversation, Event, Notice, Step, Task, TaskArtifact
 
 
 @dataclass
@@ -46,6 +46,7 @@ class Subtree:
     participants: set[int] = field(default_factory=set)
     turns: set[int] = field(default_factory=set)
     turn_links: set[int] = field(default_factory=set)
+    notices: set[int] = field(default_factory=set)
 
     def __or__(self, other: Subtree) -> Subtree:
         return Subtree(
@@ -66,6 +67,7 @@ MODELS = {
     "participants": Participant,
     "turns": Turn,
     "turn_links": TurnArtifact,
+    "notices": Notice,
 }
 
 
@@ -87,6 +89,7 @@ def subtree_snapshot(*conversation_ids: int) -> Subtree:
         turn_links=_ids(
             TurnArtifact.objects.filter(turn__round__conversation_id__in=ids)
         ),
+        notices=_ids(Notice.objects.filter(step__task__conversation_id__in=ids)),
     )
 
 
@@ -147,6 +150,10 @@ def _orphans() -> dict[str, int]:
         ),
         "lineage edges between two owners": ArtifactSource.objects.exclude(
             source__owner_id=F("artifact__owner_id")
+        ),
+        "notices without step": Notice.objects.exclude(step_id__in=steps),
+        "notices to someone other than the step's owner": Notice.objects.exclude(
+            owner_id=F("step__task__conversation__owner_id")
         ),
     }
     return {label: qs.count() for label, qs in checks.items()}

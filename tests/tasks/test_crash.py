@@ -123,6 +123,7 @@ def wait(proc, timeout=120):
     return proc.returncode, err
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("boundary", BOUNDARIES)
 def test_a_worker_killed_at_a_boundary_is_resumed_by_class_rule(
@@ -216,6 +217,7 @@ def test_a_worker_killed_at_a_boundary_is_resumed_by_class_rule(
     ] == theirs_before
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_killed_render_whose_source_is_gone_waits_for_a_person(
     make_conversation, worker, blob_store
@@ -235,6 +237,7 @@ def test_a_killed_render_whose_source_is_gone_waits_for_a_person(
     assert invocations(worker.log)[render.pk] == 1
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_killed_side_effect_call_is_never_sent_again_by_a_worker(
     make_conversation, worker

@@ -13,7 +13,14 @@ from artifacts.models import Artifact, ArtifactClass
 from artifacts.services import artifact_store
 from artifacts.store import BlobStore
 from council.models import CouncilRound, Turn, TurnArtifact
-from tasks.models import Conversation, Event, Step, Task, TaskArtifact
+from tasks.models import (
+    Conversation,
+    DeleteRefused,
+    Event,
+    Step,
+    Task,
+    TaskArtifact,
+)
 from tasks.services import (
     ERR_FOREIGN_KEYS_OFF,
     conversation_delete,
@@ -247,35 +254,28 @@ def test_a_rollback_leaves_every_row_and_blob_file_in_place(
 
 
 @pytest.mark.django_db
-def test_conversation_model_delete_goes_through_the_service(
-    user, django_capture_on_commit_callbacks
-):
+def test_conversation_model_delete_refuses_and_names_the_service(user):
     conversation, _ = conversation_with_everything(owner=user)
     before = subtree_snapshot(conversation.pk)
 
-    with django_capture_on_commit_callbacks(execute=True):
-        removed, counts = conversation.delete()
+    with pytest.raises(DeleteRefused, match="conversation_delete"):
+        conversation.delete()
 
-    assert counts == EXPECTED_COUNTS
-    assert removed == sum(EXPECTED_COUNTS.values())
-    assert_no_leftovers(before)
+    assert Conversation.objects.filter(pk=conversation.pk).exists()
+    assert subtree_snapshot(conversation.pk) == before
 
 
 @pytest.mark.django_db
-def test_queryset_delete_goes_through_the_service_for_each_conversation(
-    user, make_user, django_capture_on_commit_callbacks
-):
+def test_queryset_delete_refuses_and_deletes_nothing(user, make_user):
     mine = [conversation_with_everything(owner=user)[0] for _ in range(2)]
-    theirs, _ = conversation_with_everything(owner=make_user())
+    conversation_with_everything(owner=make_user())
     before = subtree_snapshot(*[c.pk for c in mine])
 
-    with django_capture_on_commit_callbacks(execute=True):
-        removed, counts = Conversation.objects.filter(owner=user).delete()
+    with pytest.raises(DeleteRefused, match="conversation_delete"):
+        Conversation.objects.filter(owner=user).delete()
 
-    assert counts == {k: 2 * v for k, v in EXPECTED_COUNTS.items()}
-    assert removed == 2 * sum(EXPECTED_COUNTS.values())
-    assert list(Conversation.objects.values_list("pk", flat=True)) == [theirs.pk]
-    assert_no_leftovers(before)
+    assert Conversation.objects.count() == 3
+    assert subtree_snapshot(*[c.pk for c in mine]) == before
 
 
 @pytest.mark.django_db

@@ -86,6 +86,7 @@ def killed_after_commit(user, subprocess_env, python_exe):
     return before
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_next_delete_finishes_what_a_killed_delete_left(
     killed_after_commit, make_conversation
@@ -95,6 +96,7 @@ def test_the_next_delete_finishes_what_a_killed_delete_left(
     assert_no_leftovers(killed_after_commit)
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_starting_finishes_what_a_killed_delete_left(
     killed_after_commit, subprocess_env, python_exe
@@ -112,6 +114,7 @@ def test_a_worker_starting_finishes_what_a_killed_delete_left(
     assert_no_leftovers(killed_after_commit)
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_doctor_reports_and_finishes_a_killed_delete_at_once(
     killed_after_commit,

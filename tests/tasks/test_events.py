@@ -77,6 +77,7 @@ def test_event_data_must_stay_small(make_task):
     assert not Event.objects.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_two_processes_appending_at_once_get_unique_gap_free_sequences(
     make_task, subprocess_env, python_exe, tmp_path

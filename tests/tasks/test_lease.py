@@ -183,6 +183,7 @@ def test_an_operators_adopt_renders_the_widget_preview_after_the_commit(
     assert task.artifact_links.filter(artifact__media_type="image/png").exists()
 
 
+@pytest.mark.slow
 def test_importing_the_executor_arms_no_crash_point(subprocess_env, python_exe):
     code = (
         "import django; django.setup();"

@@ -28,7 +28,7 @@ def test_resume_context_lists_the_plan_with_refs_and_what_resume_will_do(
     crash_at(task.pk, "after_payload:3")
     expire_lease(task.pk)
     doc = resume_context(task)
-    assert doc["schema"] == "pippa.resume/1"
+    assert doc["schema"] == "pippa.resume/2"
     assert doc["task"]["steps_done"] == 2
     assert doc["next_step"] == 3
     assert [s["status"] for s in doc["steps"]] == ["done", "done", "running", "pending"]
@@ -36,13 +36,13 @@ def test_resume_context_lists_the_plan_with_refs_and_what_resume_will_do(
     assert set(image) == {
         "id",
         "sha256",
-        "class",
+        "artifact_class",
         "class_label",
         "media_type",
         "size",
         "title",
     }
-    assert (image["class"], image["media_type"]) == (1, "image/png")
+    assert (image["artifact_class"], image["media_type"]) == (1, "image/png")
     assert doc["steps"][2]["resume"] == {
         "rule": "class3_adopt_snapshot",
         "words": "will reuse the saved search snapshot",
@@ -89,6 +89,7 @@ def test_every_brain_gets_the_same_document(make_conversation):
         doc["task"].pop("id")
         doc["task"].pop("brain")
         for s in doc["steps"]:
+            s.pop("id")
             s.pop("idempotency_key")
         docs.append(doc)
     assert docs[0] == docs[1] == docs[2]

@@ -8,7 +8,12 @@ import pytest
 from django.utils import timezone
 
 from dashboard import selectors
-from dashboard.templatetags.pippa import compact_json, duration, from_now
+from dashboard.templatetags.pippa import duration, from_now
+from dashboard.templatetags.pippa_words import (
+    MAX_SUMMARY_CHARS,
+    json_long,
+    json_summary,
+)
 from tasks.models import Task
 from tests.tasks.dashboard_data import add_events, add_steps
 
@@ -98,9 +103,11 @@ def test_display_filters_speak_plainly():
     assert from_now(now + timedelta(seconds=45.5)) == "in 45 s"
     assert from_now(now - timedelta(minutes=5, seconds=2)) == "5 min ago"
     assert from_now(now) == "just now"
-    assert compact_json({"a": 1}) == '{"a": 1}'
-    assert compact_json({"x": "y" * 1000}).endswith("…")
-    assert len(compact_json({"x": "y" * 1000})) == 300
+    assert json_summary({"a": 1}) == '{"a": 1}'
+    assert not json_long({"a": 1})
+    assert json_summary({"x": "y" * 1000}).endswith("…")
+    assert len(json_summary({"x": "y" * 1000})) == MAX_SUMMARY_CHARS
+    assert json_long({"x": "y" * 1000})
 
 
 def test_council_rounds_are_counted_without_inflating_the_task_sums(

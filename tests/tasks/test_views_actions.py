@@ -140,7 +140,7 @@ def test_the_resume_context_opens_as_a_fragment_and_as_json(dad_client, conversa
     fragment = dad_client.get(url, headers={"HX-Request": "true"})
     assert fragment.status_code == 200
     assert "<html" not in fragment.content.decode()
-    assert "pippa.resume/1" in fragment.content.decode()
+    assert "pippa.resume/2" in fragment.content.decode()
     as_json = dad_client.get(url)
     assert as_json["Content-Type"] == "application/json"
     assert as_json.json()["next_step"] == 2

@@ -106,6 +106,7 @@ def _stop(proc) -> str:
     return err
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_two_workers_racing_never_run_one_step_twice_and_never_hit_a_lock_error(
     make_conversation, spawn
@@ -139,6 +140,7 @@ def test_two_workers_racing_never_run_one_step_twice_and_never_hit_a_lock_error(
     check_invariants([t.pk for t in tasks])
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_when_one_racing_worker_is_killed_the_other_takes_over_after_expiry(
     make_conversation, spawn
@@ -163,6 +165,7 @@ def test_when_one_racing_worker_is_killed_the_other_takes_over_after_expiry(
     check_invariants([t.pk for t in tasks])
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_sigterm_lets_the_current_step_finish_and_releases_the_lease(
     make_conversation, spawn
@@ -195,6 +198,7 @@ def test_sigterm_lets_the_current_step_finish_and_releases_the_lease(
     check_invariants([task.pk])
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_long_call_keeps_its_lease_alive_and_no_one_takes_it_over(
     make_conversation, spawn

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import os
 
+import anyio
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
+from api.services import token_authenticate
+from pippa_mcp.server import acting_as, serve_stdio
 from tasks import crashpoints
 
 ERR_WHO = (
@@ -38,11 +42,6 @@ class Command(BaseCommand):
         crashpoints.add_option(parser)
 
     def handle(self, *args, **opts):
-        from django.db import connections
-
-        from api.services import token_authenticate
-        from pippa_mcp.server import acting_as, build_server
-
         crashpoints.arm(opts["crashpoint"])
         user = None
         if opts["user"]:
@@ -63,4 +62,4 @@ class Command(BaseCommand):
         # The tools open their own connections in worker threads.
         connections.close_all()
         with acting_as(user):
-            build_server().run("stdio")
+            anyio.run(serve_stdio)

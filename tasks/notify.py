@@ -1,0 +1,532 @@
+"""Tell a step's owner that it waits for them: the outbox and its delivery.
+
+A step that starts waiting for a person (``needs_review``, or ``failed`` with
+no attempts left) is told to its owner through Apprise (e-mail, ntfy,
+Telegram, Signal, Matrix and the rest), with a link to the decision card:
+
+1. ``notify_step_waiting`` writes a ``Notice`` row in the transaction that
+   makes the step wait, so the row exists exactly when the transition does.
+   An owner who has notifications off gets no row. One pending row a step
+   (a unique index), however often a crash makes the transition be written.
+2. After the commit, the worker's ``notify_deliver`` claims an owner's due
+   notices with a compare-and-set (a claim that runs out, so a worker killed
+   while sending leaves them to the next one), checks that each step still
+   waits (a decision already taken drops its notice), sends one message for
+   all of them, and only then marks them sent.
+3. The notices of one message share ``message_id`` (the first one's id). A
+   message cut short by a kill or refused by the receiver is sent again with
+   the same notices and the same id: an e-mail's Message-ID header, an HTTP
+   receiver's ``X-Pippa-Message-Id``, so the repeat shows once. Delivery is
+   at least once.
+4. Coalescing: a first notice waits ``PIPPA_NOTIFY_DELAY_SECONDS`` for others
+   to join it; after a message, the owner's next one waits until
+   ``PIPPA_NOTIFY_WINDOW_SECONDS`` have passed. A receiver that fails is
+   tried again after a back-off (``tasks.faults.backoff_delay``).
+
+docs/notifications.md is the user's side of this.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import re
+from dataclasses import dataclass, field
+from datetime import timedelta
+from urllib.parse import quote, urlsplit
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
+from django.db import DatabaseError, connection, transaction
+from django.db.models import Max, Q
+from django.urls import reverse
+from django.utils import timezone
+
+from pippa_site.errors import Invalid
+from pippa_site.text import text_refused
+from tasks.crashpoints import crashpoint
+from tasks.faults import backoff_delay
+from tasks.models import Conversation, Notice, NotifySettings, Step, Task
+
+log = logging.getLogger("pippa.notify")
+
+# The step statuses that wait for a person (the executor's and the doctor's
+# transitions into them call ``notify_step_waiting``).
+WAITING = (Step.Status.NEEDS_REVIEW, Step.Status.FAILED)
+MAIL_SCHEMES = ("mailto", "mailtos")
+# Apprise plugins that send custom HTTP headers given as ``+Name=value``.
+HEADER_SCHEMES = ("json", "jsons", "form", "forms", "xml", "xmls")
+HEADER_MESSAGE_ID = "X-Pippa-Message-Id"
+MAX_ADDRESSES = 5
+MAX_ADDRESS_CHARS = 500
+MAX_NOTICES_A_MESSAGE = 50
+
+ERR_TOO_MANY = f"give at most {MAX_ADDRESSES} addresses, one a line"
+ERR_TOO_LONG = f"an address is at most {MAX_ADDRESS_CHARS} characters long"
+ERR_BAD_TEXT = "an address contains a character that cannot be stored (NUL)"
+ERR_NO_ADDRESS = (
+    "give at least one e-mail address or Apprise URL to turn notifications on"
+)
+ERR_BAD_EMAIL = "“{address}” is not an e-mail address"
+ERR_NO_MAIL_SERVER = (
+    "this site has no mail server set (a mailto:// or mailtos:// URL in "
+    "PIPPA_NOTIFY_URLS), so it cannot send e-mail to “{address}”; give an "
+    "Apprise URL instead (ntfy, Telegram, Signal, Matrix, …)"
+)
+ERR_MAIL_SERVER_BAD = (
+    "this site's mail server URL (PIPPA_NOTIFY_URLS) is not one Apprise can use, "
+    "so it cannot send e-mail now; ask whoever runs the site, or give an Apprise URL"
+)
+ERR_SITE_URL_BAD = (
+    "PIPPA_NOTIFY_URLS entry {n} ({scheme}://…) is not one Apprise can use"
+)
+ERR_SITE_URL_UNUSED = (
+    "PIPPA_NOTIFY_URLS entry {n} ({scheme}://…) is not a mail server and is not used:"
+    " other channels are each person's own address on Settings → Notifications"
+)
+ERR_BAD_URL = (
+    "Apprise does not know how to send to “{address}”: check the URL against "
+    "the Apprise documentation (e.g. ntfys://ntfy.sh/my-topic)"
+)
+
+DROPPED_DECIDED = "the step no longer waits: the decision was taken first"
+DROPPED_OFF = "the owner turned notifications off"
+DROPPED_GONE = "the task was cancelled"
+
+
+class NotifyError(Invalid):
+    """Notification settings that cannot be used (the page shows why)."""
+
+    code = "notify_settings_invalid"
+
+
+# -- the transition: one outbox row, in the caller's transaction -----------------
+
+
+def notify_step_waiting(
+    *, step_id: int, reason: str, owner_id: int | None = None
+) -> bool:
+    """Write the notice for a step that starts waiting for a person.
+
+    Call it inside the transaction that makes the step wait: the notice
+    commits with the transition or not at all. Nothing is written for an
+    owner whose notifications are off. Return whether a notice was written.
+    """
+    if not connection.in_atomic_block:
+        raise RuntimeError("notify_step_waiting runs inside the step's transaction")
+    if owner_id is None:
+        owner_id = (
+            Conversation.objects.filter(tasks__steps__pk=step_id)
+            .values_list("owner_id", flat=True)
+            .first()
+        )
+    if owner_id is None or not _wants(owner_id):
+        return False
+    now = timezone.now()
+    due = now + timedelta(seconds=settings.PIPPA_NOTIFY_DELAY_SECONDS)
+    # The partial unique index keeps one pending notice a step.
+    Notice.objects.bulk_create(
+        [
+            Notice(
+                owner_id=owner_id,
+                step_id=step_id,
+                reason=str(reason)[:16],
+                created_at=now,
+                due_at=due,
+            )
+        ],
+        ignore_conflicts=True,
+    )
+    return True
+
+
+def _wants(owner_id: int) -> bool:
+    return (
+        NotifySettings.objects.filter(user_id=owner_id, enabled=True)
+        .exclude(addresses="")
+        .exists()
+    )
+
+
+# -- a person's settings ------------------------------------------------------------
+
+
+def notify_settings_get(*, user) -> NotifySettings:
+    """The user's notification settings (off, no address, until they are saved)."""
+    found = NotifySettings.objects.filter(user=user).first()
+    return found or NotifySettings(user=user)
+
+
+@transaction.atomic
+def notify_settings_save(*, user, enabled: bool, addresses: str) -> NotifySettings:
+    """Check the addresses with Apprise and save the user's choice.
+
+    Raise ``NotifyError`` naming the first address that cannot be used.
+    """
+    lines = [line.strip() for line in str(addresses).splitlines() if line.strip()]
+    for line in lines:
+        notify_address_check(line)
+    if len(lines) > MAX_ADDRESSES:
+        raise NotifyError(ERR_TOO_MANY)
+    if enabled and not lines:
+        raise NotifyError(ERR_NO_ADDRESS)
+    row, _ = NotifySettings.objects.select_for_update().get_or_create(user=user)
+    row.enabled = bool(enabled)
+    row.addresses = "\n".join(lines)
+    row.updated_at = timezone.now()
+    row.save()
+    return row
+
+
+def notify_address_check(address: str) -> str:
+    """Return the Apprise URL an address is sent through; raise ``NotifyError``."""
+    if len(address) > MAX_ADDRESS_CHARS:
+        raise NotifyError(ERR_TOO_LONG)
+    if text_refused(address):
+        raise NotifyError(ERR_BAD_TEXT)
+    shown = address[:80]
+    if "://" not in address:
+        try:
+            validate_email(address)
+        except ValidationError:
+            raise NotifyError(ERR_BAD_EMAIL.format(address=shown)) from None
+        server = mail_server_url()
+        if not server:
+            raise NotifyError(ERR_NO_MAIL_SERVER.format(address=shown))
+        if _apprise().Apprise.instantiate(server) is None:
+            raise NotifyError(ERR_MAIL_SERVER_BAD)
+        url = _with_query(server, "to", address)
+    else:
+        url = address
+    if _apprise().Apprise.instantiate(url) is None:
+        raise NotifyError(ERR_BAD_URL.format(address=shown))
+    return url
+
+
+def mail_server_url() -> str:
+    """The site's mail server: the first mailto(s):// URL in PIPPA_NOTIFY_URLS."""
+    for url in settings.PIPPA_NOTIFY_URLS:
+        if urlsplit(url).scheme.lower() in MAIL_SCHEMES:
+            return url
+    return ""
+
+
+def notify_site_problems() -> list[str]:
+    """What is wrong with PIPPA_NOTIFY_URLS, in words (no secrets); the worker logs it."""
+    problems = []
+    for n, url in enumerate(settings.PIPPA_NOTIFY_URLS, start=1):
+        scheme = urlsplit(url).scheme.lower() or "?"
+        if scheme not in MAIL_SCHEMES:
+            problems.append(ERR_SITE_URL_UNUSED.format(n=n, scheme=scheme))
+        elif _apprise().Apprise.instantiate(url) is None:
+            problems.append(ERR_SITE_URL_BAD.format(n=n, scheme=scheme))
+    return problems
+
+
+def _with_query(url: str, name: str, value: str) -> str:
+    """``url`` with ``name=value`` replacing any such argument (others untouched)."""
+    base, _, query = url.partition("?")
+    kept = [
+        part
+        for part in query.split("&")
+        if part and part.split("=", 1)[0].lower() != name.lower()
+    ]
+    kept.append(f"{name}={quote(value, safe='@')}")
+    return f"{base}?{'&'.join(kept)}"
+
+
+def _apprise():
+    import apprise  # loaded by the worker and the settings page only
+
+    return apprise
+
+
+# -- delivery (the worker, after the commit) -------------------------------------------
+
+
+@dataclass
+class DeliveryReport:
+    messages: int = 0  # messages sent
+    notices: int = 0  # notices in them
+    dropped: int = 0
+    failed: int = 0  # messages that will be tried again
+    errors: list[str] = field(default_factory=list)
+
+
+def notify_deliver(*, worker_id: str, limit: int = 20) -> DeliveryReport:
+    """Send every owner's due notices, one message an owner; return what happened.
+
+    1. Find owners with a due notice that no live claim holds.
+    2. For each, claim the message's notices (``_claim``): the notices of a
+       message tried before, as they were, or else all the owner's pending
+       notices once the owner's window is open.
+    3. Drop the notices whose step no longer waits; send the rest in one
+       message through Apprise, then mark them sent. A failure frees them
+       with a back-off; a kill leaves the claim to run out.
+    """
+    report = DeliveryReport()
+    now = timezone.now()
+    owners = list(
+        Notice.objects.filter(state=Notice.State.PENDING, due_at__lte=now)
+        .filter(_unclaimed(now))
+        .order_by()
+        .values_list("owner_id", flat=True)
+        .distinct()[:limit]
+    )
+    for owner_id in owners:
+        ids = _claim(owner_id, worker_id)
+        if not ids:
+            continue
+        try:
+            _send_claimed(owner_id, ids, worker_id, report)
+        except DatabaseError:
+            raise  # the worker's fault state: back off, reconnect
+        except Exception:  # noqa: BLE001 - a sender's bug must not stop the worker
+            # The claim runs out and the message is tried again, same id.
+            log.exception("%s: message to user %s not sent", worker_id, owner_id)
+            report.failed += 1
+    return report
+
+
+def _unclaimed(now) -> Q:
+    return Q(claimed_until__isnull=True) | Q(claimed_until__lt=now)
+
+
+def _claim(owner_id: int, worker_id: str) -> list[int]:
+    """Claim the notices of the owner's next message (compare-and-set); [] if none."""
+    with transaction.atomic():
+        now = timezone.now()
+        free = Notice.objects.filter(
+            owner_id=owner_id, state=Notice.State.PENDING
+        ).filter(_unclaimed(now))
+        rows = list(free.order_by("id").values_list("id", "message_id", "due_at"))
+        if not rows:
+            return []
+        begun = [message for _, message, _ in rows if message is not None]
+        if begun:
+            # A message tried before goes again as it was: same notices, same id.
+            message_id = min(begun)
+            batch = [(pk, due) for pk, message, due in rows if message == message_id]
+            if min(due for _, due in batch) > now:
+                return []
+        else:
+            if not any(due <= now for _, _, due in rows):
+                return []
+            last = Notice.objects.filter(
+                owner_id=owner_id, state=Notice.State.SENT
+            ).aggregate(last=Max("sent_at"))["last"]
+            window = timedelta(seconds=settings.PIPPA_NOTIFY_WINDOW_SECONDS)
+            if last is not None and last + window > now:
+                free.filter(due_at__lt=last + window).update(due_at=last + window)
+                return []
+            batch = [(pk, due) for pk, _, due in rows[:MAX_NOTICES_A_MESSAGE]]
+            message_id = batch[0][0]
+        ids = [pk for pk, _ in batch]
+        until = now + timedelta(seconds=settings.PIPPA_NOTIFY_CLAIM_SECONDS)
+        taken = (
+            Notice.objects.filter(pk__in=ids, state=Notice.State.PENDING)
+            .filter(_unclaimed(now))
+            .update(claimed_by=worker_id, claimed_until=until, message_id=message_id)
+        )
+        if taken != len(ids):  # another worker claimed some of them first
+            transaction.set_rollback(True)
+            return []
+        return ids
+
+
+@dataclass
+class _Item:
+    notice_id: int
+    task_id: int
+    task_title: str
+    position: int
+    step_title: str
+    reason: str
+    error: str
+
+    @property
+    def link(self) -> str:
+        path = reverse("tasks:task", args=[self.task_id])
+        return f"{settings.PIPPA_SITE_URL}{path}#attention-{self.position}"
+
+
+def _send_claimed(owner_id: int, ids: list[int], worker_id: str, report) -> None:
+    notices = list(
+        Notice.objects.filter(pk__in=ids, claimed_by=worker_id)
+        .select_related("step__task")
+        .order_by("id")
+    )
+    if not notices:
+        return
+    message_id = notices[0].message_id
+    prefs = NotifySettings.objects.filter(user_id=owner_id).first()
+    live: list[_Item] = []
+    drops: dict[str, list[int]] = {}
+    for notice in notices:
+        step, task = notice.step, notice.step.task
+        if prefs is None or not prefs.enabled or not prefs.address_list:
+            drops.setdefault(DROPPED_OFF, []).append(notice.pk)
+        elif task.status == Task.Status.CANCELLED:
+            drops.setdefault(DROPPED_GONE, []).append(notice.pk)
+        elif step.status not in WAITING:
+            drops.setdefault(DROPPED_DECIDED, []).append(notice.pk)
+        else:
+            live.append(
+                _Item(
+                    notice_id=notice.pk,
+                    task_id=task.pk,
+                    task_title=task.title,
+                    position=step.position,
+                    step_title=step.title,
+                    reason=step.status,
+                    error=step.error,
+                )
+            )
+    for note, dropped in drops.items():
+        Notice.objects.filter(pk__in=dropped, state=Notice.State.PENDING).update(
+            state=Notice.State.DROPPED, note=note, claimed_by="", claimed_until=None
+        )
+        report.dropped += len(dropped)
+    if not live:
+        return
+    title, body = message_text(live)
+    error = _send(prefs.address_list, title, body, message_id=message_id)
+    crashpoint("after_notify_sent")
+    live_ids = [item.notice_id for item in live]
+    if error is None:
+        Notice.objects.filter(pk__in=live_ids, state=Notice.State.PENDING).update(
+            state=Notice.State.SENT,
+            sent_at=timezone.now(),
+            claimed_by="",
+            claimed_until=None,
+            note="",
+        )
+        report.messages += 1
+        report.notices += len(live_ids)
+        return
+    attempts = max(n.attempts for n in notices) + 1
+    delay = backoff_delay(
+        attempts,
+        base=settings.PIPPA_NOTIFY_RETRY_BASE_SECONDS,
+        cap=settings.PIPPA_NOTIFY_RETRY_MAX_SECONDS,
+    )
+    Notice.objects.filter(pk__in=live_ids, state=Notice.State.PENDING).update(
+        attempts=attempts,
+        due_at=timezone.now() + timedelta(seconds=delay),
+        claimed_by="",
+        claimed_until=None,
+        note=error[:300],
+    )
+    report.failed += 1
+    report.errors.append(error)
+    log.warning(
+        "%s: message %s to user %s not sent (%s); trying again in %.0f s",
+        worker_id,
+        message_id,
+        owner_id,
+        error,
+        delay,
+    )
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+def _line(text: str, limit: int = 200) -> str:
+    """One line of a person's text: no line breaks (a mail header stays one)."""
+    return _CONTROL.sub(" ", text)[:limit].strip()
+
+
+def message_text(items: list[_Item]) -> tuple[str, str]:
+    """The title and body of one message about ``items`` (plain text, links whole)."""
+    if len(items) == 1:
+        item = items[0]
+        title = (
+            f"Pippa: step {item.position} of “{_line(item.task_title)}” waits for you"
+        )
+    else:
+        title = f"Pippa: {len(items)} decisions wait for you"
+    lines = []
+    for item in items:
+        what = (
+            "was set aside for you"
+            if item.reason == Step.Status.NEEDS_REVIEW
+            else "failed and waits for your decision"
+        )
+        lines.append(
+            f"“{_line(item.task_title)}”, step {item.position}"
+            f" “{_line(item.step_title)}” {what}."
+        )
+        if item.error:
+            lines.append(f"Why: {_line(item.error, 300)}")
+        lines.append(f"Decide: {item.link}")
+        lines.append("")
+    lines.append("You get this because notifications are on in your Pippa settings.")
+    return title, "\n".join(lines)
+
+
+# -- Apprise ------------------------------------------------------------------------
+
+# The Message-ID the e-mail plugin gives the message being sent now: Apprise
+# writes its own (``make_msgid``) after any custom header, so a header of ours
+# would make two. ``_msgid`` answers with ours while one is set.
+_message_id: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "pippa_notify_message_id", default=""
+)
+_patched = False
+
+
+def _patch_msgid() -> None:
+    global _patched
+    if _patched:
+        return
+    from apprise.plugins.email import base as email_base
+
+    original = email_base.make_msgid
+
+    def _msgid(*args, **kwargs) -> str:
+        return _message_id.get() or original(*args, **kwargs)
+
+    email_base.make_msgid = _msgid
+    _patched = True
+
+
+def message_id_header(message_id: int) -> str:
+    """The e-mail Message-ID of an outbox message: the same on every try."""
+    host = urlsplit(settings.PIPPA_SITE_URL).hostname or "localhost"
+    host = re.sub(r"[^A-Za-z0-9.-]", "", host) or "localhost"
+    return f"<pippa-notice-{message_id}@{host}>"
+
+
+def _send(
+    addresses: list[str], title: str, body: str, *, message_id: int
+) -> str | None:
+    """Send through Apprise to every address; None when all took it, else why not."""
+    apprise = _apprise()
+    try:
+        _patch_msgid()
+    except (ImportError, AttributeError):  # another Apprise: its own Message-ID
+        log.warning("this Apprise's e-mail plugin cannot take a stable Message-ID")
+    header = message_id_header(message_id)
+    sender = apprise.Apprise(asset=apprise.AppriseAsset(async_mode=False))
+    for address in addresses:
+        try:
+            url = notify_address_check(address)
+        except NotifyError as exc:
+            return str(exc)
+        if urlsplit(url).scheme.lower() in HEADER_SCHEMES:
+            url = _with_query(url, f"+{HEADER_MESSAGE_ID}", header)
+        if not sender.add(url):
+            return ERR_BAD_URL.format(address=address[:80])
+    token = _message_id.set(header)
+    try:
+        result = sender.notify(title=title, body=body)
+    except Exception as exc:  # noqa: BLE001 - a plugin's crash is a failed send
+        return f"{type(exc).__name__}: {exc}"[:300]
+    finally:
+        _message_id.reset(token)
+    if result:
+        return None
+    failed = getattr(result, "failed_count", 0)
+    return f"the receiver refused the message ({failed} of {len(addresses)} failed)"

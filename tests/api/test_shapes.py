@@ -1,0 +1,70 @@
+"""One artifact-ref shape and one task/step shape, for every door.
+
+``tasks.documents`` builds them; the API's response schemas mirror them; the
+resume context and the council's refs extend them without renaming a key.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from api.api import ArtifactOut, ArtifactRefOut, StepOut, TaskOut, TaskSummaryOut
+from council.services import artifact_ref as council_ref
+from tasks.documents import (
+    artifact_payload,
+    artifact_ref,
+    step_payload,
+    task_payload,
+    task_summary,
+)
+from tasks.models import Step
+from tasks.plan import task_create
+from tasks.resume import resume_context
+from tests.support.executing import crash_at, expire_lease
+from tests.support.plans import DEMO_PLAN
+
+
+def _fields(schema) -> set[str]:
+    return set(schema.model_fields)
+
+
+@pytest.fixture
+def half_done(make_conversation):
+    """A task with two done steps (outputs stored) and two left to run."""
+    task = task_create(conversation=make_conversation(), title="Chart", steps=DEMO_PLAN)
+    crash_at(task.pk, "after_payload:3")
+    expire_lease(task.pk)
+    return task
+
+
+@pytest.mark.django_db
+def test_the_task_document_has_exactly_the_api_schemas_keys(half_done):
+    doc = task_payload(half_done)
+    done = next(s for s in doc["steps"] if s["output"])
+    artifact = Step.objects.get(pk=done["id"]).output
+
+    assert set(doc) == _fields(TaskOut)
+    assert set(task_summary(half_done)) == _fields(TaskSummaryOut)
+    assert {key for s in doc["steps"] for key in s} == _fields(StepOut)
+    assert set(done["output"]) == _fields(ArtifactRefOut)
+    assert set(artifact_payload(artifact)) == _fields(ArtifactOut)
+
+
+@pytest.mark.django_db
+def test_the_resume_context_and_a_council_ref_extend_the_same_shapes(half_done):
+    context = resume_context(half_done)
+    document = task_payload(half_done)
+    done = context["steps"][0]
+    artifact = Step.objects.get(pk=done["id"]).output
+
+    assert set(context["task"]) == _fields(TaskSummaryOut) | {
+        "branched_from",
+        "branched_after_step",
+    }
+    for entry, step in zip(context["steps"], document["steps"], strict=True):
+        assert {k: entry[k] for k in step} == step
+    assert set(done["output"]) == _fields(ArtifactRefOut)
+    assert "class" not in done["output"]
+    ref = council_ref(artifact)
+    assert {k: ref[k] for k in _fields(ArtifactRefOut)} == artifact_ref(artifact)
+    assert step_payload(Step.objects.get(pk=done["id"])) == document["steps"][0]
