@@ -268,6 +268,7 @@ CHART_PLAN = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_killed_while_keeping_a_preview_leaves_all_of_it_or_none(
     make_conversation, worker, blob_store
