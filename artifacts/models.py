@@ -183,31 +183,3 @@ class PendingUnlink(models.Model):
 
     def __str__(self) -> str:
         return f"unlink {self.sha256[:12]}"
-
-
-class InlineBlob(models.Model):
-    """A small payload's bytes, kept in the database instead of a file.
-
-    Content-addressed and shared like a blob file: one row per sha, whoever
-    stored it; an owner's ``Artifact`` row names it by sha, exactly as it
-    names a file. Written by the executor in the same transaction as the
-    ``payload_persisted`` event that names it, so there is no moment when
-    the name exists and the bytes do not (``artifacts.store``). Removed only
-    through ``BlobStore.unlink``, under the same per-sha guard as a file.
-    """
-
-    sha256 = models.CharField(max_length=64, primary_key=True)
-    size = models.PositiveIntegerField()
-    data = models.BinaryField()
-    created_at = models.DateTimeField()
-
-    class Meta:
-        constraints = [
-            models.CheckConstraint(
-                condition=Exact(Length("sha256"), 64),
-                name="artifacts_inlineblob_sha256_len",
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"inline {self.sha256[:12]} ({self.size} bytes)"

@@ -20,13 +20,14 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from django.db import transaction
 
 from artifacts.models import Artifact, ArtifactClass
-from artifacts.services import artifact_store
+from artifacts.services import BlobVanished, artifact_record, blob_put
 from artifacts.store import BlobError, default_store
 
 log = logging.getLogger("pippa.preview")
@@ -156,7 +157,9 @@ def _record(artifact: Artifact, preview: dict) -> None:
     artifact.meta = meta
 
 
-def preview_render(*, artifact: Artifact) -> Artifact | None:
+def preview_render(
+    *, artifact: Artifact, keep: Callable[[Artifact], None] | None = None
+) -> Artifact | None:
     """Render (or reuse) the PNG preview of a widget artifact; fail closed.
 
     1. Not a widget: return None and record nothing.
@@ -165,8 +168,11 @@ def preview_render(*, artifact: Artifact) -> Artifact | None:
        blob is missing or damaged is rendered again. Only a preview of the
        widget's owner counts.
     3. Read the widget blob; render it in the capped subprocess.
-    4. On success store the PNG as a class-4 artifact whose ``source_refs``
-       names the widget, and record ``status: ok`` on the widget.
+    4. On success write the PNG file, then in ONE transaction the PNG's
+       class-4 artifact row (``source_refs`` names the widget), the widget's
+       ``status: ok`` record and the caller's keeper (``keep(preview)``, a
+       task's link, say): a crash leaves all three or none, never a widget
+       naming a row that nothing keeps (which the doctor would sweep).
     5. On any failure record ``status: failed`` with the reason; return None.
     """
     if artifact.media_type not in WIDGET_MEDIA_TYPES:
@@ -177,6 +183,9 @@ def preview_render(*, artifact: Artifact) -> Artifact | None:
             pk=current.get("artifact_id"), owner_id=artifact.owner_id
         ).first()
         if existing is not None and default_store().verify(existing.sha256):
+            if keep is not None:
+                with transaction.atomic():
+                    keep(existing)
             return existing
         # A recorded preview whose PNG is gone or damaged is rendered again;
         # content addressing puts the same bytes back under the same row.
@@ -190,22 +199,38 @@ def preview_render(*, artifact: Artifact) -> Artifact | None:
         _record(artifact, {"status": STATUS_FAILED, "reason": result.reason})
         return None
     title = f"Preview of {artifact.title}" if artifact.title else "Widget preview"
-    # The widget's owner owns its preview: the same PNG from another owner's
-    # look-alike widget is that owner's own row over the same blob.
-    preview = artifact_store(
-        owner=artifact.owner_id,
-        data=result.png,
-        media_type=PREVIEW_MEDIA_TYPE,
-        artifact_class=ArtifactClass.RENDER,
-        title=title,
-        meta={"preview_of": artifact.pk},
-        source_ids=[artifact.pk],
-    )
-    _record(
-        artifact,
-        {"status": STATUS_OK, "artifact_id": preview.pk, "sha256": preview.sha256},
-    )
-    return preview
+    put = blob_put(data=result.png)  # the file first: write before show
+    for last in (False, True):
+        try:
+            with transaction.atomic():
+                # The widget's owner owns its preview: the same PNG from
+                # another owner's look-alike widget is that owner's own row
+                # over the same blob.
+                preview = artifact_record(
+                    owner=artifact.owner_id,
+                    put=put,
+                    media_type=PREVIEW_MEDIA_TYPE,
+                    artifact_class=ArtifactClass.RENDER,
+                    title=title,
+                    meta={"preview_of": artifact.pk},
+                    source_ids=[artifact.pk],
+                )
+                _record(
+                    artifact,
+                    {
+                        "status": STATUS_OK,
+                        "artifact_id": preview.pk,
+                        "sha256": preview.sha256,
+                    },
+                )
+                if keep is not None:
+                    keep(preview)
+            return preview
+        except BlobVanished:
+            if last:
+                raise
+            put = blob_put(data=result.png)  # collected meanwhile: write it again
+    return None
 
 
 def preview_sha_for(artifact: Artifact) -> str | None:

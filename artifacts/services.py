@@ -13,20 +13,13 @@ from django.utils import timezone
 
 from artifacts.models import Artifact, ArtifactClass, ArtifactSource
 from artifacts.store import (
-    INLINE_TABLE,
     BlobStore,
     PutResult,
     check_sha,
     default_store,
 )
 from pippa_site.errors import Invalid
-from pippa_site.hotsql import (
-    db_datetime,
-    db_is_postgresql,
-    hot_cursor,
-    joined_atomic,
-    utc_now,
-)
+from pippa_site.hotsql import db_datetime, db_is_postgresql, utc_now
 from pippa_site.text import media_type_clean, title_clean
 
 # Quoted the same way by both engines' quote_name.
@@ -139,7 +132,6 @@ def artifact_insert(
     title: str = "",
     meta: dict | None = None,
     source_ids: Sequence[int] = (),
-    inline: bool = False,
 ) -> Inserted:
     """Create (or find) the owner's row for a blob already stored: the one
     writer of artifact rows, for the executor, the API, the council, previews,
@@ -155,10 +147,9 @@ def artifact_insert(
     never touched, read or linked. Every source must be the owner's row.
 
     Runs inside the caller's transaction when there is one (the executor's
-    hot path: a few plain statements, no savepoint), under the per-sha
-    ``blob_guard`` so a GC cannot unlink the blob before this row commits.
-    ``inline``: the bytes were stored as an inline row (``put_inline``); on
-    SQLite the INSERT itself then checks that the row is still there.
+    result commit: ``atomic(savepoint=False)``, a few plain statements),
+    under the per-sha ``blob_guard`` so a GC cannot unlink the blob before
+    this row commits.
     """
     artifact_class = _check_class(artifact_class)
     meta = meta or {}
@@ -194,16 +185,9 @@ def artifact_insert(
             "FROM (SELECT pg_advisory_xact_lock(%s)) AS guard "
         )
         values.append(blob_guard_key(sha256))
-    elif inline:  # SQLite, under its write lock: only over the inline row
-        insert = columns + (
-            f"SELECT %s, %s, %s, %s, %s, %s, {json_mark}, %s, %s, %s "
-            f"WHERE EXISTS (SELECT 1 FROM {INLINE_TABLE} WHERE sha256 = %s) "
-        )
-        values.append(sha256)
     else:  # SQLite: BEGIN IMMEDIATE already holds the write lock (blob_guard)
         insert = columns + f"VALUES (%s, %s, %s, %s, %s, %s, {json_mark}, %s, %s, %s) "
-    checked = inline and not postgresql
-    with joined_atomic(), hot_cursor() as cursor:
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
         cursor.execute(
             insert + "ON CONFLICT (owner_id, sha256) DO NOTHING RETURNING id", values
         )
@@ -211,7 +195,7 @@ def artifact_insert(
         # GC unlinks a blob only under the same guard after re-checking that no
         # row names it, so a blob seen here, after the guard, stays until this
         # row commits; a vanished one rolls the caller's transaction back.
-        if not checked and not default_store().exists(sha256):
+        if not default_store().exists(sha256):
             raise BlobVanished(ERR_BLOB_VANISHED)
         created = row is not None
         if not created:
@@ -220,8 +204,6 @@ def artifact_insert(
                 [owner_id, sha256],
             )
             row = cursor.fetchone()
-            if row is None:  # not a conflict: the inline row was gone
-                raise BlobVanished(ERR_BLOB_VANISHED)
         pk = row[0]
         sources = [
             s

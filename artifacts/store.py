@@ -7,21 +7,19 @@ while hashing, fsync it, rename it onto its final name, fsync the folder. A
 crash at any point leaves either nothing, an orphan temp file, or a complete
 blob with no row pointing at it; the doctor sweeps the last two.
 
-Small payloads (a step's output of at most ``PIPPA_INLINE_MAX_BYTES``) live
-in the database instead, one ``InlineBlob`` row per sha, written by
-``put_inline`` inside the transaction that commits the event naming them: the
-bytes and their name commit together or not at all, so a crash leaves neither
-an orphan file nor a name without bytes, and a step pays for no new file (on
-ext4 here, creating one costs more than LangGraph's whole step). Readers never
-need to know: ``exists``, ``open``, ``get``, ``size``, ``verify`` and
-``unlink`` look at the file first and then at the row. ``path`` is a file's
-path only.
+Every payload is a file, whatever its size: the database holds refs (shas),
+never payload bytes. ``BlobStore`` touches the filesystem only, never the
+database.
+
+The store is private to the service's account: folders are made 0700 and
+blob files 0400, whatever the process's umask (``PRIVATE_DIR``,
+``PRIVATE_FILE``); ``pippa_doctor`` reports looser modes and ``--repair``
+tightens them.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import re
 import tempfile
@@ -31,9 +29,6 @@ from pathlib import Path
 from typing import BinaryIO
 
 from django.conf import settings
-from django.db import connection
-
-from pippa_site.hotsql import db_datetime, hot_cursor, utc_now
 
 SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")
 CHUNK = 1024 * 1024
@@ -42,6 +37,10 @@ ERR_BAD_SHA = "not a sha256: expected 64 lowercase hex characters"
 ERR_MISSING = "no blob with that sha"
 ERR_TOO_LARGE = "payload exceeds the size limit"
 ERR_INCOMPLETE = "received {got} of the {expected} bytes declared; nothing was stored"
+
+# The data folder, the blob folders and the blob files: the service's account only.
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o400
 
 
 class BlobError(Exception):
@@ -110,21 +109,11 @@ class BlobStore:
 
     def exists(self, sha: str) -> bool:
         sha = check_sha(sha)
-        if os.path.isfile(os.path.join(self._root, sha[:2], sha)):
-            return True
-        return _inline_read(sha, "1") is not None
-
-    def is_file(self, sha: str) -> bool:
-        """Whether the bytes are a file (not only a row in the database)."""
-        sha = check_sha(sha)
         return os.path.isfile(os.path.join(self._root, sha[:2], sha))
 
-    def iter_shas(self) -> Iterator[tuple[str, Path | None]]:
-        """Yield (sha, path) for every blob: each well-named file on disk,
-        then each inline row (path None)."""
+    def iter_shas(self) -> Iterator[tuple[str, Path]]:
+        """Yield (sha, path) for every blob (``iter_files``)."""
         yield from self.iter_files()
-        for sha in self.iter_inline():
-            yield sha, None
 
     def iter_files(self) -> Iterator[tuple[str, Path]]:
         """Yield (sha, path) for every well-named blob file on disk."""
@@ -145,6 +134,33 @@ class BlobStore:
                     if sha.startswith(name) and SHA256_RE.match(sha):
                         yield sha, folder / sha
 
+    def loose_paths(self) -> list[tuple[Path, int]]:
+        """(path, the mode it should have) for each folder or file of the
+        store whose mode lets group or others in (``pippa_doctor``)."""
+        loose = []
+        folders = [self.root, self.tmp_dir]
+        try:
+            folders += [
+                self.root / entry.name
+                for entry in os.scandir(self._root)
+                if len(entry.name) == 2 and entry.is_dir()
+            ]
+        except FileNotFoundError:
+            return []
+        for folder in folders:
+            try:
+                if os.stat(folder).st_mode & 0o077:
+                    loose.append((folder, PRIVATE_DIR))
+            except FileNotFoundError:
+                continue
+        for _, path in self.iter_files():
+            try:
+                if os.stat(path).st_mode & 0o077:
+                    loose.append((path, PRIVATE_FILE))
+            except FileNotFoundError:
+                pass
+        return loose
+
     def iter_temp_files(self) -> Iterator[Path]:
         if self.tmp_dir.is_dir():
             yield from self.tmp_dir.iterdir()
@@ -161,48 +177,16 @@ class BlobStore:
         if os.path.isdir(os.path.join(self._root, "ff")):
             return
         self.root.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(PRIVATE_DIR)  # mkdir's mode is cut by the umask; chmod is not
         self.tmp_dir.mkdir(exist_ok=True)
+        self.tmp_dir.chmod(PRIVATE_DIR)
         for i in range(256):
-            (self.root / f"{i:02x}").mkdir(exist_ok=True)
+            folder = self.root / f"{i:02x}"
+            folder.mkdir(exist_ok=True)
+            folder.chmod(PRIVATE_DIR)
         if self.fsync:
             _fsync_dir(self.root)
             _fsync_dir(self.root.parent)
-
-    @staticmethod
-    def inline_fits(size: int) -> bool:
-        """Whether bytes of this size are kept in the database (``put_inline``)."""
-        return size <= getattr(settings, "PIPPA_INLINE_MAX_BYTES", 0)
-
-    @staticmethod
-    def put_inline(data: bytes, sha: str | None = None) -> PutResult:
-        """Keep small bytes as an ``InlineBlob`` row, in the caller's transaction.
-
-        Call it inside the transaction that commits the name (the
-        ``payload_persisted`` event): both commit, or neither. The same bytes
-        stored again add nothing. ``sha`` may be given when already computed.
-        """
-        sha = sha or sha256_bytes(data)
-        created = db_datetime(utc_now())
-        with hot_cursor() as cursor:
-            cursor.execute(
-                f"INSERT INTO {INLINE_TABLE} (sha256, size, data, created_at) "
-                "VALUES (%s, %s, %s, %s) ON CONFLICT (sha256) DO NOTHING",
-                [sha, len(data), bytes(data), created],
-            )
-            created = cursor.rowcount > 0
-        return PutResult(sha, len(data), created=created)
-
-    @staticmethod
-    def iter_inline(*, created_before=None) -> Iterator[str]:
-        """Yield the sha of every inline blob (older than ``created_before``)."""
-        sql, params = f"SELECT sha256 FROM {INLINE_TABLE}", []
-        if created_before is not None:
-            sql += " WHERE created_at < %s"
-            params.append(connection.ops.adapt_datetimefield_value(created_before))
-        with connection.cursor() as cursor:
-            cursor.execute(sql + " ORDER BY sha256", params)
-            shas = [sha for (sha,) in cursor.fetchall()]
-        yield from shas
 
     def put_bytes(self, data: bytes) -> PutResult:
         return self.put_stream(_chunks_of(data))
@@ -260,7 +244,7 @@ class BlobStore:
             # on disk is healed. A reused blob also gets a fresh mtime, so the
             # doctor's grace period covers it until its row commits.
             existed = os.path.isfile(final)
-            os.chmod(tmp, 0o444)
+            os.chmod(tmp, PRIVATE_FILE)
             os.replace(tmp, final)
             if self.fsync:
                 _fsync_dir(folder)
@@ -275,24 +259,17 @@ class BlobStore:
         try:
             return self.path(sha).open("rb")
         except FileNotFoundError:
-            data = _inline_read(sha, "data")
-            if data is None:
-                raise BlobMissing(ERR_MISSING) from None
-            return io.BytesIO(bytes(data))
+            raise BlobMissing(ERR_MISSING) from None
 
     def heads(self, shas, size: int) -> dict[str, bytes]:
-        """The first ``size`` bytes of each blob there is (files read one by
-        one, inline rows in one query): a page's excerpts without a query each."""
+        """The first ``size`` bytes of each blob there is: a page's excerpts."""
         found: dict[str, bytes] = {}
-        rest = []
         for sha in dict.fromkeys(shas):
             try:
                 with self.path(sha).open("rb") as fh:
                     found[sha] = fh.read(size)
-            except OSError:  # not a file here (or unreadable): maybe inline
-                rest.append(sha)
-        for sha, head in _inline_rows(rest, "substr(data, 1, %s)", [size]):
-            found[sha] = bytes(head)
+            except (OSError, InvalidSha):  # missing or unreadable: left out
+                pass
         return found
 
     def get(self, sha: str) -> bytes:
@@ -307,21 +284,14 @@ class BlobStore:
         try:
             return self.path(sha).stat().st_size
         except FileNotFoundError:
-            data = _inline_read(sha, "data")
-            if data is None:
-                raise BlobMissing(ERR_MISSING) from None
-            return len(data)
+            raise BlobMissing(ERR_MISSING) from None
 
     def states(self, shas, *, verify: bool) -> dict[str, tuple[int, bool]]:
-        """{sha: (size, intact)} for each of ``shas`` there is, files and inline
-        rows alike; a missing one is left out. ``intact`` is whether the bytes
-        hash to their sha (always True when not ``verify``).
-
-        The doctor's integrity scan: files by their string paths, inline rows
-        500 to a query, where ``size`` and ``verify`` would cost a query each.
+        """{sha: (size, intact)} for each of ``shas`` there is; a missing one
+        is left out. ``intact`` is whether the bytes hash to their sha (always
+        True when not ``verify``). The doctor's integrity scan, by string paths.
         """
         found: dict[str, tuple[int, bool]] = {}
-        rest = []
         for sha in dict.fromkeys(shas):
             if not isinstance(sha, str) or not SHA256_RE.match(sha):
                 continue  # no blob has a malformed name: missing
@@ -334,15 +304,7 @@ class BlobStore:
                     size, digest = _read_digest(fh)
                 found[sha] = (size, digest == sha)
             except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-                rest.append(sha)
-        if not verify:
-            found.update(
-                (sha, (size, True)) for sha, size in _inline_rows(rest, "size")
-            )
-            return found
-        for sha, data in _inline_rows(rest, "data"):
-            data = bytes(data)
-            found[sha] = (len(data), sha256_bytes(data) == sha)
+                pass  # missing: left out
         return found
 
     def verify(self, sha: str) -> bool:
@@ -357,44 +319,15 @@ class BlobStore:
     # -- removing -----------------------------------------------------------
 
     def unlink(self, sha: str) -> bool:
-        """Remove a blob, file and inline row alike; return whether one was there.
+        """Remove a blob file; return whether one was there.
 
-        Callers hold the per-sha guard (``artifacts.gc.blobs_unlink``); the
-        row goes with the caller's transaction.
+        Callers hold the per-sha guard (``artifacts.gc.blobs_unlink``).
         """
         try:
             self.path(sha).unlink()
         except FileNotFoundError:
-            removed = False
-        else:
-            removed = True
-        with hot_cursor() as cursor:
-            cursor.execute(f"DELETE FROM {INLINE_TABLE} WHERE sha256 = %s", [sha])
-            return removed or cursor.rowcount > 0
-
-
-INLINE_TABLE = "artifacts_inlineblob"  # artifacts.models.InlineBlob
-
-
-def _inline_rows(shas: list[str], column: str, params=()) -> Iterator[tuple]:
-    """(sha, ``column``) of each inline row among ``shas``, 500 shas a query."""
-    for start in range(0, len(shas), 500):
-        chunk = shas[start : start + 500]
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT sha256, {column} FROM {INLINE_TABLE} "
-                f"WHERE sha256 IN ({', '.join(['%s'] * len(chunk))})",
-                [*params, *chunk],
-            )
-            yield from cursor.fetchall()
-
-
-def _inline_read(sha: str, column: str):
-    """One column of the inline row for ``sha`` ("1" for existence), or None."""
-    with hot_cursor() as cursor:
-        cursor.execute(f"SELECT {column} FROM {INLINE_TABLE} WHERE sha256 = %s", [sha])
-        row = cursor.fetchone()
-    return None if row is None else row[0]
+            return False
+        return True
 
 
 def _chunks_of(data: bytes) -> Iterator[memoryview]:

@@ -1,28 +1,26 @@
 """Sequential durable steps per second: the executor against raw sqlite3, same run.
 
 Both sides do, per step, the same logical writes with the same durability and
-in the same three commits the design requires:
+in the same two commits the design requires:
 
 1. ``BEGIN IMMEDIATE``: renew the lease (conditional UPDATE), pick the first
    unfinished step, mark it running and count the attempt, reserve a seq and
-   insert ``tool_call_started``; COMMIT (before the call).
-2. The 1 KiB payload: at most ``PIPPA_INLINE_MAX_BYTES`` (the default, 16
-   KiB) it is an inline row inserted in this commit; above it a blob file
-   written first (temp file, fsync, rename, fsync the folder: the same
-   ``BlobStore`` code on both sides). Then reserve a seq and insert
-   ``payload_persisted``; COMMIT.
-3. Insert the artifact row (ON CONFLICT on sha), the ownership link, mark the
-   step done with its output ref, reserve a seq and bump progress, insert
-   ``tool_result_persisted``; COMMIT.
+   insert ``tool_call_started``; COMMIT (before the call), at
+   ``synchronous=NORMAL`` (the tool has no outside effects: losing this
+   commit re-runs a call whose result nobody saw).
+2. The 1 KiB payload as a blob file (temp file, fsync, rename, fsync the
+   folder: the same ``BlobStore`` code on both sides).
+3. At ``synchronous=FULL`` (the result is shown after it): insert the
+   artifact row (ON CONFLICT on sha), the ownership link, mark the step done
+   with its output ref, reserve two seqs and bump progress, insert
+   ``payload_persisted`` and ``tool_result_persisted``; COMMIT.
 
-SQLite in WAL mode with synchronous=NORMAL on both sides (the project's
-settings). The sides alternate every 20 steps so a swing in fsync latency
-hits both; each figure is total steps over total time.
+The sides alternate every 20 steps so a swing in fsync latency hits both;
+each figure is total steps over total time.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
 import time
@@ -193,46 +191,18 @@ class RawExecutor:
             ],
         )
         db.execute("COMMIT")
-        # The call, then the durable bytes: an inline row, or a blob file first.
+        # The call, then the durable bytes: a blob file first.
         result = _bench_tool(SimpleNamespace(step_id=step_id))
-        inline = self.store.inline_fits(len(result.data))
-        if inline:
-            put = SimpleNamespace(
-                sha256=hashlib.sha256(result.data).hexdigest(), size=len(result.data)
-            )
-        else:
-            put = self.store.put_bytes(result.data)
-        # 2. payload_persisted (with the inline row).
-        db.execute("BEGIN IMMEDIATE")
-        if inline:
-            db.execute(
-                "INSERT INTO artifacts_inlineblob (sha256, size, data, created_at) "
-                "VALUES (?, ?, ?, ?) ON CONFLICT (sha256) DO NOTHING",
-                (put.sha256, put.size, result.data, self._now()),
-            )
-        last = self._seq(task_id, 1)[0]
-        payload = {
-            "sha": put.sha256,
-            "size": put.size,
-            "media_type": "text/plain",
-            "title": row[2],
-            "meta": {},
-            "attempt": attempts,
-            "generation": generation,
-            "key": key,
-        }
-        if inline:
-            payload["stored"] = "inline"
-        self._events(task_id, last, [("payload_persisted", step_id, payload)])
-        db.execute("COMMIT")
-        # 3. Artifact, link, step done, tool_result_persisted.
+        put = self.store.put_bytes(result.data)
+        # 2. Artifact, link, step done, payload_persisted and
+        # tool_result_persisted: one commit, on disk before it is shown.
+        db.execute("PRAGMA synchronous=FULL")
         db.execute("BEGIN IMMEDIATE")
         now = self._now()
         found = db.execute(
             "INSERT INTO artifacts_artifact (owner_id, sha256, size, media_type, "
             "artifact_class, title, meta, integrity, verified_at, created_at) "
-            "SELECT ?, ?, ?, ?, ?, ?, ?, 'ok', ?, ? WHERE EXISTS "
-            "(SELECT 1 FROM artifacts_inlineblob WHERE sha256 = ?) OR ? "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, 'ok', ?, ?) "
             "ON CONFLICT (owner_id, sha256) DO NOTHING RETURNING id",
             (
                 row[11],
@@ -244,8 +214,6 @@ class RawExecutor:
                 '{"tool": "x"}',
                 now,
                 now,
-                put.sha256,
-                not inline,  # a blob file was checked by its write
             ),
         ).fetchone()
         artifact_id = found[0]
@@ -260,25 +228,34 @@ class RawExecutor:
             "error = '' WHERE id = ?",
             (artifact_id, now, step_id),
         )
-        last, done, total = self._seq(task_id, 1, ", steps_done = steps_done + 1")
+        last, done, total = self._seq(task_id, 2, ", steps_done = steps_done + 1")
+        payload = {
+            "sha": put.sha256,
+            "size": put.size,
+            "media_type": "text/plain",
+            "title": row[2],
+            "meta": {},
+            "attempt": attempts,
+            "generation": generation,
+            "key": key,
+        }
+        result_data = {
+            "artifact_id": artifact_id,
+            "sha": put.sha256,
+            "size": put.size,
+            "class": row[6],
+            "attempt": attempts,
+        }
         self._events(
             task_id,
             last,
             [
-                (
-                    "tool_result_persisted",
-                    step_id,
-                    {
-                        "artifact_id": artifact_id,
-                        "sha": put.sha256,
-                        "size": put.size,
-                        "class": row[6],
-                        "attempt": attempts,
-                    },
-                )
+                ("payload_persisted", step_id, payload),
+                ("tool_result_persisted", step_id, result_data),
             ],
         )
         db.execute("COMMIT")
+        db.execute("PRAGMA synchronous=NORMAL")
         return True
 
     def run(self, steps: int) -> float:
@@ -328,7 +305,7 @@ def run(report) -> None:
     ex, raw = measure(True)
     report.add(
         group="executor",
-        figure=f"durable steps/s (1 KiB payload, blob fsync'd, 3 commits; {total} steps)",
+        figure=f"durable steps/s (1 KiB payload, blob fsync'd, 2 commits; {total} steps)",
         value=ex,
         baseline_name="raw sqlite3, same writes and commits",
         baseline=raw,

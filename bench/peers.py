@@ -8,19 +8,27 @@ each producing a fresh 1 KiB payload.
 
 Systems, each as its users would set it up on SQLite:
 
-- ``pippa``: ``tasks.executor.step``, the project's own executor (3 commits;
-  a 1 KiB payload is kept inline, committed with the event naming it).
-- ``pippa_full``: the same with ``PIPPA_SQLITE_SYNCHRONOUS=FULL`` (every
-  commit synced, as LangGraph's saver runs SQLite): the like-for-like
-  durability figure.
-- ``raw``: the same writes and commits with the ``sqlite3`` module
+- ``pippa``: ``tasks.executor.step``, the project's own executor as shipped:
+  two commits a step, the payload a file (temp, fsync, rename, fsync the
+  folder), SQLite ``synchronous=FULL`` except the start of a call without
+  outside effects (NORMAL: losing it re-runs a call nobody saw).
+- ``pippa_normal``: the same with ``PIPPA_SQLITE_SYNCHRONOUS=NORMAL`` (every
+  commit outside the envelope at NORMAL; the result's commit is FULL at every
+  setting), beside LangGraph at NORMAL.
+- ``raw``: the same writes, files and commits with the ``sqlite3`` module
   (``bench_executor.RawExecutor``).
 - ``orm``: the Django ORM doing one UPDATE and three INSERTs per step in one
   transaction, no payload file: what the ORM alone costs.
 - ``langgraph``: a LangGraph loop graph, one node per superstep, checkpointed by
-  ``SqliteSaver`` with ``durability="sync"``.
+  ``SqliteSaver`` with ``durability="sync"`` (its saver runs WAL, and SQLite's
+  default ``synchronous=FULL``).
+- ``langgraph_normal``: the same with the saver's connection at
+  ``synchronous=NORMAL``.
 - ``dbos``: a DBOS workflow of N ``@DBOS.step`` calls on a SQLite system
-  database.
+  database. DBOS 3.4's SQLite system database fails to launch under Python
+  3.12 and 3.13 and runs under 3.11, so ``bench_peers`` runs this one under an
+  interpreter of its own (``DBOS_PYTHON``, or a venv made from the machine's
+  ``python3`` 3.11); this module imports nothing of Django for it.
 """
 
 from __future__ import annotations
@@ -33,7 +41,15 @@ import sys
 import time
 from pathlib import Path
 
-SYSTEMS = ("pippa", "pippa_full", "raw", "orm", "langgraph", "dbos")
+SYSTEMS = (
+    "pippa",
+    "pippa_normal",
+    "raw",
+    "orm",
+    "langgraph",
+    "langgraph_normal",
+    "dbos",
+)
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -93,10 +109,10 @@ def run_pippa(data_dir: Path, template: Path, steps: int, size: int) -> float:
     return side.run(steps)
 
 
-def run_pippa_full(data_dir: Path, template: Path, steps: int, size: int) -> float:
-    """Ours with SQLite's ``synchronous=FULL``, as LangGraph's saver runs: every
-    commit synced, so the last steps survive a power cut too."""
-    os.environ["PIPPA_SQLITE_SYNCHRONOUS"] = "FULL"
+def run_pippa_normal(data_dir: Path, template: Path, steps: int, size: int) -> float:
+    """Ours with ``PIPPA_SQLITE_SYNCHRONOUS=NORMAL``: the opt-in to less
+    durability outside the envelope (the result's commit stays FULL)."""
+    os.environ["PIPPA_SQLITE_SYNCHRONOUS"] = "NORMAL"
     return run_pippa(data_dir, template, steps, size)
 
 
@@ -143,7 +159,9 @@ def run_orm(data_dir: Path, template: Path, steps: int, size: int) -> float:
     return time.perf_counter() - started
 
 
-def run_langgraph(data_dir: Path, template: Path, steps: int, size: int) -> float:
+def run_langgraph(
+    data_dir: Path, template: Path, steps: int, size: int, synchronous: str = ""
+) -> float:
     import sqlite3
     from typing import TypedDict
 
@@ -167,6 +185,8 @@ def run_langgraph(data_dir: Path, template: Path, steps: int, size: int) -> floa
     conn = sqlite3.connect(data_dir / "langgraph.sqlite", check_same_thread=False)
     saver = SqliteSaver(conn)
     saver.setup()
+    if synchronous:
+        conn.execute(f"PRAGMA synchronous={synchronous}")
     app = graph.compile(checkpointer=saver)
     config = {"configurable": {"thread_id": "bench"}, "recursion_limit": steps + 10}
     started = time.perf_counter()
@@ -175,6 +195,12 @@ def run_langgraph(data_dir: Path, template: Path, steps: int, size: int) -> floa
     assert final["n"] == steps, final["n"]
     conn.close()
     return seconds
+
+
+def run_langgraph_normal(
+    data_dir: Path, template: Path, steps: int, size: int
+) -> float:
+    return run_langgraph(data_dir, template, steps, size, synchronous="NORMAL")
 
 
 def _sqlite_subsec_shim() -> None:
@@ -239,10 +265,11 @@ def run_dbos(data_dir: Path, template: Path, steps: int, size: int) -> float:
 
 RUNNERS = {
     "pippa": run_pippa,
-    "pippa_full": run_pippa_full,
+    "pippa_normal": run_pippa_normal,
     "raw": run_raw,
     "orm": run_orm,
     "langgraph": run_langgraph,
+    "langgraph_normal": run_langgraph_normal,
     "dbos": run_dbos,
 }
 

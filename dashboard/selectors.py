@@ -635,7 +635,7 @@ def _rows(steps, task: Task, clock: TaskClock) -> list[StepRow]:
     steps = list(steps)
     for step in steps:
         step.task = task  # the page already holds it; resume advice reads it
-    # The text outputs' heads at once (small outputs are inline rows).
+    # The text outputs' heads, read from their files in one pass.
     heads = default_store().heads(
         [
             step.output.sha256

@@ -14,9 +14,9 @@ from django.contrib.auth.backends import ModelBackend
 from django.contrib.sessions.backends import db
 from django.contrib.sessions.backends.base import VALID_KEY_CHARS
 from django.core.exceptions import ValidationError
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
-from pippa_site.hotsql import db_datetime, hot_cursor, row_get, utc_now
+from pippa_site.hotsql import db_datetime, row_get, utc_now
 
 _KEY_CHARS = frozenset(VALID_KEY_CHARS)
 
@@ -32,12 +32,13 @@ class SessionStore(db.SessionStore):
             self._session_key = None
             return None
         model = self.model
-        with hot_cursor() as cursor:
-            row = cursor.execute(
+        with connection.cursor() as cursor:
+            cursor.execute(
                 f"SELECT session_data FROM {_table(model)} "
                 "WHERE session_key = %s AND expire_date > %s",
                 [key, db_datetime(utc_now())],
-            ).fetchone()
+            )
+            row = cursor.fetchone()
         if row is None:
             self._session_key = None
             return None

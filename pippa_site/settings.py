@@ -45,11 +45,8 @@ def env_list(name: str, default: str = "") -> list[str]:
 
 DATA_DIR = Path(env_str("PIPPA_DATA_DIR", str(BASE_DIR / "var"))).resolve()
 DATA_DIR.mkdir(parents=True, exist_ok=True)
+DATA_DIR.chmod(0o700)  # the service's account only, whatever the umask
 BLOB_DIR = Path(env_str("PIPPA_BLOB_DIR", str(DATA_DIR / "blobs"))).resolve()
-# A step's output of at most this many bytes is kept in the database, in the
-# same commit as the event that names it, instead of a file of its own
-# (artifacts.store, docs/design.md "Where bytes live"). 0: every output a file.
-PIPPA_INLINE_MAX_BYTES = env_int("PIPPA_INLINE_MAX_BYTES", 16 * 1024)
 
 
 def _secret_key() -> str:
@@ -179,13 +176,23 @@ def _database() -> dict:
         config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
         if config["ENGINE"] != "django.db.backends.postgresql":
             raise ValueError("DATABASE_URL must point at PostgreSQL (postgres://…)")
+        # A commit returns once it is on the server's disk, whatever the
+        # server's own default: the executor's envelope relies on it.
+        options = config.setdefault("OPTIONS", {})
+        options["options"] = (
+            options.get("options", "") + " -c synchronous_commit=on"
+        ).strip()
         if env_str("PIPPA_TEST_DB_NAME"):
             config["TEST"] = {"NAME": env_str("PIPPA_TEST_DB_NAME")}
         return config
-    # NORMAL (the default): a commit survives the process being killed (what
-    # the crash tests check) but the last commits before a power cut may be
-    # lost; FULL syncs the log at every commit, and survives that too.
-    synchronous = env_str("PIPPA_SQLITE_SYNCHRONOUS", "NORMAL").upper()
+    # FULL (the default): every commit is on disk when it returns, except the
+    # one that logs the start of a call without outside effects (the executor
+    # runs that one at NORMAL: losing it re-runs a call nobody saw). NORMAL
+    # opts into less: any other commit of the last moments before a power cut
+    # may be lost (a person's action, a new task), never a result shown or
+    # the start of a call with outside effects, which the executor syncs at
+    # every setting (docs/faults.md, "Power loss").
+    synchronous = env_str("PIPPA_SQLITE_SYNCHRONOUS", "FULL").upper()
     if synchronous not in ("NORMAL", "FULL"):
         raise ValueError("PIPPA_SQLITE_SYNCHRONOUS must be NORMAL or FULL")
     return {

@@ -21,10 +21,13 @@ ENV = "PIPPA_CRASHPOINT"
 BOUNDARIES = (
     "before_started_commit",  # inside the transaction that logs tool_call_started
     "after_started",  # tool_call_started committed, tool not yet called
-    "after_tool",  # tool returned, payload not yet written
-    "after_payload",  # payload_persisted committed
-    "after_result",  # tool_result_persisted committed, result not yet returned
+    "after_tool",  # tool returned, payload file not yet written
+    "after_blob",  # payload file and folder fsynced; the result not committed
+    "after_result",  # payload_persisted + tool_result_persisted committed
 )
+# After the result: inside the transaction that writes a widget's preview row,
+# the widget's record of it and the task's keeper link (all or none).
+PREVIEW_BOUNDARY = "before_preview_commit"
 
 
 class SimulatedCrash(BaseException):

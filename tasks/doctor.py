@@ -20,6 +20,9 @@ Repair order (each step may free rows for the next):
    ``lease_released`` event. Only if the lease is still the expired one.
 6. Blob unlinks a killed delete left written down (``PendingUnlink``):
    finished at once, no grace period.
+   Data files and folders other accounts could read (the data folder, the
+   database's files, the blob store): tightened to 0700 folders, 0600
+   database files, 0400 blob files (``pippa_site.private``).
 7. Tool-call envelopes still open on a step no worker will ever pick up (its
    task is done, failed or waiting for a person): the step goes to
    ``needs_review``, with an event saying why.
@@ -41,11 +44,13 @@ rows; a row that lost its parent since is the next run's to find.
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -61,11 +66,13 @@ from artifacts.gc import (
 )
 from artifacts.models import Artifact, ArtifactSource, PendingUnlink
 from artifacts.store import BlobStore, default_store
-from tasks.lease import DEAD_SQL, lease_release
+from pippa_site.private import loose_paths
+from tasks.lease import lease_release
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 from tasks.notify import notify_step_waiting
 from tasks.resume import CLOSING_KINDS
 from tasks.services import event_append
+from tasks.statements import LEASE_DEAD
 
 DEFAULT_GRACE_SECONDS = 3600
 CHUNK = 20000
@@ -309,16 +316,6 @@ def _orphan_blobs(store: BlobStore, cutoff: float) -> list[tuple[str, Any]]:
             flush()
     if pending:
         flush()
-    # Inline blobs (small outputs kept in the database) by their row's age.
-    inline = list(
-        store.iter_inline(created_before=datetime.fromtimestamp(cutoff, tz=UTC))
-    )
-    for start in range(0, len(inline), 500):
-        chunk = inline[start : start + 500]
-        named = spoken_for | set(
-            Artifact.objects.filter(sha256__in=chunk).values_list("sha256", flat=True)
-        )
-        found += [(sha, None) for sha in chunk if sha not in named]
     return found
 
 
@@ -400,7 +397,7 @@ def _open_envelopes(now) -> list[tuple[int, int, int]]:
                             WHERE f.step_id = x.step_id AND f.seq > x.seq
                               AND f.kind IN ({later}))
            AND t.status NOT IN ({statuses})
-           AND {DEAD_SQL}
+           AND {LEASE_DEAD}
          ORDER BY x.id
     """
     adapt = connection.ops.adapt_datetimefield_value
@@ -559,6 +556,14 @@ def _check(
             (damaged, restored),
         )
 
+    progress("checking the data folder's permissions")
+    loose = loose_paths() + store.loose_paths()
+    results["loose_permissions"] = (
+        len(loose),
+        [f"{path} ({oct(_mode(path))})" for path, _ in loose[:SAMPLE]],
+        loose,
+    )
+
     progress("checking blob unlinks a delete left pending")
     pending = list(PendingUnlink.objects.values_list("sha256", flat=True))
     results["pending_unlinks"] = (len(pending), pending[:SAMPLE], pending)
@@ -586,6 +591,11 @@ LABELS = {
         "--repair only flags them (Artifact.integrity)",
     ),
     "pending_unlinks": ("blob unlinks a killed delete left pending", True, ""),
+    "loose_permissions": (
+        "data files or folders other accounts may read",
+        True,
+        "--repair makes folders 0700, the database 0600 and blob files 0400",
+    ),
     "expired_leases": ("task leases past expiry", True, ""),
     "open_envelopes": (
         "tool calls left open on tasks no worker will pick up",
@@ -674,6 +684,7 @@ def _repair(run: _Run, before: dict, report: DoctorReport) -> dict[str, int]:
     _repair_orphans(before, run.progress)
     repaired = _repair_artifacts(run, before)
     repaired.update(_repair_blobs(run, before))
+    repaired["loose_permissions"] = _tighten(before["loose_permissions"][2])
     _flag_integrity(before)
     run.progress("releasing expired leases")
     released = [
@@ -684,6 +695,25 @@ def _repair(run: _Run, before: dict, report: DoctorReport) -> dict[str, int]:
     repaired["expired_leases"], repaired["open_envelopes"] = len(released), len(closed)
     report.touched_tasks = sorted(set(released) | set(closed))
     return repaired
+
+
+def _mode(path) -> int:
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return 0
+
+
+def _tighten(loose: list) -> int:
+    """chmod each loose path to its private mode; return how many changed."""
+    done = 0
+    for path, mode in loose:
+        try:
+            os.chmod(path, mode)
+        except FileNotFoundError:
+            continue
+        done += 1
+    return done
 
 
 def _repair_orphans(before: dict, progress: Progress) -> None:

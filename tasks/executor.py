@@ -1,6 +1,6 @@
 """The step executor: one step of one task, by one worker, durable at every boundary.
 
-``step(task_id=…, worker_id=…)``:
+``step(task_id=…, worker_id=…)``, in two commits:
 
 1. Take the task's lease in one conditional UPDATE (ours, free, or expired;
    a takeover logs ``lease_taken_over`` naming the previous owner).
@@ -8,23 +8,33 @@
 3. A step still ``running`` has an open envelope (``tool_call_started`` with no
    closing event): the uncertain state. Resolve it by its class
    (``tasks.resume.uncertain_decide``), never by blindly re-running.
-4. Otherwise count the attempt and commit ``tool_call_started`` before the call.
+4. Otherwise count the attempt and log ``tool_call_started``: **commit 1**.
+   For a tool with outside effects that commit is on disk before the call
+   (SQLite ``synchronous=FULL`` for that transaction; PostgreSQL's worker
+   connection runs with ``synchronous_commit`` on); for any other tool it may
+   ride on the next sync (losing it re-runs a call whose result was never
+   shown).
 5. Call the tool with a context carrying the idempotency key
    ``pippa:<task>:<step>:<generation>`` (only an explicit retry bumps the
    generation, so a resumed uncertain call keeps its key).
-6. Write the payload blob (temp, fsync, rename, fsync dir) and commit
-   ``payload_persisted`` with its sha.
-7. In one transaction: the artifact row, the ownership link, the step's output
-   ref and ``done``, ``tool_result_persisted``. Only then return the result.
+6. Write the payload as a content-addressed file (temp, fsync, rename, fsync
+   the folder): every output is a file, whatever its size.
+7. **Commit 2**, durable (``synchronous=FULL``): ``payload_persisted`` (sha)
+   and ``tool_result_persisted``, the artifact row, the ownership link, the
+   step's output ref and ``done``, and the plan's advance (``steps_done``;
+   the task's close after its last step). Only then return the result.
 8. The lease was renewed at the step's start (and by the keeper through the
    call) and checked by every write; it is released when the task stops being
    runnable (done, failed, needs review).
 
+A crash between 6 and 7 leaves a file no row names (the doctor sweeps it)
+and an open envelope with no payload, which the class rules settle: the call
+is made again unless it has outside effects, in which case a person decides.
+
 Every write after the lease is taken is conditional on still holding it, so a
-worker that lost its lease cannot record a result. The hot path uses a few
-hand-written statements (one ``UPDATE … RETURNING`` per transaction reserves
-the event sequence numbers and renews the lease at once); see
-``bench/bench_executor.py``.
+worker that lost its lease cannot record anything. The statements are
+``tasks.statements``'s; the transactions are Django's
+(``transaction.atomic(durable=True)`` for a worker's commits).
 
 Each boundary has a crash point (``tasks.crashpoints``) that tests and the
 demo arm to kill the process there. Leases are ``tasks.lease``; what a person
@@ -44,15 +54,16 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from artifacts.gc import blobs_unlink_after_commit
-from artifacts.models import Artifact, ArtifactClass, ArtifactSource
+from artifacts.models import ArtifactClass
 from artifacts.preview import WIDGET_MEDIA_TYPES
 from artifacts.services import (
     BlobVanished,
     artifact_insert,
     sources_check,
 )
-from artifacts.store import PutResult, default_store, sha256_bytes
-from pippa_site.hotsql import db_datetime, hot_atomic, hot_cursor, utc_now
+from artifacts.store import default_store
+from pippa_site.hotsql import db_datetime, utc_now
+from tasks import statements as sql
 from tasks.crashpoints import crashpoint
 from tasks.faults import REASON_DISK_FULL, fault_reason, retry_delay
 from tasks.lease import (
@@ -65,9 +76,8 @@ from tasks.lease import (
     lease_lent,
     lease_take,
     lease_unreserve,
-    parse_dt,
 )
-from tasks.models import Conversation, Event, LinkRole, Step, Task, TaskArtifact
+from tasks.models import Conversation, Event, LinkRole, Step, Task
 from tasks.notify import notify_step_waiting
 from tasks.resume import (
     ADOPT,
@@ -78,7 +88,8 @@ from tasks.resume import (
     envelope_read,
     uncertain_decide,
 )
-from tasks.services import events_insert, task_widget_preview
+from tasks.services import task_widget_preview
+from tasks.statements import StepRow, step_row
 from tasks.tools import ToolContext, ToolResult, files_root, tool_get
 
 log = logging.getLogger("pippa.executor")
@@ -89,8 +100,12 @@ ERR_UNSAVED = "the tool ran; its output could not be saved: {reason}"
 ERR_WAITING = "waiting before attempt {attempt}: next attempt {when}"
 
 MAX_PAYLOAD_META_CHARS = 1500
-# ``payload_persisted`` data of an output kept in the database (``put_inline``).
-STORED_INLINE = "inline"
+
+S = Step.Status
+# SQLite's sync level for a commit that must be on disk before what follows
+# (a call with outside effects, a result shown), and for one that may ride
+# on the next sync (``tasks.statements.synchronous``).
+DURABLE, RELAXED = "FULL", "NORMAL"
 
 
 # -- outcome ------------------------------------------------------------------
@@ -114,95 +129,7 @@ class StepOutcome:
     next_attempt_at: Any = None  # a failed tool's back-off: not before this
 
 
-@dataclass
-class _StepRow:
-    id: int
-    task_id: int
-    position: int
-    title: str
-    status: str
-    tool: str
-    args: dict[str, Any]
-    artifact_class: int
-    side_effects: bool
-    attempts: int
-    max_attempts: int
-    generation: int
-    # The conversation's owner: the owner of every artifact row this step writes.
-    owner_id: int
-    next_attempt_at: Any = None
-
-    @property
-    def key(self) -> str:
-        return f"pippa:{self.task_id}:{self.id}:{self.generation}"
-
-    def as_step(self) -> Step:
-        return Step(
-            id=self.id,
-            task_id=self.task_id,
-            position=self.position,
-            title=self.title,
-            status=self.status,
-            tool=self.tool,
-            args=self.args,
-            artifact_class=self.artifact_class,
-            side_effects=self.side_effects,
-            attempts=self.attempts,
-            max_attempts=self.max_attempts,
-            generation=self.generation,
-        )
-
-
-# -- SQL of the hot path ------------------------------------------------------
-
-T_TASK = Task._meta.db_table
-T_CONV = Conversation._meta.db_table
-T_STEP = Step._meta.db_table
-T_LINK = TaskArtifact._meta.db_table
-T_ART = Artifact._meta.db_table
-T_SRC = ArtifactSource._meta.db_table
-# Statuses of a finished step (``StepStatus.finished``), as an SQL list.
-FINISHED_SQL = Step.Status.finished_sql()
-
-
 _dt = db_datetime
-
-
-def _loads(value: Any) -> Any:
-    if isinstance(value, (str, bytes, bytearray)):
-        return json.loads(value)
-    return value
-
-
-def _next_step(cursor, task_id: int) -> _StepRow | None:
-    cursor.execute(
-        f"SELECT s.id, s.position, s.title, s.status, s.tool, s.args, "
-        f"s.artifact_class, s.side_effects, s.attempts, s.max_attempts, "
-        f"s.generation, c.owner_id, s.next_attempt_at FROM {T_STEP} s "
-        f"JOIN {T_TASK} t ON t.id = s.task_id JOIN {T_CONV} c ON c.id = t.conversation_id "
-        f"WHERE s.task_id = %s AND s.status NOT IN {FINISHED_SQL} "
-        f"ORDER BY s.position LIMIT 1",
-        [task_id],
-    )
-    row = cursor.fetchone()
-    if row is None:
-        return None
-    return _StepRow(
-        id=row[0],
-        task_id=task_id,
-        position=row[1],
-        title=row[2],
-        status=row[3],
-        tool=row[4],
-        args=_loads(row[5]) or {},
-        artifact_class=row[6],
-        side_effects=bool(row[7]),
-        attempts=row[8],
-        max_attempts=row[9],
-        generation=row[10],
-        owner_id=row[11],
-        next_attempt_at=parse_dt(row[12]),
-    )
 
 
 # -- the step -----------------------------------------------------------------
@@ -212,39 +139,67 @@ def step(*, task_id: int, worker_id: str) -> StepOutcome | None:
     """Run one step of one task; None when the lease is held elsewhere or the task is idle.
 
     See the module docstring for the numbered state machine. The common case
-    (our lease, the next step pending and due) is three statements before the
+    (our lease, the next step pending and due) is four statements before the
     call: the renewal reserving the event's seq, one ``UPDATE … RETURNING``
-    that picks and starts the step, and the event.
+    that picks and starts the step, and the event; commit 1.
     """
-    with hot_atomic(), hot_cursor() as cursor:
-        lease = lease_take(cursor, task_id, worker_id, reserve=1)
+    picked = _begin(task_id, worker_id, durable=False)
+    if picked is _EFFECTS:
+        # The step has outside effects: its start goes to disk before the call.
+        picked = _begin(task_id, worker_id, durable=True)
+    if picked is None or isinstance(picked, StepOutcome):
+        return picked
+    row, uncertain = picked
+    if uncertain:
+        return _resolve_uncertain(row, worker_id)
+    return _call(row, worker_id)
+
+
+_EFFECTS = object()  # _begin's answer: start this step again at DURABLE
+
+
+def _begin(task_id: int, worker_id: str, *, durable: bool):
+    """Commit 1: take the lease, pick the step, log ``tool_call_started``.
+
+    Run at RELAXED first; a step with outside effects found there is rolled
+    back (``_EFFECTS``) and started again at DURABLE, so its start is on disk
+    before its call. Return None, an outcome, or (step row, uncertain).
+    """
+    with (
+        sql.synchronous(DURABLE if durable else RELAXED),
+        transaction.atomic(durable=True),
+    ):
+        cur = sql.cursor()
+        lease = lease_take(cur, task_id, worker_id, reserve=1)
         if lease is None:
-            lease_close_stopped(cursor, task_id, worker_id)
+            lease_close_stopped(cur, task_id, worker_id)
             return None
-        row = _start_next(cursor, task_id, worker_id, lease) if lease.reserved else None
+        row = _start_next(cur, task_id, worker_id, lease) if lease.reserved else None
         if row is None:
-            lease_unreserve(cursor, task_id, lease)
-            picked = _pick(cursor, task_id, worker_id, lease)
+            lease_unreserve(cur, task_id, lease)
+            picked = _pick(cur, task_id, worker_id, lease)
             if isinstance(picked, StepOutcome):
                 return picked
             row, uncertain = picked
         else:
             uncertain = False
         if not uncertain:
+            if row.side_effects and not durable and sql.relaxable():
+                transaction.set_rollback(True)
+                return _EFFECTS
             crashpoint("before_started_commit")
-    if uncertain:
-        return _resolve_uncertain(row, worker_id)
-    return _call(row, worker_id)
+    return row, uncertain
 
 
 def _pick(
     cursor, task_id: int, worker_id: str, lease: Lease
-) -> StepOutcome | tuple[_StepRow, bool]:
+) -> StepOutcome | tuple[StepRow, bool]:
     """Every case but the common one: finished, stopped, uncertain, waiting, exhausted.
 
     Return the outcome, or the step to go on with and whether it is uncertain.
     """
-    row = _next_step(cursor, task_id)
+    found = cursor.execute(sql.STEP_NEXT, [task_id, *sql.FINISHED]).fetchone()
+    row = step_row(task_id, found) if found else None
     if row is None:
         status = lease_close(
             cursor, task_id, worker_id, Task.Status.DONE, lease.entries
@@ -276,7 +231,7 @@ def _pick(
     return row, False
 
 
-def _start_next(cursor, task_id: int, worker_id: str, lease: Lease) -> _StepRow | None:
+def _start_next(cursor, task_id: int, worker_id: str, lease: Lease) -> StepRow | None:
     """The common case in one statement: pick the next step, if it is pending,
     due and has attempts left, count the attempt and mark it running; then log
     ``tool_call_started`` under the seq the lease renewal reserved.
@@ -284,39 +239,14 @@ def _start_next(cursor, task_id: int, worker_id: str, lease: Lease) -> _StepRow 
     """
     moment = utc_now()
     now = _dt(moment)
-    cursor.execute(
-        f"UPDATE {T_STEP} SET status = 'running', attempts = attempts + 1, "
-        f"started_at = %s, finished_at = NULL, next_attempt_at = NULL "
-        f"WHERE id = (SELECT id FROM {T_STEP} WHERE task_id = %s "
-        f"AND status NOT IN {FINISHED_SQL} ORDER BY position LIMIT 1) "
-        f"AND status = 'pending' AND attempts < max_attempts "
-        f"AND (next_attempt_at IS NULL OR next_attempt_at <= %s) "
-        f"RETURNING id, position, title, tool, args, artifact_class, side_effects, "
-        f"attempts, max_attempts, generation, "
-        # The owner's artifact rows receive the output (artifact_insert).
-        f"(SELECT c.owner_id FROM {T_TASK} t JOIN {T_CONV} c "
-        f"ON c.id = t.conversation_id WHERE t.id = %s)",
-        [now, task_id, now, task_id],
-    )
-    found = cursor.fetchone()
+    found = cursor.execute(
+        sql.STEP_START_NEXT,
+        [S.RUNNING, now, task_id, *sql.FINISHED, S.PENDING, now, task_id],
+    ).fetchone()
     if found is None:
         return None
-    row = _StepRow(
-        id=found[0],
-        task_id=task_id,
-        position=found[1],
-        title=found[2],
-        status=Step.Status.RUNNING,
-        tool=found[3],
-        args=_loads(found[4]) or {},
-        artifact_class=found[5],
-        side_effects=bool(found[6]),
-        attempts=found[7],
-        max_attempts=found[8],
-        generation=found[9],
-        owner_id=found[10],
-    )
-    events_insert(
+    row = step_row(task_id, found)
+    sql.events_insert(
         task_id=task_id,
         first_seq=lease.last_seq,
         entries=[_started_entry(row, worker_id)],
@@ -326,7 +256,7 @@ def _start_next(cursor, task_id: int, worker_id: str, lease: Lease) -> _StepRow 
     return row
 
 
-def _waiting(cursor, row: _StepRow, worker_id: str, lease: Lease) -> StepOutcome:
+def _waiting(cursor, row: StepRow, worker_id: str, lease: Lease) -> StepOutcome:
     """The step is waiting out its back-off: take nothing, say until when."""
     if lease.entries:
         # The lease was only just taken for this look: leave no trace of it.
@@ -354,13 +284,9 @@ def _from_now(when) -> str:
     return f"in {seconds} s"
 
 
-def _start(cursor, row: _StepRow, worker_id: str, pre: list) -> None:
+def _start(cursor, row: StepRow, worker_id: str, pre: list) -> None:
     """Count the attempt and log ``tool_call_started`` (caller commits it)."""
-    cursor.execute(
-        f"UPDATE {T_STEP} SET status = 'running', attempts = attempts + 1, "
-        f"started_at = %s, finished_at = NULL, next_attempt_at = NULL WHERE id = %s",
-        [_dt(timezone.now()), row.id],
-    )
+    cursor.execute(sql.STEP_START, [S.RUNNING, _dt(timezone.now()), row.id])
     row.attempts += 1
     row.status = Step.Status.RUNNING
     lease_append(
@@ -371,7 +297,7 @@ def _start(cursor, row: _StepRow, worker_id: str, pre: list) -> None:
     )
 
 
-def _started_entry(row: _StepRow, worker_id: str) -> tuple:
+def _started_entry(row: StepRow, worker_id: str) -> tuple:
     return (
         Event.Kind.TOOL_CALL_STARTED,
         row.id,
@@ -386,11 +312,8 @@ def _started_entry(row: _StepRow, worker_id: str) -> tuple:
     )
 
 
-def _fail_exhausted(cursor, row: _StepRow, worker_id: str, pre: list) -> StepOutcome:
-    cursor.execute(
-        f"UPDATE {T_STEP} SET status = 'failed', finished_at = %s WHERE id = %s",
-        [_dt(timezone.now()), row.id],
-    )
+def _fail_exhausted(cursor, row: StepRow, worker_id: str, pre: list) -> StepOutcome:
+    cursor.execute(sql.STEP_FAIL, [S.FAILED, _dt(timezone.now()), row.id])
     notify_step_waiting(step_id=row.id, owner_id=row.owner_id, reason="failed")
     entries = [
         *pre,
@@ -411,13 +334,13 @@ def _fail_exhausted(cursor, row: _StepRow, worker_id: str, pre: list) -> StepOut
     )
 
 
-def _call(row: _StepRow, worker_id: str, *, rule: str = "") -> StepOutcome:
+def _call(row: StepRow, worker_id: str, *, rule: str = "") -> StepOutcome:
     """Call the tool of a step whose ``tool_call_started`` is committed; persist.
 
     A failure of the tool (it raised, or returned no usable output) is the
     tool's: the attempt fails and is retried after a back-off. A failure once
-    the tool has returned (the blob write, the payload or result transaction)
-    is the executor's: ``_output_unsaved`` decides it like an open envelope.
+    the tool has returned (the file write, the result's commit) is the
+    executor's: ``_output_unsaved`` decides it like an open envelope.
     """
     crashpoint("after_started")
     root = files_root()
@@ -469,28 +392,22 @@ def _call(row: _StepRow, worker_id: str, *, rule: str = "") -> StepOutcome:
         return _output_unsaved(
             row, worker_id, unsaved, stage="blob", needed=needed, rule=rule
         )
-    inline = payload.get("stored") == STORED_INLINE
+    crashpoint("after_blob")
     try:
-        with hot_atomic(), hot_cursor() as cursor:
-            if inline:  # the bytes commit with the event that names them
-                default_store().put_inline(output.data, sha=payload["sha"])
-            lease_append(
-                cursor,
-                row.task_id,
-                worker_id,
-                [(Event.Kind.PAYLOAD_PERSISTED, row.id, payload)],
-                renew=False,  # C1 renewed it, the lease keeper through the call
-            )
-    except DatabaseError as exc:
-        written = "" if inline else payload["sha"]
-        return _output_unsaved(
-            row, worker_id, exc, stage="payload", rule=rule, written=written
+        outcome = _finish(
+            row,
+            worker_id,
+            payload,
+            invoked=True,
+            rule=rule,
+            pre=[(Event.Kind.PAYLOAD_PERSISTED, row.id, payload)],
         )
-    crashpoint("after_payload")
-    try:
-        outcome = _finish(row, worker_id, payload, invoked=True, rule=rule)
     except (DatabaseError, OSError, BlobVanished) as exc:
-        return _output_unsaved(row, worker_id, exc, stage="result", rule=rule)
+        # The file is on disk and nothing names it: it goes to the
+        # pending-unlink record (unlinked only if no row names the sha).
+        return _output_unsaved(
+            row, worker_id, exc, stage="result", rule=rule, written=payload["sha"]
+        )
     crashpoint("after_result")
     return outcome
 
@@ -506,7 +423,7 @@ class _Output:
     size: int = 0
 
 
-def _tool_output(row: _StepRow, result: Any, root: Path) -> _Output:
+def _tool_output(row: StepRow, result: Any, root: Path) -> _Output:
     """Check what the tool returned; a bad answer is the tool's failure."""
     if isinstance(result, (bytes, bytearray, str)):
         result = ToolResult(
@@ -538,17 +455,14 @@ def _tool_output(row: _StepRow, result: Any, root: Path) -> _Output:
     return _Output(result, data=result.data, size=len(result.data))
 
 
-def _persist_blob(row: _StepRow, default_media: str, output: _Output) -> dict[str, Any]:
-    """Write the payload blob (durably) and return the ``payload_persisted`` data."""
+def _persist_blob(row: StepRow, default_media: str, output: _Output) -> dict[str, Any]:
+    """Write the payload file (durably) and return the ``payload_persisted`` data."""
     crashpoint("after_tool")
     result = output.result
     store = default_store()
-    inline = output.path is None and store.inline_fits(output.size)
     if output.path is not None:
         with output.path.open("rb") as fh:
             put = store.put_file(fh)
-    elif inline:  # written with payload_persisted, in its transaction
-        put = PutResult(sha256_bytes(output.data), output.size, created=True)
     else:
         put = store.put_bytes(output.data)
     meta = dict(result.meta or {})
@@ -564,8 +478,6 @@ def _persist_blob(row: _StepRow, default_media: str, output: _Output) -> dict[st
         "generation": row.generation,
         "key": row.key,
     }
-    if inline:
-        payload["stored"] = STORED_INLINE
     if output.rel_path:
         payload["path"] = output.rel_path
     if result.source_ids:
@@ -574,7 +486,7 @@ def _persist_blob(row: _StepRow, default_media: str, output: _Output) -> dict[st
 
 
 def _output_unsaved(
-    row: _StepRow,
+    row: StepRow,
     worker_id: str,
     exc: BaseException,
     *,
@@ -594,10 +506,9 @@ def _output_unsaved(
     itself refuses the note, nothing is written and the envelope stays open
     for the same decision later.
 
-    A blob written whose ``payload_persisted`` never committed (``written``)
-    is named by nothing, and resume never adopts it: it goes to the
-    pending-unlink record with the note (or with a later one, if the database
-    refuses this one).
+    A file written whose result never committed (``written``) is named by
+    nothing, and resume never adopts it: it goes to the pending-unlink record
+    with the note (or with a later one, if the database refuses this one).
     """
     reason = fault_reason(exc)
     if written:
@@ -626,10 +537,10 @@ def _output_unsaved(
     if isinstance(exc, DatabaseError) and not connection.in_atomic_block:
         connection.close()  # a fresh connection for the note (PostgreSQL restarted)
     try:
-        with transaction.atomic(), hot_cursor() as cursor:
+        with transaction.atomic(durable=True):
             unnamed_blobs_record()
             lease_append(
-                cursor,
+                sql.cursor(),
                 row.task_id,
                 worker_id,
                 [
@@ -679,7 +590,7 @@ def unnamed_blobs_record() -> None:
 
 
 def _record_failure(
-    row: _StepRow, worker_id: str, error: str, rule: str, *, fault: str = ""
+    row: StepRow, worker_id: str, error: str, rule: str, *, fault: str = ""
 ) -> StepOutcome:
     """The tool failed: retry after a back-off, or fail the step when out of attempts.
 
@@ -694,12 +605,12 @@ def _record_failure(
     now = timezone.now()
     delay = 0.0 if exhausted else retry_delay(row.attempts)
     next_at = now + timedelta(seconds=delay) if delay > 0 else None
-    with transaction.atomic(), hot_cursor() as cursor:
+    with transaction.atomic(durable=True):
+        cursor = sql.cursor()
         cursor.execute(
-            f"UPDATE {T_STEP} SET status = %s, error = %s, finished_at = %s, "
-            f"next_attempt_at = %s WHERE id = %s",
+            sql.STEP_ATTEMPT_FAILED,
             [
-                Step.Status.FAILED if exhausted else Step.Status.PENDING,
+                S.FAILED if exhausted else S.PENDING,
                 error,
                 _dt(now),
                 _dt(next_at) if next_at else None,
@@ -750,7 +661,7 @@ def _record_failure(
 
 
 def _finish(
-    row: _StepRow,
+    row: StepRow,
     worker_id: str,
     payload: dict[str, Any],
     *,
@@ -758,21 +669,28 @@ def _finish(
     rule: str = "",
     pre: list | None = None,
     preview: bool = True,
+    joined: bool = False,
 ) -> StepOutcome:
-    """Record the artifact, link it, mark the step done and log the result: one transaction.
+    """Commit 2: the artifact, its link, the step done, the plan's advance and
+    the events (``pre`` then ``tool_result_persisted``), in one transaction.
 
-    A widget's preview is rendered after that commit (``preview``), or by a
-    caller inside a transaction of its own once that one commits.
+    Durable (``synchronous=FULL``) before the result is shown. ``joined``
+    runs it inside the caller's transaction (an operator's adopt). A widget's
+    preview is rendered after that commit (``preview``), or by a caller once
+    its own transaction commits.
     """
-    with hot_atomic(), hot_cursor() as cursor:
-        artifact_id = _artifact_record(row, payload)
-        task_status = _step_done(cursor, row, worker_id, artifact_id, payload, pre)
+    if joined:
+        with transaction.atomic(savepoint=False):
+            artifact_id, task_status = _result_write(row, worker_id, payload, pre)
+    else:
+        with sql.synchronous(DURABLE), transaction.atomic(durable=True):
+            artifact_id, task_status = _result_write(row, worker_id, payload, pre)
     outcome = StepOutcome(
         task_id=row.task_id,
         task_status=task_status,
         step_id=row.id,
         position=row.position,
-        status=Step.Status.DONE,
+        status=S.DONE,
         invoked=invoked,
         rule=rule,
         artifact={
@@ -789,7 +707,43 @@ def _finish(
     return outcome
 
 
-def _artifact_record(row: _StepRow, payload: dict[str, Any]) -> int:
+def _result_write(
+    row: StepRow, worker_id: str, payload: dict[str, Any], pre: list | None
+) -> tuple[int, str]:
+    """The statements of commit 2; return (artifact id, the task's status)."""
+    artifact_id = _artifact_record(row, payload)
+    cursor = sql.cursor()
+    now = _dt(utc_now())
+    cursor.execute(
+        sql.LINK_PERSISTED, [artifact_id, row.task_id, row.id, LinkRole.PERSISTED, now]
+    )
+    cursor.execute(sql.STEP_DONE, [S.DONE, artifact_id, now, row.id])
+    result = {
+        "artifact_id": artifact_id,
+        "sha": payload["sha"],
+        "size": payload["size"],
+        "class": row.artifact_class,
+        "attempt": row.attempts,
+    }
+    entries = [*(pre or []), (Event.Kind.TOOL_RESULT_PERSISTED, row.id, result)]
+    _, done, total = lease_append(
+        cursor,
+        row.task_id,
+        worker_id,
+        entries,
+        step_done=True,
+        # The next step's start renews it; a worker that moves on leaves it
+        # to run out from there, not a full lease later.
+        renew=False,
+    )
+    if done < total:
+        return artifact_id, Task.Status.RUNNING
+    return artifact_id, lease_close(
+        cursor, row.task_id, worker_id, Task.Status.DONE, []
+    )
+
+
+def _artifact_record(row: StepRow, payload: dict[str, Any]) -> int:
     """The task owner's artifact row for the persisted payload (reused if there)."""
     meta = dict(payload.get("meta") or {})
     meta.setdefault("tool", row.tool)
@@ -804,52 +758,7 @@ def _artifact_record(row: _StepRow, payload: dict[str, Any]) -> int:
         title=payload.get("title", ""),
         meta=meta,
         source_ids=payload.get("source_ids") or (),
-        inline=payload.get("stored") == STORED_INLINE,
     ).id
-
-
-def _step_done(
-    cursor,
-    row: _StepRow,
-    worker_id: str,
-    artifact_id: int,
-    payload: dict[str, Any],
-    pre: list | None,
-) -> str:
-    """Link the output, mark the step done, log ``tool_result_persisted`` under
-    the lease; close the task when it was the last step. Return its status."""
-    now = _dt(utc_now())
-    cursor.execute(
-        f"INSERT INTO {T_LINK} (artifact_id, task_id, step_id, role, created_at) "
-        f"VALUES (%s, %s, %s, %s, %s) ON CONFLICT (task_id, artifact_id, role) DO NOTHING",
-        [artifact_id, row.task_id, row.id, LinkRole.PERSISTED, now],
-    )
-    cursor.execute(
-        f"UPDATE {T_STEP} SET status = 'done', output_id = %s, finished_at = %s, "
-        f"error = '' WHERE id = %s",
-        [artifact_id, now, row.id],
-    )
-    result = {
-        "artifact_id": artifact_id,
-        "sha": payload["sha"],
-        "size": payload["size"],
-        "class": row.artifact_class,
-        "attempt": row.attempts,
-    }
-    entries = [*(pre or []), (Event.Kind.TOOL_RESULT_PERSISTED, row.id, result)]
-    _, done, total = lease_append(
-        cursor,
-        row.task_id,
-        worker_id,
-        entries,
-        extra_set=", steps_done = steps_done + 1",
-        # The next step's start renews it; a worker that moves on leaves it
-        # to run out from there, not a full lease later.
-        renew=False,
-    )
-    if done < total:
-        return Task.Status.RUNNING
-    return lease_close(cursor, row.task_id, worker_id, Task.Status.DONE, [])
 
 
 def outcome_preview(outcome: StepOutcome) -> None:
@@ -868,7 +777,7 @@ def outcome_preview(outcome: StepOutcome) -> None:
     )
 
 
-def _resolve_uncertain(row: _StepRow, worker_id: str) -> StepOutcome:
+def _resolve_uncertain(row: StepRow, worker_id: str) -> StepOutcome:
     """Resolve an open envelope by the step's class (DESIGN.md's table)."""
     env = envelope_read(row.id)
     advice = uncertain_decide(row.as_step(), env)
@@ -900,7 +809,11 @@ def _resolve_uncertain(row: _StepRow, worker_id: str) -> StepOutcome:
         crashpoint("after_result")
         return outcome
     if advice.action == CALL_AGAIN:
-        with transaction.atomic(), hot_cursor() as cursor:
+        with (
+            sql.synchronous(DURABLE if row.side_effects else RELAXED),
+            transaction.atomic(durable=True),
+        ):
+            cursor = sql.cursor()
             pre = [(Event.Kind.UNCERTAIN_RESOLVED, row.id, note)]
             # An output the executor could not save (disk full, database
             # gone) is not the tool failing: it does not use up the attempts.
@@ -922,35 +835,46 @@ def _note(advice, env: Envelope, worker_id: str) -> dict[str, Any]:
     }
 
 
-def _review(row: _StepRow, worker_id: str, advice, env: Envelope) -> StepOutcome:
+def _review(row: StepRow, worker_id: str, advice, env: Envelope) -> StepOutcome:
     """Hand an open envelope to a person: the step and the task need review."""
-    with transaction.atomic(), hot_cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {T_STEP} SET status = 'needs_review', error = %s WHERE id = %s",
-            [advice.words, row.id],
-        )
-        notify_step_waiting(
-            step_id=row.id, owner_id=row.owner_id, reason="needs_review"
-        )
-        entries = [
-            (Event.Kind.UNCERTAIN_RESOLVED, row.id, _note(advice, env, worker_id)),
-            (
-                Event.Kind.STEP_NEEDS_REVIEW,
-                row.id,
-                {"reason": advice.words, "rule": advice.rule},
-            ),
-        ]
-        status = lease_close(
-            cursor, row.task_id, worker_id, Task.Status.NEEDS_REVIEW, entries
+    with transaction.atomic(durable=True):
+        status = step_needs_review(
+            sql.cursor(), row, worker_id, advice, note=_note(advice, env, worker_id)
         )
     return StepOutcome(
         task_id=row.task_id,
         task_status=status,
         step_id=row.id,
         position=row.position,
-        status=Step.Status.NEEDS_REVIEW,
+        status=S.NEEDS_REVIEW,
         rule=advice.rule,
         error=advice.words,
+    )
+
+
+def step_needs_review(
+    cursor, row: StepRow, worker_id: str, advice, *, note: dict[str, Any]
+) -> str:
+    """The one place the executor makes a step wait for a person.
+
+    In the caller's transaction: the step becomes ``needs_review`` with the
+    rule's words, ``uncertain_resolved`` and ``step_needs_review`` are
+    logged, and the lease is released with the task needing review. Anything
+    that must happen exactly when a step starts waiting (telling its owner)
+    belongs here, in the same transaction.
+    """
+    cursor.execute(sql.STEP_NEEDS_REVIEW, [S.NEEDS_REVIEW, advice.words, row.id])
+    notify_step_waiting(step_id=row.id, owner_id=row.owner_id, reason="needs_review")
+    entries = [
+        (Event.Kind.UNCERTAIN_RESOLVED, row.id, note),
+        (
+            Event.Kind.STEP_NEEDS_REVIEW,
+            row.id,
+            {"reason": advice.words, "rule": advice.rule},
+        ),
+    ]
+    return lease_close(
+        cursor, row.task_id, worker_id, Task.Status.NEEDS_REVIEW, entries
     )
 
 
@@ -987,24 +911,17 @@ def step_adopt(*, step: Step, holder: str, pre: list) -> StepOutcome:
             rule="operator_adopt",
             pre=pre,
             preview=False,
+            joined=True,
         )
 
 
-def _row_of(step: Step) -> _StepRow:
-    return _StepRow(
-        id=step.pk,
-        task_id=step.task_id,
-        position=step.position,
-        title=step.title,
-        status=step.status,
-        tool=step.tool,
-        args=step.args or {},
-        artifact_class=step.artifact_class,
-        side_effects=step.side_effects,
-        attempts=step.attempts,
-        max_attempts=step.max_attempts,
-        generation=step.generation,
-        owner_id=Conversation.objects.filter(tasks__pk=step.task_id)
+def _row_of(step: Step) -> StepRow:
+    owner_id = (
+        Conversation.objects.filter(tasks__pk=step.task_id)
         .values_list("owner_id", flat=True)
-        .get(),
+        .get()
+    )
+    return step_row(
+        step.task_id,
+        [*(getattr(step, name) for name in sql.STEP_COLUMNS), owner_id],
     )

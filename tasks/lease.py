@@ -6,8 +6,8 @@ and the keeper thread renews it while a long tool call runs.
 
 **Dead.** A lease is dead when nobody holds it, or its holder has no expiry,
 or the expiry has passed: ``TaskQuerySet.lease_dead()`` for queries,
-``Task.lease_live`` for one row, and ``DEAD_SQL`` below for the hot path's
-hand-written statements. A holder with no expiry cannot be renewed by
+``Task.lease_live`` for one row, and ``tasks.statements.LEASE_DEAD`` for the
+hot path's named statements. A holder with no expiry cannot be renewed by
 anybody (every renewal writes an expiry), so it is a dead worker's: any
 worker may take it over, and the doctor and the admin call it stale.
 
@@ -28,27 +28,25 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from pippa_site.errors import LeaseConflict
-from pippa_site.hotsql import db_datetime, hot_cursor, utc_now
+from tasks import statements as sql
 from tasks.faults import fault_reason
 from tasks.models import Event, Task
-from tasks.services import events_append, events_insert
+from tasks.services import events_append
+from tasks.statements import parse_dt
 
 log = logging.getLogger("pippa.executor")
 
 ERR_LEASE_HELD = "a worker ({owner}) holds this task's lease until {until}; wait, or force the release"
 
-T_TASK = Task._meta.db_table
-# The hot path's spelling of TaskQuerySet.lease_dead() (one parameter: now).
-DEAD_SQL = "(lease_owner = '' OR lease_expires_at IS NULL OR lease_expires_at < %s)"
+T = Task.Status
 
 Entry = tuple[str, int | None, dict[str, Any]]
 
@@ -73,69 +71,56 @@ def lease_until():
     return timezone.now() + timedelta(seconds=settings.PIPPA_LEASE_SECONDS)
 
 
-_dt = db_datetime
+# -- the holder: take, renew-and-append, close (the hot path, tasks.statements) -----
 
 
-def parse_dt(value):
-    """A datetime as read by a raw cursor (a string on SQLite) -> aware datetime."""
-    if isinstance(value, str):
-        value = parse_datetime(value)
-    if value is not None and timezone.is_naive(value):
-        value = timezone.make_aware(value, UTC)
-    return value
-
-
-# -- the holder: take, renew-and-append, close (the hot path, raw SQL) ---------
-
-
-def lease_take(
-    cursor, task_id: int, worker_id: str, *, reserve: int = 0
-) -> Lease | None:
+def lease_take(cur, task_id: int, worker_id: str, *, reserve: int = 0) -> Lease | None:
     """Take or renew the task's lease with conditional UPDATEs; None if another holds it.
 
-    1. Renewal, the common case: one statement, ours and queued or running;
-       it also reserves ``reserve`` event seqs (``Lease.reserved``) for the
-       caller's first append (``lease_unreserve`` gives them back unused).
+    1. Renewal, the common case: one statement (``sql.seqs_reserve``), ours
+       and running (or queued, which it sets running); it also reserves
+       ``reserve`` event seqs (``Lease.reserved``) for the caller's first
+       append (``lease_unreserve`` gives them back unused).
     2. Otherwise read the holder: a live lease of another worker is refused.
     3. A dead lease is taken over (``lease_taken_over`` names the previous
        owner), a free one taken (``lease_taken``); the UPDATE re-checks both.
     """
-    now = utc_now()
-    until = _dt(now + timedelta(seconds=settings.PIPPA_LEASE_SECONDS))
-    # A running task's renewal leaves its status alone: a column in the SET
-    # list is an index entry rewritten (tasks_task_status), value or no.
-    for status_set, status_in in (
-        ("", "= 'running'"),
-        (", status = 'running'", "= 'queued'"),
-    ):
-        cursor.execute(
-            f"UPDATE {T_TASK} SET lease_expires_at = %s, updated_at = %s, "
-            f"last_seq = last_seq + %s{status_set} "
-            f"WHERE id = %s AND lease_owner = %s AND status {status_in} "
-            f"RETURNING steps_total, steps_done, last_seq",
-            [until, _dt(now), reserve, task_id, worker_id],
+    for status_was, status_to in ((T.RUNNING, None), (T.QUEUED, T.RUNNING)):
+        row = sql.seqs_reserve(
+            cur,
+            task_id,
+            reserve,
+            holder=worker_id,
+            renew=True,
+            status_was=status_was,
+            status_to=status_to,
         )
-        row = cursor.fetchone()
         if row is not None:
-            return Lease(row[0], row[1], reserved=reserve, last_seq=row[2])
-    cursor.execute(
-        f"SELECT status, lease_owner, lease_expires_at FROM {T_TASK} WHERE id = %s",
-        [task_id],
-    )
-    row = cursor.fetchone()
-    if row is None or row[0] not in (Task.Status.QUEUED, Task.Status.RUNNING):
+            return Lease(row[2], row[1], reserved=reserve, last_seq=row[0])
+    row = cur.execute(sql.LEASE_READ, [task_id]).fetchone()
+    if row is None or row[0] not in (T.QUEUED, T.RUNNING):
         return None
     _, previous, expires = row
     expires_at = parse_dt(expires)
+    now = timezone.now()
     if previous and expires_at is not None and expires_at >= now:
         return None
-    cursor.execute(
-        f"UPDATE {T_TASK} SET lease_owner = %s, lease_expires_at = %s, "
-        f"status = 'running', updated_at = %s WHERE id = %s AND lease_owner = %s "
-        f"AND {DEAD_SQL} AND status IN ('queued', 'running') "
-        f"RETURNING steps_total, steps_done",
-        [worker_id, until, _dt(now), task_id, previous, _dt(now)],
-    )
+    row = cur.execute(
+        sql.LEASE_TAKE,
+        [
+            worker_id,
+            sql.db_datetime(lease_until()),
+            T.RUNNING,
+            sql.db_datetime(now),
+            task_id,
+            previous,
+            sql.db_datetime(now),
+            T.QUEUED,
+            T.RUNNING,
+        ],
+    ).fetchone()
+    if row is None:
+        return None
     if previous:
         entry: Entry = (
             Event.Kind.LEASE_TAKEN_OVER,
@@ -148,66 +133,57 @@ def lease_take(
         )
     else:
         entry = (Event.Kind.LEASE_TAKEN, None, {"worker": worker_id})
-    row = cursor.fetchone()
-    if row is None:
-        return None
     return Lease(row[0], row[1], [entry])
 
 
-def lease_unreserve(cursor, task_id: int, lease: Lease) -> None:
+def lease_unreserve(cur, task_id: int, lease: Lease) -> None:
     """Give back the seqs a renewal reserved and nothing used (same transaction)."""
     if lease.reserved:
-        cursor.execute(
-            f"UPDATE {T_TASK} SET last_seq = last_seq - %s WHERE id = %s",
-            [lease.reserved, task_id],
-        )
+        cur.execute(sql.SEQS_GIVE_BACK, [lease.reserved, task_id])
         lease.reserved = 0
 
 
 def lease_append(
-    cursor,
+    cur,
     task_id: int,
     worker_id: str,
     entries: list[Entry],
     *,
-    extra_set: str = "",
-    extra_params: tuple = (),
     renew: bool = True,
+    step_done: bool = False,
+    close: tuple | None = None,
 ) -> tuple:
     """Reserve seqs, renew the lease and append events, if the lease is still ours.
 
-    One ``UPDATE … RETURNING`` does the seq range, the renewal and the lease
-    check; ``extra_set`` adds columns to the same statement. Raise
-    ``LeaseLost`` when another worker holds the lease now. ``renew=False``
-    checks the lease without moving its expiry (the payload's commit, right
-    after a call the lease keeper renewed through: one index entry less).
+    One ``UPDATE … RETURNING`` (``sql.seqs_reserve``) does the seq range, the
+    renewal and the lease check, and with ``step_done``/``close`` the plan's
+    advance too. Raise ``LeaseLost`` when another worker holds the lease now.
+    ``renew=False`` checks the lease without moving its expiry (the result's
+    commit, right after a call the lease keeper renewed through).
     """
-    now = utc_now()
-    renewal = ", lease_expires_at = %s" if renew else ""
-    until = (
-        [_dt(now + timedelta(seconds=settings.PIPPA_LEASE_SECONDS))] if renew else []
+    row = sql.seqs_reserve(
+        cur,
+        task_id,
+        len(entries),
+        holder=worker_id,
+        renew=renew,
+        step_done=step_done,
+        close=close,
     )
-    cursor.execute(
-        f"UPDATE {T_TASK} SET last_seq = last_seq + %s{renewal}, "
-        f"updated_at = %s{extra_set} WHERE id = %s AND lease_owner = %s "
-        f"RETURNING last_seq, steps_done, steps_total",
-        [len(entries), *until, _dt(now), *extra_params, task_id, worker_id],
-    )
-    row = cursor.fetchone()
     if row is None:
         raise LeaseLost(f"task {task_id}: lease no longer held by {worker_id}")
     if entries:
-        events_insert(
+        sql.events_insert(
             task_id=task_id,
             first_seq=row[0] - len(entries) + 1,
             entries=entries,
-            created_at=now,
+            created_at=timezone.now(),
         )
     return row
 
 
 def lease_close(
-    cursor,
+    cur,
     task_id: int,
     worker_id: str,
     status: str,
@@ -219,9 +195,10 @@ def lease_close(
 
     ``status`` is never running: done and failed are final, needs review
     waits for a person, queued waits for the next poll (a back-off, say).
+    A person's cancel (or, against a re-queue, pause) made meanwhile stands.
     """
     entries = list(pre)
-    if status == Task.Status.DONE:
+    if status == T.DONE:
         entries.append((Event.Kind.TASK_FINISHED, None, {"status": status}))
     entries.append(
         (
@@ -230,45 +207,22 @@ def lease_close(
             {"worker": worker_id, "reason": reason or status},
         )
     )
-    now = timezone.now()
-    finished = _dt(now) if status in (Task.Status.DONE, Task.Status.FAILED) else None
-    # A person's cancel (or pause, against a mere re-queue) made while the
-    # lease was held stands: the worker's bookkeeping does not undo it.
-    kept = (
-        "('cancelled', 'paused')" if status == Task.Status.QUEUED else "('cancelled')"
-    )
-    lease_append(
-        cursor,
-        task_id,
-        worker_id,
-        entries,
-        extra_set=(
-            f", status = CASE WHEN status IN {kept} THEN status ELSE %s END"
-            ", finished_at = CASE WHEN status = 'cancelled' THEN finished_at"
-            " ELSE %s END"
-        ),
-        extra_params=(status, finished),
-    )
-    cursor.execute(
-        f"UPDATE {T_TASK} SET lease_owner = '', lease_expires_at = NULL WHERE id = %s",
-        [task_id],
-    )
+    finished = timezone.now() if status in (T.DONE, T.FAILED) else None
+    kept = (T.CANCELLED, T.PAUSED) if status == T.QUEUED else (T.CANCELLED,) * 2
+    lease_append(cur, task_id, worker_id, entries, close=(status, finished, kept))
+    cur.execute(sql.LEASE_CLEAR, [task_id])
     return status
 
 
-def lease_close_stopped(cursor, task_id: int, worker_id: str) -> None:
+def lease_close_stopped(cur, task_id: int, worker_id: str) -> None:
     """The holder's release at the step boundary of a pause or cancel.
 
     A person paused or cancelled the task while this worker held it; the call
     in flight has finished and is saved, and no further step starts.
     """
-    cursor.execute(
-        f"UPDATE {T_TASK} SET lease_owner = '', lease_expires_at = NULL "
-        f"WHERE id = %s AND lease_owner = %s AND status IN ('paused', 'cancelled') "
-        f"RETURNING status",
-        [task_id, worker_id],
-    )
-    row = cursor.fetchone()
+    row = cur.execute(
+        sql.LEASE_CLEAR_STOPPED, [task_id, worker_id, T.PAUSED, T.CANCELLED]
+    ).fetchone()
     if row is not None:
         events_append(
             task_id=task_id,
@@ -428,9 +382,9 @@ class _LeaseKeeper:
 
     def _renew(self, task_id: int, worker_id: str) -> None:
         try:
-            with transaction.atomic(), hot_cursor() as cursor:
+            with transaction.atomic(durable=True):
                 lease_append(
-                    cursor,
+                    sql.cursor(),
                     task_id,
                     worker_id,
                     [(Event.Kind.LEASE_RENEWED, None, {"worker": worker_id})],

@@ -95,7 +95,7 @@ class TaskQuerySet(OwnedQuerySet):
         """Tasks no worker holds live: no holder, no expiry, or past it.
 
         The one definition of a dead lease (``tasks.lease`` explains it;
-        ``Task.lease_live`` is the same rule for one row, ``lease.DEAD_SQL``
+        ``Task.lease_live`` is the same rule for one row, ``tasks.statements.LEASE_DEAD``
         for the hot path's hand-written statements).
         """
         return self.filter(
@@ -420,7 +420,7 @@ class EventQuerySet(models.QuerySet):
 class Event(models.Model):
     """One entry of a task's append-only log.
 
-    Written only by ``tasks.services.events_insert`` (through ``event_append``
+    Written only by ``tasks.statements.events_insert`` (through ``event_append``
     and ``events_append``, or the executor's lease-held appends).
     """
 

@@ -3,7 +3,6 @@ uploads, widget previews, deletion."""
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,18 +21,19 @@ from artifacts.keepers import conversation_artifact_ids
 from artifacts.models import Artifact
 from artifacts.services import _check_class, artifact_record, blob_put, sources_check
 from pippa_site.errors import Invalid, NotFound
-from pippa_site.hotsql import db_datetime, db_is_postgresql, hot_cursor
 from pippa_site.text import media_type_check, text_check, title_clean
-from tasks.crashpoints import crashpoint
+from tasks import statements
+from tasks.crashpoints import PREVIEW_BOUNDARY, crashpoint
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
+from tasks.statements import (  # noqa: F401 - the event log's names, re-exported
+    ERR_EVENT_DATA_TOO_LARGE,
+    MAX_EVENT_DATA_CHARS,
+    events_insert,
+)
 
 log = logging.getLogger("pippa.tasks")
 
-ERR_EVENT_DATA_TOO_LARGE = "event data must stay small (refs and sizes, not payloads)"
 ERR_NO_TASK = "no such task"
-MAX_EVENT_DATA_CHARS = 4096
-# Quoted the same way by both engines' quote_name.
-T_EVENT = f'"{Event._meta.db_table}"'
 
 
 class TaskNotFound(NotFound):
@@ -48,22 +48,25 @@ def task_widget_preview(
     The executor (a step's widget output) and the API (an uploaded widget)
     both call this, and the council's ``widget_store`` calls the same
     ``preview_render``. A preview is a view of the widget, never part of it:
-    it fails closed (``preview_render`` records the reason on the widget),
-    and a crash here leaves only a widget without a picture, which the
-    admin's re-render action fixes.
+    it fails closed (``preview_render`` records the reason on the widget).
+    The preview's row, the widget's record of it and this task's keeper link
+    commit in one transaction (the crash point ``before_preview_commit`` is
+    inside it): a crash leaves a widget without a picture, which the admin's
+    re-render action fixes, never a widget naming an unkept row.
     """
     from artifacts.preview import preview_render
 
+    def keep(preview: Artifact) -> None:
+        TaskArtifact.objects.get_or_create(
+            task_id=task_id,
+            artifact=preview,
+            role=TaskArtifact.Role.PERSISTED,
+            defaults={"step_id": step_id},
+        )
+        crashpoint(PREVIEW_BOUNDARY)
+
     try:
-        preview = preview_render(artifact=Artifact.objects.get(pk=artifact_id))
-        if preview is not None:
-            TaskArtifact.objects.get_or_create(
-                task_id=task_id,
-                artifact=preview,
-                role=TaskArtifact.Role.PERSISTED,
-                defaults={"step_id": step_id},
-            )
-        return preview
+        return preview_render(artifact=Artifact.objects.get(pk=artifact_id), keep=keep)
     except Exception:  # noqa: BLE001 - a preview never fails what it shows
         log.exception("preview of artifact %s failed", artifact_id)
         return None
@@ -77,69 +80,12 @@ def conversation_create(*, owner, title: str) -> Conversation:
 
 
 def _next_seqs(task_id: int, count: int) -> int:
-    """Reserve ``count`` sequence numbers for a task; return the last one.
-
-    One ``UPDATE … RETURNING`` in the caller's transaction: the row lock (PG)
-    or the write lock (SQLite, IMMEDIATE) orders concurrent appenders, and a
-    rollback returns the numbers with the events, so no gap appears.
-    """
-    table = connection.ops.quote_name(Task._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {table} SET last_seq = last_seq + %s WHERE id = %s RETURNING last_seq",
-            [count, task_id],
-        )
-        row = cursor.fetchone()
+    """Reserve ``count`` sequence numbers for a task; return the last one
+    (``tasks.statements.seqs_reserve``, in the caller's transaction)."""
+    row = statements.seqs_reserve(statements.cursor(), task_id, count)
     if row is None:
         raise TaskNotFound(ERR_NO_TASK)
     return row[0]
-
-
-def _encode_data(data: dict[str, Any] | None) -> str:
-    encoded = json.dumps(data or {}, default=str)
-    if len(encoded) > MAX_EVENT_DATA_CHARS:
-        raise ValueError(ERR_EVENT_DATA_TOO_LARGE)
-    return encoded
-
-
-def events_insert(
-    *,
-    task_id: int,
-    first_seq: int,
-    entries: list[tuple[str, int | None, dict[str, Any] | None]],
-    created_at,
-    returning: bool = False,
-) -> list[int]:
-    """INSERT events numbered from ``first_seq`` (already reserved) in one statement.
-
-    The only writer of event rows. The caller reserves the numbers in the same
-    transaction (``_next_seqs``, or the executor's lease UPDATE). Building the
-    INSERT by hand skips the ORM's per-row SQL compilation, the largest share
-    of its cost on the step hot path, with the same columns, adapters and
-    constraints. With ``returning`` the new ids come back in insert order.
-    """
-    created = db_datetime(created_at)
-    table = T_EVENT
-    json_param = "%s::jsonb" if db_is_postgresql() else "%s"
-    values = ", ".join([f"(%s, %s, %s, %s, {json_param}, %s)"] * len(entries))
-    params: list = []
-    for i, (kind, step_id, data) in enumerate(entries):
-        params += [
-            task_id,
-            step_id,
-            first_seq + i,
-            str(kind),
-            _encode_data(data),
-            created,
-        ]
-    with hot_cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} (task_id, step_id, seq, kind, data, created_at) "
-            f"VALUES {values}{' RETURNING id' if returning else ''}",
-            params,
-        )
-        # Ids are handed out in insert order; RETURNING's row order is not.
-        return sorted(row[0] for row in cursor.fetchall()) if returning else []
 
 
 def _append(

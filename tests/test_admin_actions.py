@@ -28,6 +28,7 @@ from tasks.lease import lease_release
 from tasks.models import Event, Step, Task, TaskArtifact
 from tasks.plan import task_create
 from tasks.tools import ToolResult, tool_register
+from tests.support.executing import boundary_of
 
 pytestmark = pytest.mark.django_db
 
@@ -94,9 +95,12 @@ def _plan(*tools: str, max_attempts: int = 3) -> list[dict]:
 
 
 def _crash_at(task: Task, boundary: str) -> None:
-    """Run one step and die at ``boundary``, as a killed worker would."""
-    crashpoints.arm(boundary, action="raise")
-    with pytest.raises(SimulatedCrash):
+    """Run one step and die at ``boundary``, as a killed worker would
+    (``after_payload``: as the three-commit executor did, see
+    ``tests.support.executing.LEGACY_AFTER_PAYLOAD``)."""
+    point, context = boundary_of(boundary)
+    crashpoints.arm(point, action="raise")
+    with context, pytest.raises(SimulatedCrash):
         executor.step(task_id=task.pk, worker_id=WORKER)
     crashpoints.disarm()
 

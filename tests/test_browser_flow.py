@@ -9,6 +9,7 @@ from playwright.sync_api import expect
 from tasks.management.commands.pippa_demo import INTERRUPTED, interrupt
 from tasks.models import Step, Task
 from tasks.plan import task_create
+from tests.support.executing import boundary_of
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -32,7 +33,10 @@ def test_dad_finds_the_interrupted_task_from_the_list_decides_once_and_watches_i
         title="Stopped after the search snapshot was saved",
         steps=_four_steps(),
     )
-    interrupt(task, "after_payload:3")
+    # A step left by the three-commit executor: its snapshot saved, no result.
+    point, legacy = boundary_of("after_payload:3")
+    with legacy:
+        interrupt(task, point)
 
     page.goto(f"{page.base_url}/")
     page.get_by_role("link", name="Needs you (1 conversation)").click()

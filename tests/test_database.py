@@ -46,7 +46,7 @@ def test_every_thread_connection_has_foreign_keys_wal_and_busy_timeout():
         assert values["foreign_keys"] == 1
         assert str(values["journal_mode"]).lower() == "wal"
         assert values["busy_timeout"] >= 20_000
-        assert values["synchronous"] == 1  # NORMAL: safe in WAL mode
+        assert values["synchronous"] == 2  # FULL: every commit on disk (the default)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -87,16 +87,18 @@ def _settings_in_child(env: dict[str, str], code: str):
 
 
 @pytest.mark.slow
-def test_synchronous_full_is_a_setting_and_a_wrong_value_is_refused(tmp_path):
+def test_synchronous_is_full_by_default_normal_on_request_and_a_wrong_value_is_refused(
+    tmp_path,
+):
     show = (
         "import django; django.setup(); from django.db import connection; "
         "c = connection.cursor(); c.execute('PRAGMA synchronous'); "
         "print(c.fetchone()[0])"
     )
     db = {"PIPPA_SQLITE_PATH": str(tmp_path / "db.sqlite3")}
-    full = _settings_in_child({**db, "PIPPA_SQLITE_SYNCHRONOUS": "full"}, show)
+    full = _settings_in_child(db, show)
     assert full.stdout.strip() == "2", full.stderr  # FULL: every commit synced
-    normal = _settings_in_child(db, show)
+    normal = _settings_in_child({**db, "PIPPA_SQLITE_SYNCHRONOUS": "normal"}, show)
     assert normal.stdout.strip() == "1", normal.stderr
     wrong = _settings_in_child({**db, "PIPPA_SQLITE_SYNCHRONOUS": "OFF"}, show)
     assert wrong.returncode != 0

@@ -143,8 +143,8 @@ def test_verify_detects_a_corrupted_blob(store):
     assert not store.verify(result.sha256)
 
 
-@pytest.mark.django_db  # a blob that is not a file may be an inline row
-def test_a_missing_blob_raises_a_clear_error(store):
+def test_a_missing_blob_raises_a_clear_error_without_touching_the_database(store):
+    """No database access is allowed here (no django_db mark): a filesystem class."""
     with pytest.raises(BlobMissing):
         store.get("0" * 64)
     assert not store.verify("0" * 64)

@@ -141,15 +141,18 @@ def test_a_server_killed_mid_step_is_resumed_by_a_client_with_another_name(
 
 
 @pytest.mark.slow
-def test_a_server_killed_after_a_snapshot_was_saved_adopts_it_on_resume(
+def test_a_server_killed_before_a_snapshots_result_committed_takes_it_again(
     stdio_session, user, tool_log
 ):
+    """The snapshot's file was written but no row named it: it was never
+    shown, so resume takes the snapshot again (class 3's rule)."""
     plan = [{"title": "Search", "tool": "test.snapshot", "args": {}}]
 
     async def until_killed():
-        # The server kills itself (SIGKILL) right after the payload is saved.
+        # The server kills itself (SIGKILL) right after the payload file is
+        # written, before the commit that names it.
         async with stdio_session(
-            "--user", user.username, env={"PIPPA_CRASHPOINT": "after_payload"}
+            "--user", user.username, env={"PIPPA_CRASHPOINT": "after_blob"}
         ) as mcp:
             task = await task_create(mcp, steps=plan)
             try:
@@ -160,7 +163,7 @@ def test_a_server_killed_after_a_snapshot_was_saved_adopts_it_on_resume(
 
     task_id, outcome = run_async(until_killed)
     assert outcome == "Connection closed"
-    saved = Event.objects.get(task_id=task_id, kind="payload_persisted").data["sha"]
+    assert not Event.objects.filter(task_id=task_id, kind="payload_persisted").exists()
     expire_lease(task_id)
 
     async def resume():
@@ -168,9 +171,10 @@ def test_a_server_killed_after_a_snapshot_was_saved_adopts_it_on_resume(
             return await call(mcp, "run_next_step", {"task_id": task_id})
 
     ran = run_async(resume)
-    assert ran["rule"] == "class3_adopt_snapshot"
+    assert ran["rule"] == "class3_issue_again_unshown"
+    saved = Event.objects.get(task_id=task_id, kind="payload_persisted").data["sha"]
     assert ran["step"]["output"]["sha256"] == saved
-    assert invocations(tool_log)[ran["step"]["id"]] == 1
+    assert invocations(tool_log)[ran["step"]["id"]] == 2
 
 
 @pytest.mark.slow

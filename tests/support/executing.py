@@ -4,13 +4,57 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+from django.db import transaction
+
 from artifacts.store import default_store
-from tasks import crashpoints
+from tasks import crashpoints, executor
 from tasks.crashpoints import SimulatedCrash
 from tasks.executor import step
 from tasks.models import Event, Step, Task
+from tasks.services import events_append
+
+# Not a boundary of today's executor: the state the executor before the
+# two-commit step (three commits) left when killed after its payload commit,
+# ``payload_persisted`` committed and no result. A database written by it can
+# hold such steps, and resume still settles them by class (adopt).
+LEGACY_AFTER_PAYLOAD = "after_payload"
+
+
+@contextmanager
+def three_commit_executor() -> Iterator[None]:
+    """Make the executor commit ``payload_persisted`` on its own right after
+    the payload file, as the three-commit executor did; arm ``after_blob`` to
+    stop it there."""
+    real = executor._persist_blob
+
+    def persist(row, default_media, output):
+        payload = real(row, default_media, output)
+        with transaction.atomic():
+            events_append(
+                task_id=row.task_id,
+                entries=[(Event.Kind.PAYLOAD_PERSISTED, row.id, payload)],
+            )
+        return payload
+
+    executor._persist_blob = persist
+    try:
+        yield
+    finally:
+        executor._persist_blob = real
+
+
+def boundary_of(point: str):
+    """(the crash point to arm, the context to step in) for ``point``, which
+    may name ``LEGACY_AFTER_PAYLOAD``."""
+    if point.split(":")[0] == LEGACY_AFTER_PAYLOAD:
+        return point.replace(
+            LEGACY_AFTER_PAYLOAD, "after_blob"
+        ), three_commit_executor()
+    return point, nullcontext()
 
 
 def run_task(task_id: int, worker_id: str = "worker:test", limit: int = 100) -> list:
@@ -30,19 +74,26 @@ def crash_at(task_id: int, boundary: str, worker_id: str = "worker:crashed") -> 
     """Step until ``boundary`` is reached, leaving the state a SIGKILL there would.
 
     In-process stand-in for a kill (the subprocess tests use real SIGKILL).
+    ``LEGACY_AFTER_PAYLOAD`` leaves what the three-commit executor left there.
     """
-    crashpoints.arm(boundary, action="raise")
+    point, context = boundary_of(boundary)
+    crashpoints.arm(point, action="raise")
     try:
-        for _ in range(100):
-            try:
-                outcome = step(task_id=task_id, worker_id=worker_id)
-            except SimulatedCrash:
-                return
-            if outcome is None or outcome.task_status != Task.Status.RUNNING:
-                break
-        raise AssertionError(f"boundary {boundary} was never reached")
+        with context:
+            _step_until_crash(task_id, worker_id, boundary)
     finally:
         crashpoints.disarm()
+
+
+def _step_until_crash(task_id: int, worker_id: str, boundary: str) -> None:
+    for _ in range(100):
+        try:
+            outcome = step(task_id=task_id, worker_id=worker_id)
+        except SimulatedCrash:
+            return
+        if outcome is None or outcome.task_status != Task.Status.RUNNING:
+            break
+    raise AssertionError(f"boundary {boundary} was never reached")
 
 
 def expire_lease(task_id: int) -> None:

@@ -14,9 +14,9 @@ It checks, independently of the code under test:
   and no link, step output or lineage edge joins two owners;
 - no artifact is left that nothing alive keeps (a live task link, step output
   or turn link, or being a source of a kept artifact);
-- every artifact row's bytes are there and intact (a file in the blob folder,
-  or an inline row for a small output), no file or inline row is named by no
-  artifact, no temp file is left, and no blob unlink is left pending.
+- every artifact row's bytes are there and intact (a file in the blob folder),
+  no file is named by no artifact, no temp file is left, and no blob unlink is
+  left pending.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db.models import F
 
-from artifacts.models import Artifact, ArtifactSource, InlineBlob, PendingUnlink
+from artifacts.models import Artifact, ArtifactSource, PendingUnlink
 from council.models import CouncilRound, Participant, Turn, TurnArtifact
 from tasks.models import Conversation, Event, Notice, Step, Task, TaskArtifact
 
@@ -214,20 +214,14 @@ def _blob_problems(blob_dir: Path) -> list[str]:
                 problems.append(f"temp file left in the blob folder: {path.name}")
                 continue
             on_disk[path.name] = path
-    inline = {
-        sha: bytes(data)
-        for sha, data in InlineBlob.objects.values_list("sha256", "data")
-    }
     for sha in sorted(on_disk.keys() - rows.keys()):
         problems.append(f"blob file with no artifact row: {sha}")
-    for sha in sorted(inline.keys() - rows.keys()):
-        problems.append(f"inline blob with no artifact row: {sha}")
     for sha, pk in sorted(rows.items()):
         path = on_disk.get(sha)
-        if path is None and sha not in inline:
+        if path is None:
             problems.append(f"artifact {pk} has no blob")
             continue
-        data = path.read_bytes() if path is not None else inline[sha]
+        data = path.read_bytes()
         if hashlib.sha256(data).hexdigest() != sha:
             problems.append(f"artifact {pk}'s blob fails its sha")
     return problems

@@ -1,7 +1,8 @@
 """Crash tests with real processes: a worker is SIGKILLed at each envelope boundary.
 
 Each task runs the four classes in order (2: fetch, 1: file, 3: snapshot,
-4: render of step 1). A worker process is armed with
+4: render of step 1); every output is a file in the blob store, whatever its
+size. A worker process is armed with
 ``PIPPA_CRASHPOINT=<boundary>:<n>`` so it kills itself with SIGKILL at the
 n-th step's boundary; then a fresh worker process resumes. Real tool calls
 are counted through a side channel (a file every tool call appends to).
@@ -36,7 +37,8 @@ EXPECTED_CALLS = {
     "before_started_commit": {1: 1, 2: 1, 3: 1, 4: 1},
     "after_started": {1: 1, 2: 1, 3: 1, 4: 1},
     "after_tool": {1: 2, 2: 2, 3: 2, 4: 2},
-    "after_payload": {1: 1, 2: 2, 3: 1, 4: 1},
+    # The file was written but never named: the call was never shown.
+    "after_blob": {1: 2, 2: 2, 3: 2, 4: 2},
     "after_result": {1: 1, 2: 1, 3: 1, 4: 1},
 }
 # The rule the resuming worker logs for the crashed step, by (boundary, class).
@@ -54,11 +56,11 @@ EXPECTED_RULE = {
         3: "class3_issue_again_unshown",
         4: "class4_rerender",
     },
-    "after_payload": {
-        1: "class1_reuse_file",
+    "after_blob": {
+        1: "class1_regenerate_unsaved",
         2: "class2_fetch_again",
-        3: "class3_adopt_snapshot",
-        4: "class4_reuse_render",
+        3: "class3_issue_again_unshown",
+        4: "class4_rerender",
     },
     "after_result": {},
 }
@@ -248,3 +250,54 @@ def test_a_killed_side_effect_call_is_never_sent_again_by_a_worker(
     assert sent.status == "needs_review"
     assert invocations(worker.log)[sent.pk] == 1
     assert Task.objects.get(pk=task.pk).status == "needs_review"
+
+
+CHART_PLAN = [
+    {
+        "title": "closes",
+        "tool": "demo.closes",
+        "args": {"symbol": "PIPA", "start": "2024-01-02", "end": "2024-02-28"},
+    },
+    {"title": "chart", "tool": "demo.chart", "args": {"source": 1}},
+]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_killed_while_keeping_a_preview_leaves_all_of_it_or_none(
+    make_conversation, worker, blob_store
+):
+    """The preview's row, the widget's record of it and the task's keeper
+    link commit together: killed inside that transaction, none of them is
+    there, the widget is done without a picture, and the doctor's repair
+    sweeps only the PNG file nobody names."""
+    from django.core.management import call_command
+
+    from artifacts.preview import preview_status
+    from tasks.crashpoints import PREVIEW_BOUNDARY
+
+    task = task_create(
+        conversation=make_conversation(), title="chart", steps=CHART_PLAN
+    )
+    proc = worker(task.pk, crashpoint=PREVIEW_BOUNDARY, name="doomed")
+    code, err = wait(proc)
+    assert code == -signal.SIGKILL, err
+    chart = Step.objects.get(task=task, position=2)
+    assert chart.status == "done"  # the result committed before the preview
+    widget = chart.output
+    assert preview_status(widget) == {}
+    assert not Artifact.objects.filter(media_type="image/png").exists()
+    assert (
+        not TaskArtifact.objects.filter(task=task)
+        .exclude(artifact__media_type__in=["text/csv", "image/svg+xml"])
+        .exists()
+    )
+    # The PNG file was written before the transaction: nothing names it.
+    named = set(Artifact.objects.values_list("sha256", flat=True))
+    stray = {sha for sha, _ in blob_store.iter_files()} - named
+    assert len(stray) == 1
+    call_command("pippa_doctor", "--repair", "--grace-seconds", "0", verbosity=0)
+    assert {sha for sha, _ in blob_store.iter_files()} == named
+    widget.refresh_from_db()
+    assert preview_status(widget) == {}
+    assert blob_store.verify(widget.sha256)

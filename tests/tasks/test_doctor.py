@@ -275,7 +275,7 @@ def test_two_owners_sharing_bytes_keep_the_blob_through_a_delete_crash_and_repai
 def test_stale_temp_files_are_swept_and_fresh_ones_are_left_for_their_writer(
     blob_store,
 ):
-    blob_store.tmp_dir.mkdir(parents=True)
+    blob_store.put_bytes(b"makes the store's private folders")
     stale = blob_store.tmp_dir / "put-crashed"
     fresh = blob_store.tmp_dir / "put-in-flight"
     stale.write_bytes(b"half a payload")
@@ -315,7 +315,7 @@ def test_missing_and_corrupt_blobs_are_flagged_never_deleted(
         TaskArtifact.objects.create(task=task, artifact=artifact)
     blob_store.path(missing.sha256).unlink()
     path = blob_store.path(corrupt.sha256)
-    path.chmod(0o644)
+    path.chmod(0o600)
     path.write_bytes(b"payload X")  # same size, wrong bytes
 
     code, report, _ = doctor("--repair", "--grace-seconds=0")

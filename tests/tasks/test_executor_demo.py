@@ -47,9 +47,10 @@ def test_pippa_demo_loads_every_case_once_for_a_non_staff_dad(monkeypatch, capsy
         assert task.lease_owner == ""
         nxt = Step.objects.filter(task=task).not_done().order_by("position").first()
         words[task.title] = resume_advice(nxt).words
-    assert words["Stopped after the search snapshot was saved"] == (
-        "will reuse the saved search snapshot"
-    )
+    # Written but never recorded, so never shown: the search may go out again.
+    assert words[
+        "Stopped after the search snapshot was written, before it was recorded"
+    ].startswith("will issue the call again")
     assert words["Stopped after a note to Dad was sent"] == (
         "needs you: the tool has outside effects"
     )

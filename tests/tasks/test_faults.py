@@ -17,6 +17,7 @@ from django.db import OperationalError
 from django.urls import reverse
 from django.utils import timezone
 
+from artifacts.models import PendingUnlink
 from artifacts.store import default_store
 from tasks import actions, executor
 from tasks.actions import step_resolve_options
@@ -46,15 +47,11 @@ UNSAVED = "the tool ran; its output could not be saved: disk full"
 
 @pytest.fixture
 def blob_disk(tmpfs, settings):
-    """The blob folder on a 4 MiB tmpfs, every output a blob file in it.
-
-    (A small output is otherwise an inline row in the database, which this
-    folder filling up never touches: see test_inline.py and the SQLite file
-    on a tmpfs in test_worker_faults.py for the database filling up.)
-    """
+    """The blob folder on a 4 MiB tmpfs, every output a blob file in it (see
+    the SQLite file on a tmpfs in test_worker_faults.py for the database
+    filling up)."""
     fs = tmpfs("blobfs", 4 * 1024 * 1024)
     settings.BLOB_DIR = fs.root / "blobs"
-    settings.PIPPA_INLINE_MAX_BYTES = 0
     return fs
 
 
@@ -216,9 +213,13 @@ def fail_finish_once(monkeypatch, message: str = "database or disk is full") -> 
 
 
 @pytest.mark.django_db
-def test_a_result_transaction_that_fails_keeps_the_saved_snapshot_for_adoption(
-    make_conversation, monkeypatch, tool_log
+def test_a_result_transaction_that_fails_issues_the_unshown_snapshot_again(
+    make_conversation, monkeypatch, tool_log, blob_store
 ):
+    """The payload's event and the result commit together: when that commit
+    fails, nothing was shown, the written file is handed to the pending-unlink
+    record, and the snapshot is taken again (class 3's rule for a call whose
+    result was never shown)."""
     fail_finish_once(monkeypatch)
     task = one_step(make_conversation, "test.snapshot")
 
@@ -226,17 +227,19 @@ def test_a_result_transaction_that_fails_keeps_the_saved_snapshot_for_adoption(
 
     assert (outcome.status, outcome.fault) == ("running", REASON_DISK_FULL)
     the_step = Step.objects.get(task=task)
-    assert kinds(task.pk, the_step.pk) == [
-        "tool_call_started",
-        "payload_persisted",
-        "output_unsaved",
-    ]
+    assert kinds(task.pk, the_step.pk) == ["tool_call_started", "output_unsaved"]
     outcomes = run_task(task.pk, worker_id="worker:a")
     assert [(o.status, o.rule, o.invoked) for o in outcomes] == [
-        ("done", "class3_adopt_snapshot", False)
+        ("done", "class3_issue_again_unshown", True)
     ]
-    assert invocations(tool_log, "test.snapshot") == {the_step.pk: 1}
+    assert invocations(tool_log, "test.snapshot") == {the_step.pk: 2}
     check_invariants([task.pk])
+    # The file no row names is on the pending-unlink record (unlinked after
+    # the commit, which a test's own transaction never reaches).
+    named = Step.objects.get(task=task).output.sha256
+    unnamed = {sha for sha, _ in blob_store.iter_files()} - {named}
+    assert len(unnamed) == 1
+    assert set(PendingUnlink.objects.values_list("sha256", flat=True)) == unnamed
 
 
 @pytest.mark.django_db
@@ -251,8 +254,9 @@ def test_a_result_transaction_that_fails_after_an_outside_effect_goes_to_a_perso
     assert outcome.status == "needs_review"
     reason = "the tool ran; its output could not be saved: the database is locked"
     assert Step.objects.get(task=task).error == f"needs you: {reason}"
-    # The saved payload can be adopted by a person, or the call sent again.
-    assert step_resolve_options(Step.objects.get(task=task))[:2] == ["adopt", "rerun"]
+    # Nothing was saved to adopt: a person sends the call again, or not.
+    assert step_resolve_options(Step.objects.get(task=task))[0] == "rerun"
+    assert "adopt" not in step_resolve_options(Step.objects.get(task=task))
     assert sum(invocations(tool_log, "test.effect").values()) == 1
 
 

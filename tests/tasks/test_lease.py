@@ -13,9 +13,10 @@ from django.utils import timezone
 
 from tasks.actions import step_resolve, step_resolve_options
 from tasks.executor import step
-from tasks.lease import DEAD_SQL, lease_release
+from tasks.lease import lease_release
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
+from tasks.statements import LEASE_DEAD
 from tests.support.executing import crash_at, expire_lease
 
 PLAN = [{"title": "Closes", "tool": "demo.closes", "args": {}}]
@@ -38,7 +39,7 @@ def _task(make_conversation, *, owner: str, expires, steps=PLAN) -> Task:
 def _dead_by_sql(task_id: int) -> bool:
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT 1 FROM {Task._meta.db_table} WHERE id = %s AND {DEAD_SQL}",
+            f"SELECT 1 FROM {Task._meta.db_table} WHERE id = %s AND {LEASE_DEAD}",
             [task_id, connection.ops.adapt_datetimefield_value(timezone.now())],
         )
         return cursor.fetchone() is not None
@@ -163,9 +164,9 @@ def test_an_operators_adopt_renders_the_widget_preview_after_the_commit(
     real = artifacts.preview.preview_render
     seen = []
 
-    def watched(*, artifact):
+    def watched(*, artifact, keep=None):
         seen.append(connection.in_atomic_block)
-        return real(artifact=artifact)
+        return real(artifact=artifact, keep=keep)
 
     monkeypatch.setattr(artifacts.preview, "preview_render", watched)
 

@@ -131,9 +131,8 @@ def test_a_worker_on_a_full_blob_disk_waits_for_room_and_never_resends_an_effect
         title="fetches",
         steps=[{"title": f"fetch {i}", "tool": "test.fetch"} for i in range(3)],
     )
-    # Every output a blob file on that tmpfs (a small one is otherwise kept
-    # in the database, which this disk filling up never touches).
-    w = worker(PIPPA_BLOB_DIR=str(settings.BLOB_DIR), PIPPA_INLINE_MAX_BYTES="0")
+    # Every output a blob file on that tmpfs.
+    w = worker(PIPPA_BLOB_DIR=str(settings.BLOB_DIR))
 
     wait_for(lambda: "disk full" in w.stderr(), "the disk-full line", w)
     wait_for(

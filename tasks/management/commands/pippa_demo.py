@@ -49,10 +49,14 @@ INTERRUPTED = [
         "after_tool:1",
         None,
     ),
-    ("Stopped after the search snapshot was saved", "after_payload:3", None),
     (
-        "Stopped after the chart was saved, before it was recorded",
-        "after_payload:4",
+        "Stopped after the search snapshot was written, before it was recorded",
+        "after_blob:3",
+        None,
+    ),
+    (
+        "Stopped after the chart was written, before it was recorded",
+        "after_blob:4",
         None,
     ),
     ("Stopped right after the closes were recorded", "after_result:2", None),
