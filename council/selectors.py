@@ -90,11 +90,19 @@ class WidgetView:
 
 
 @dataclass
+class Citation:
+    """An artifact a turn cites, with who made it when a turn of this round did."""
+
+    artifact: Artifact
+    author: str = ""
+
+
+@dataclass
 class TurnView:
     turn: Turn
     brain: str
     widgets: list[WidgetView] = field(default_factory=list)
-    cited: list[Artifact] = field(default_factory=list)
+    cited: list[Citation] = field(default_factory=list)
     # The stored context's row only: the page shows its size; its text is read
     # when the reader opens it (turn_context_view), so the page grows linearly.
     context_artifact: Artifact | None = None
@@ -179,7 +187,15 @@ def turn_context_view(*, turn: Turn) -> ContextView:
 def round_page(*, council_round: CouncilRound) -> list[TurnView]:
     """Everything the round viewer shows, turn by turn, in a fixed number of queries."""
     views = []
-    for turn in round_turns(council_round):
+    turns = list(round_turns(council_round))
+    # Who made each artifact in this round, for the citations that name it.
+    authors = {
+        link.artifact_id: turn.participant.name
+        for turn in turns
+        for link in turn.artifact_links.all()
+        if link.role == TurnArtifact.Role.PRODUCED
+    }
+    for turn in turns:
         view = TurnView(turn=turn, brain=brain_label(turn.participant.brain))
         preview_ids = set()
         for link in turn.artifact_links.all():
@@ -187,7 +203,7 @@ def round_page(*, council_round: CouncilRound) -> list[TurnView]:
             if link.role == TurnArtifact.Role.CONTEXT:
                 view.context_artifact = artifact
             elif link.role == TurnArtifact.Role.CITED:
-                view.cited.append(artifact)
+                view.cited.append(Citation(artifact, authors.get(artifact.pk, "")))
             elif artifact.media_type in WIDGET_MEDIA_TYPES:
                 status = preview_status(artifact)
                 ok = status.get("status") == STATUS_OK

@@ -307,3 +307,30 @@ def test_a_round_nobody_spoke_in_says_there_is_no_conclusion_yet(client):
     Turn.objects.filter(round=council_round).delete()
     body = client.get(council_round.get_absolute_url()).content.decode()
     assert "No conclusion yet: nobody has spoken." in body
+
+
+@pytest.mark.django_db
+def test_a_citation_names_the_participant_whose_turn_made_it(client):
+    from django.contrib.auth import get_user_model
+
+    from council.demo import demo_round_load
+    from council.models import TurnArtifact
+
+    dad = get_user_model().objects.create_user("dad-cites", password="x")
+    client.force_login(dad)
+    council_round = demo_round_load(owner=dad)
+    cited = TurnArtifact.objects.filter(
+        turn__round=council_round, role=TurnArtifact.Role.CITED
+    ).first()
+    made = TurnArtifact.objects.get(
+        turn__round=council_round,
+        role=TurnArtifact.Role.PRODUCED,
+        artifact_id=cited.artifact_id,
+    )
+    author = made.turn.participant.name
+
+    body = client.get(council_round.get_absolute_url()).content.decode()
+
+    cites = body.split('class="cites"')[1].split("</p>")[0]
+    assert f"</a> by <bdi>{author}</bdi>" in cites
+    assert cited.artifact.title in cites
