@@ -44,7 +44,7 @@ from artifacts.store import BlobError, default_store
 from council.models import CouncilRound, Turn
 from pippa_site.owners import sees_every_row
 from tasks.actions import ATTENTION_STEPS, Choice, step_decision
-from tasks.models import Conversation, Event, Step, Task, needs_you_q
+from tasks.models import Conversation, Event, Step, Task, lease_dead_q, needs_you_q
 from tasks.resume import envelope_read, resume_context
 from tasks.words import CHOICES, RULE_WORDS, actor_words
 
@@ -194,9 +194,7 @@ def todo_url(step: Step) -> str:
 
 
 def _lease_live_q(prefix: str = "") -> Q:
-    return ~Q(**{f"{prefix}lease_owner": ""}) & Q(
-        **{f"{prefix}lease_expires_at__gte": timezone.now()}
-    )
+    return ~lease_dead_q(prefix)
 
 
 def todo_for_user(*, user, exclude_task: Task | None = None) -> ToDo:

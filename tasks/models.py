@@ -88,6 +88,15 @@ class Conversation(models.Model):
     delete.alters_data = True
 
 
+def lease_dead_q(prefix: str = "") -> Q:
+    """The dead-lease rule as a ``Q``, for a task reached as ``prefix`` (e.g. ``"task__"``)."""
+    return (
+        Q(**{f"{prefix}lease_owner": ""})
+        | Q(**{f"{prefix}lease_expires_at__isnull": True})
+        | Q(**{f"{prefix}lease_expires_at__lt": timezone.now()})
+    )
+
+
 class TaskQuerySet(OwnedQuerySet):
     owner_field = "conversation__owner"
 
@@ -98,11 +107,7 @@ class TaskQuerySet(OwnedQuerySet):
         ``Task.lease_live`` is the same rule for one row, ``tasks.statements.LEASE_DEAD``
         for the hot path's hand-written statements).
         """
-        return self.filter(
-            Q(lease_owner="")
-            | Q(lease_expires_at__isnull=True)
-            | Q(lease_expires_at__lt=timezone.now())
-        )
+        return self.filter(lease_dead_q())
 
     def lease_stale(self) -> TaskQuerySet:
         """Tasks whose lease has a holder but is dead: the worker is gone."""
