@@ -222,7 +222,10 @@ def test_a_tab_left_open_on_a_decision_another_tab_took_corrects_itself(
     task = task_create(
         conversation=conversation, title="Decide once", steps=_four_steps()
     )
-    interrupt(task, "after_payload:3")
+    # A step left by the three-commit executor: its snapshot saved, no result.
+    point, legacy = boundary_of("after_payload:3")
+    with legacy:
+        interrupt(task, point)
     url = f"{page.base_url}{task.get_absolute_url()}"
     page.goto(url)
     stale = page.locator(".card.attention")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 import subprocess
@@ -34,8 +35,12 @@ def _test_tools(tool_log):
 
 @pytest.fixture
 def token_for():
+    """Make a token for ``user``; each gets a name of its own (names are unique
+    among a user's active tokens)."""
+    made = itertools.count(1)
+
     def make(user) -> str:
-        return token_create(user=user, name="mcp test").raw
+        return token_create(user=user, name=f"mcp test {next(made)}").raw
 
     return make
 
