@@ -404,7 +404,11 @@ def _no_stray_database_sessions(django_db_setup, django_db_blocker):
     yield
     if connection.vendor != "postgresql":
         return
-    with django_db_blocker.unblock(), connection.cursor() as cursor:
+    with django_db_blocker.unblock():
+        # A fault test may have cut this very session (pg_terminate_backend);
+        # a fresh one is sure to answer.
+        connection.close()
+        cursor = connection.cursor()
         cursor.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
