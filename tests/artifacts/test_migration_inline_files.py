@@ -8,31 +8,16 @@ import stat
 
 import pytest
 from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 from artifacts.models import Artifact
 from artifacts.store import BlobStore
+from tests.support.migrating import migrate_back, migrate_forward
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BEFORE = ("artifacts", "0006_inline_blob")
 TABLE = "artifacts_inlineblob"
-
-
-def _migrate_back():
-    executor = MigrationExecutor(connection)
-    executor.migrate([BEFORE])
-    executor = MigrationExecutor(connection)
-    return executor.loader.project_state(
-        sorted(executor.loader.applied_migrations)
-    ).apps
-
-
-def _migrate_forward():
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(executor.loader.graph.leaf_nodes())
 
 
 def _sha(data: bytes) -> str:
@@ -46,7 +31,7 @@ def _tables() -> set[str]:
 def test_every_inline_row_becomes_a_verified_private_file_and_the_table_goes(
     settings, make_user
 ):
-    apps = _migrate_back()
+    apps = migrate_back(BEFORE)
     assert TABLE in _tables()
     InlineBlob = apps.get_model("artifacts", "InlineBlob")
     HistoricalArtifact = apps.get_model("artifacts", "Artifact")
@@ -63,7 +48,7 @@ def test_every_inline_row_becomes_a_verified_private_file_and_the_table_goes(
     store = BlobStore(settings.BLOB_DIR)
     already = store.put_bytes(outputs[0])
 
-    _migrate_forward()
+    migrate_forward()
 
     assert TABLE not in _tables()
     for data in outputs:
@@ -82,7 +67,7 @@ def test_every_inline_row_becomes_a_verified_private_file_and_the_table_goes(
 def test_an_inline_row_that_fails_its_sha_stops_the_migration_and_drops_nothing(
     settings,
 ):
-    apps = _migrate_back()
+    apps = migrate_back(BEFORE)
     InlineBlob = apps.get_model("artifacts", "InlineBlob")
     good, bad = b"intact bytes", b"rotted bytes"
     InlineBlob.objects.create(
@@ -92,11 +77,11 @@ def test_an_inline_row_that_fails_its_sha_stops_the_migration_and_drops_nothing(
         sha256=_sha(b"what it was"), size=len(bad), data=bad, created_at=timezone.now()
     )
     with pytest.raises(RuntimeError, match="does not hash to its sha"):
-        _migrate_forward()
+        migrate_forward()
     assert TABLE in _tables()
     assert InlineBlob.objects.count() == 2
     # Put things back for the next test: the rotted row goes, then forward.
     InlineBlob.objects.filter(sha256=_sha(b"what it was")).delete()
-    _migrate_forward()
+    migrate_forward()
     assert TABLE not in _tables()
     assert BlobStore(settings.BLOB_DIR).path(_sha(good)).read_bytes() == good

@@ -4,8 +4,8 @@ previous schema built, with two owners sharing bytes."""
 from __future__ import annotations
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
+
+from tests.support.migrating import migrate_back, migrate_forward
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -14,21 +14,6 @@ SHA = {
     name: f"{i:064x}"
     for i, name in enumerate(["csv", "widget", "lookalike", "png", "lost"], 1)
 }
-
-
-def _migrate_back():
-    executor = MigrationExecutor(connection)
-    executor.migrate([BEFORE])
-    executor = MigrationExecutor(connection)
-    return executor.loader.project_state(
-        sorted(executor.loader.applied_migrations)
-    ).apps
-
-
-def _migrate_forward():
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(executor.loader.graph.leaf_nodes())
 
 
 def _old_world(apps) -> dict:
@@ -144,8 +129,8 @@ def test_the_migration_splits_shared_rows_per_owner_with_links_and_lineage():
     from tasks.models import Step, TaskArtifact
     from tests.support.leftovers import find_leftovers
 
-    ids = _old_world(_migrate_back())
-    _migrate_forward()
+    ids = _old_world(migrate_back(BEFORE))
+    migrate_forward()
 
     def rows(owner):
         return {a.sha256: a for a in Artifact.objects.filter(owner_id=ids[owner])}
