@@ -263,7 +263,7 @@ def artifact_store(
     """Store payload bytes and their artifact row: write before show.
 
     1. Validate what can be validated before any I/O.
-    2. Write the blob (temp, fsync, rename, fsync dir).
+    2. Write the blob (linked under its sha, the file and its folder fsynced).
     3. Create or find the owner's row. A crash between 2 and 3 leaves an
        unreferenced blob, which the doctor sweeps after its grace period.
     """

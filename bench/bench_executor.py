@@ -8,8 +8,8 @@ in the same two commits the design requires:
    insert ``tool_call_started``; COMMIT (before the call), at
    ``synchronous=NORMAL`` (the tool has no outside effects: losing this
    commit re-runs a call whose result nobody saw).
-2. The 1 KiB payload as a blob file (temp file, fsync, rename, fsync the
-   folder: the same ``BlobStore`` code on both sides).
+2. The 1 KiB payload as a blob file (linked under its sha, then the file
+   and its folder fsynced: the same ``BlobStore`` code on both sides).
 3. At ``synchronous=FULL`` (the result is shown after it): insert the
    artifact row (ON CONFLICT on sha), the ownership link, mark the step done
    with its output ref, reserve two seqs and bump progress, insert

@@ -9,8 +9,8 @@ each producing a fresh 1 KiB payload.
 Systems, each as its users would set it up on SQLite:
 
 - ``pippa``: ``tasks.executor.step``, the project's own executor as shipped:
-  two commits a step, the payload a file (temp, fsync, rename, fsync the
-  folder), SQLite ``synchronous=FULL`` except the start of a call without
+  two commits a step, the payload a file (linked under its sha, then the
+  file and its folder fsynced), SQLite ``synchronous=FULL`` except the start of a call without
   outside effects (NORMAL: losing it re-runs a call nobody saw).
 - ``pippa_normal``: the same with ``PIPPA_SQLITE_SYNCHRONOUS=NORMAL`` (every
   commit outside the envelope at NORMAL; the result's commit is FULL at every

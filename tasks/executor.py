@@ -17,8 +17,9 @@
 5. Call the tool with a context carrying the idempotency key
    ``pippa:<task>:<step>:<generation>`` (only an explicit retry bumps the
    generation, so a resumed uncertain call keeps its key).
-6. Write the payload as a content-addressed file (temp, fsync, rename, fsync
-   the folder): every output is a file, whatever its size.
+6. Write the payload as a content-addressed file (a file with no name,
+   linked under its sha, then the file and its folder fsynced): every output
+   is a file, whatever its size.
 7. **Commit 2**, durable (``synchronous=FULL``): ``payload_persisted`` (sha)
    and ``tool_result_persisted``, the artifact row, the ownership link, the
    step's output ref and ``done``, and the plan's advance (``steps_done``;
@@ -879,9 +880,11 @@ def step_needs_review(
 
 
 def _ensure_blob(artifact_class: int, payload: dict[str, Any]) -> None:
-    """A class-1 file that is intact but whose blob copy is gone: copy it again."""
+    """A class-1 file that is intact but whose blob copy is gone (or is not
+    what its sha says): copy it again. ``settle``, not ``exists``: the row
+    about to name the blob was not written with it."""
     store = default_store()
-    if store.exists(payload["sha"]):
+    if store.settle(payload["sha"]):
         return
     if artifact_class == ArtifactClass.FILE:
         path = class1_file(payload)

@@ -80,32 +80,126 @@ def test_a_stream_over_the_size_cap_is_refused_and_leaves_nothing(store):
     assert list(store.iter_temp_files()) == []
 
 
-def test_a_write_fsyncs_the_file_and_the_folder_before_it_returns(store, monkeypatch):
-    synced: list[str] = []
-    real_fsync = os.fsync
+@pytest.fixture(params=["unnamed file", "named temp file"])
+def either_store(request, tmp_path) -> BlobStore:
+    """The store as it writes here (``O_TMPFILE``) and as it writes where
+    that is missing (a named temp file, fsync, rename)."""
+    store = BlobStore(tmp_path / "blobs")
+    store._anonymous = request.param == "unnamed file"
+    return store
 
-    def spy(fd):
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+
+def _spy_on_disk(monkeypatch) -> list[tuple[str, str]]:
+    """Record (call, what) for each link, rename and fsync, in order."""
+    seen: list[tuple[str, str]] = []
+    real_fsync, real_link, real_replace = os.fsync, os.link, os.replace
+
+    def fsync(fd):
+        seen.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
         return real_fsync(fd)
 
-    monkeypatch.setattr(os, "fsync", spy)
-    result = store.put_bytes(b"durable")
-    final = store.path(result.sha256)
-    assert any("/tmp/put-" in p for p in synced), synced  # the temp file's data
-    assert str(final.parent) in synced  # the rename is made durable
-    assert final.exists()
+    def link(src, dst, **kwargs):
+        seen.append(("link", os.path.basename(dst)))
+        return real_link(src, dst, **kwargs)
+
+    def replace(src, dst, **kwargs):
+        seen.append(("rename", os.path.basename(dst)))
+        return real_replace(src, dst, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "link", link)
+    monkeypatch.setattr(os, "replace", replace)
+    return seen
 
 
-def test_the_rename_is_atomic_a_crash_before_it_leaves_only_a_temp_file(
+def test_a_write_is_named_and_durable_file_and_folder_before_it_returns(
     store, monkeypatch
 ):
-    def crash(src, dst):
+    store.put_bytes(b"warm-up")  # the layout and the one-time O_TMPFILE probe
+    seen = _spy_on_disk(monkeypatch)
+    result = store.put_bytes(b"durable")
+    final = store.path(result.sha256)
+    # Named first, so the file's one fsync carries its bytes, inode and name;
+    # then its folder.
+    assert seen == [
+        ("link", result.sha256),
+        ("fsync", seen[1][1]),
+        ("fsync", str(final.parent)),
+    ], seen
+    assert "/tmp/" in seen[1][1]  # the file itself, opened in tmp/ with no name
+    assert final.read_bytes() == b"durable"
+    assert final.stat().st_mode & 0o777 == 0o400
+    assert list(store.iter_temp_files()) == []
+
+
+def test_without_unnamed_files_a_write_syncs_the_temp_file_renames_it_then_syncs_the_folder(
+    store, monkeypatch
+):
+    store._anonymous = False
+    store.put_bytes(b"warm-up")  # the layout
+    seen = _spy_on_disk(monkeypatch)
+    result = store.put_bytes(b"durable")
+    final = store.path(result.sha256)
+    assert [call for call, _ in seen] == ["fsync", "rename", "fsync"], seen
+    assert "/tmp/put-" in seen[0][1]
+    assert seen[1] == ("rename", result.sha256)
+    assert seen[2] == ("fsync", str(final.parent))
+    assert final.read_bytes() == b"durable"
+    assert final.stat().st_mode & 0o777 == 0o400
+
+
+def test_a_crash_before_the_name_leaves_nothing_behind(either_store, monkeypatch):
+    def power_cut(*args, **kwargs):
         raise KeyboardInterrupt("power cut")
 
-    monkeypatch.setattr(os, "replace", crash)
+    either_store.put_bytes(b"warm-up")
+    monkeypatch.setattr(os, "link", power_cut)
+    monkeypatch.setattr(os, "replace", power_cut)
     with pytest.raises(KeyboardInterrupt):
-        store.put_bytes(b"never shown")
-    assert list(store.iter_files()) == []
+        either_store.put_bytes(b"never shown")
+    assert [sha for sha, _ in either_store.iter_files()] == [
+        hashlib.sha256(b"warm-up").hexdigest()
+    ]
+    if either_store._anonymous:  # the fallback leaves its temp file to the doctor
+        assert list(either_store.iter_temp_files()) == []
+
+
+def test_a_file_already_under_the_sha_is_replaced_by_bytes_synced_first(
+    either_store, monkeypatch
+):
+    """What a power cut between a name and its fsync can leave: the sha's
+    name on bytes that never reached the disk. The next write of those bytes
+    does not trust it."""
+    sha = hashlib.sha256(b"precious").hexdigest()
+    torn = either_store.root / sha[:2] / sha
+    either_store.put_bytes(b"warm-up")
+    torn.write_bytes(b"")  # the name made it to disk, the bytes did not
+    seen = _spy_on_disk(monkeypatch)
+    again = either_store.put_bytes(b"precious")
+    assert again.sha256 == sha
+    assert not again.created
+    assert torn.read_bytes() == b"precious"
+    assert either_store.verify(sha)
+    calls = [call for call, _ in seen]
+    assert calls.index("fsync") < calls.index("rename") < len(calls) - 1
+    assert seen[-1] == ("fsync", str(torn.parent))
+    assert list(either_store.iter_temp_files()) == []
+
+
+def test_settle_says_yes_only_for_intact_bytes_and_syncs_them_first(store, monkeypatch):
+    kept = store.put_bytes(b"kept")
+    torn_sha = hashlib.sha256(b"torn").hexdigest()
+    (store.root / torn_sha[:2] / torn_sha).write_bytes(b"to")
+    seen = _spy_on_disk(monkeypatch)
+    assert store.settle(kept.sha256)
+    assert seen == [
+        ("fsync", str(store.path(kept.sha256))),
+        ("fsync", str(store.path(kept.sha256).parent)),
+    ]
+    assert not store.settle(torn_sha)
+    assert not store.settle("0" * 64)
+    with pytest.raises(InvalidSha):
+        store.settle("../etc/passwd")
 
 
 @pytest.mark.parametrize(
@@ -165,3 +259,21 @@ def test_storing_the_same_bytes_again_heals_a_damaged_copy(store):
     assert not again.created
     assert store.verify(result.sha256)
     assert store.get(result.sha256) == b"precious"
+
+
+def test_where_unnamed_files_cannot_be_made_the_store_falls_back_to_a_named_temp_file(
+    store, monkeypatch
+):
+    real_open = os.open
+
+    def no_tmpfile(path, flags, *args, **kwargs):
+        if flags & os.O_TMPFILE == os.O_TMPFILE:
+            raise OSError(95, "Operation not supported")  # EOPNOTSUPP
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_tmpfile)
+    result = store.put_bytes(b"still stored")
+    assert store._anonymous is False
+    assert store.get(result.sha256) == b"still stored"
+    assert store.path(result.sha256).stat().st_mode & 0o777 == 0o400
+    assert list(store.iter_temp_files()) == []

@@ -40,8 +40,6 @@ def _trace(lines: list[str]) -> list[tuple[str, str, str]]:
         match = LINE.match(line)
         if match:
             calls.append((match.group(2), match.group(4), match.group(5)))
-        elif "rename" in line:
-            calls.append(("rename", "", line))
     return calls
 
 
@@ -83,7 +81,7 @@ def test_the_call_is_synced_before_it_goes_out_and_the_file_before_its_name(
             "-s",
             "65536",
             "-e",
-            "trace=write,pwrite64,fsync,fdatasync,rename,renameat,renameat2",
+            "trace=write,pwrite64,fsync,fdatasync,link,linkat",
             "-o",
             str(out),
             sys.executable,
@@ -126,23 +124,26 @@ def test_the_call_is_synced_before_it_goes_out_and_the_file_before_its_name(
     )
     assert started < synced < first_tool_write
 
-    # 2. The payload file is synced, renamed onto its sha and its folder
-    #    synced; only then does the commit that names it reach the WAL, and
-    #    that commit is synced before the worker moves on.
-    file_sync = _first(
+    # 2. The payload file (made in tmp/ with no name) is linked under its
+    #    sha, then it and its folder are synced; only then does the commit
+    #    that names it reach the WAL, and that commit is synced before the
+    #    worker moves on.
+    linked = _first(
         calls,
         first_tool_write,
-        lambda call, path, rest: call in SYNCS and "/tmp/put-" in path,
+        lambda call, path, rest: call == "linkat" and sha in rest,
     )
-    renamed = _first(
-        calls, file_sync, lambda call, path, rest: call == "rename" and sha in rest
+    file_sync = _first(
+        calls,
+        linked,
+        lambda call, path, rest: call in SYNCS and "/tmp/#" in path,
     )
     folder = str(settings.BLOB_DIR / sha[:2])
     folder_sync = _first(
-        calls, renamed, lambda call, path, rest: call in SYNCS and path == folder
+        calls, file_sync, lambda call, path, rest: call in SYNCS and path == folder
     )
     named = _first(calls, 0, wal_write("payload_persisted"))
-    assert file_sync < renamed < folder_sync < named
+    assert linked < file_sync < folder_sync < named
     # That commit names the file's sha, and is synced before the worker ends.
     commit_synced = _first(calls, named, wal_sync)
     assert folder_sync < _first(calls, folder_sync, wal_write(sha)) < commit_synced
