@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cache, cached_property
 from typing import Any
 
+from django.conf import settings
 from django.core.paginator import Page, Paginator
 from django.db import connection
 from django.db.models import (
@@ -36,6 +38,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce, Greatest
 from django.http import Http404
+from django.urls import get_script_prefix, get_urlconf, reverse
 from django.utils import timezone
 
 from artifacts.models import Artifact
@@ -44,7 +47,15 @@ from artifacts.store import BlobError, default_store
 from council.models import CouncilRound, Turn
 from pippa_site.owners import sees_every_row
 from tasks.actions import ATTENTION_STEPS, Choice, step_decision
-from tasks.models import Conversation, Event, Step, Task, lease_dead_q, needs_you_q
+from tasks.models import (
+    Conversation,
+    Event,
+    Step,
+    Task,
+    attention_steps_sql,
+    lease_dead_q,
+    needs_you_q,
+)
 from tasks.resume import envelope_read, resume_context
 from tasks.words import CHOICES, RULE_WORDS, actor_words
 
@@ -92,6 +103,31 @@ def _needs_you_count(outer: str) -> Subquery:
     )
 
 
+def _needs_you_exists() -> Exists:
+    """Whether a conversation has a step waiting for a person."""
+    return Exists(Step.objects.filter(needs_you_q(), task__conversation=OuterRef("pk")))
+
+
+def _conversations_shown(
+    *, user, query: str, needs_you: bool
+) -> QuerySet[Conversation]:
+    """The conversations ``user`` may see that match ``query`` (a title of the
+    conversation or of one of its tasks) and, with ``needs_you``, that have a
+    step waiting for a person. No annotations: the list's rows, and its count."""
+    conversations = Conversation.objects.for_user(user, staff=True)
+    query = query.strip()
+    if query:
+        task_match = Task.objects.filter(
+            conversation=OuterRef("pk"), title__icontains=query
+        )
+        conversations = conversations.filter(
+            Q(title__icontains=query) | Exists(task_match)
+        )
+    if needs_you:
+        conversations = conversations.filter(_needs_you_exists())
+    return conversations
+
+
 def conversation_list(
     *, user, query: str = "", needs_you: bool = False
 ) -> QuerySet[Conversation]:
@@ -102,17 +138,9 @@ def conversation_list(
     the latest change of the conversation or any of its tasks. ``needs_you``
     keeps only conversations with a step waiting for a person.
     """
-    conversations = Conversation.objects.for_user(user, staff=True)
-    query = query.strip()
-    if query:
-        task_match = Task.objects.filter(
-            conversation=OuterRef("pk"), title__icontains=query
-        )
-        conversations = conversations.filter(
-            Q(title__icontains=query) | Exists(task_match)
-        )
     return (
-        conversations.select_related("owner")
+        _conversations_shown(user=user, query=query, needs_you=needs_you)
+        .select_related("owner")
         .annotate(
             task_count=Count("tasks"),
             active_count=Count("tasks", filter=Q(tasks__status__in=ACTIVE)),
@@ -138,17 +166,34 @@ def conversation_list(
                 "updated_at", Coalesce(Max("tasks__updated_at"), "updated_at")
             ),
         )
-        .filter(**({"needs_you_count__gt": 0} if needs_you else {}))
         .order_by("-activity_at", "-pk")
     )
+
+
+class CountedPaginator(Paginator):
+    """A paginator that counts a plainer queryset of the same rows.
+
+    Counting the annotated list would run its grouped join and every
+    subquery over all the user's conversations just to learn how many there
+    are (9 ms of a 1,000-conversation page, against 0.3 ms for the plain count).
+    """
+
+    def __init__(self, object_list, per_page, *, counted: QuerySet) -> None:
+        super().__init__(object_list, per_page)
+        self.counted = counted
+
+    @cached_property
+    def count(self) -> int:
+        return self.counted.count()
 
 
 def conversation_page(
     *, user, query: str = "", page: str | int | None = 1, needs_you: bool = False
 ) -> Page:
-    paginator = Paginator(
+    paginator = CountedPaginator(
         conversation_list(user=user, query=query, needs_you=needs_you),
         CONVERSATIONS_PER_PAGE,
+        counted=_conversations_shown(user=user, query=query, needs_you=needs_you),
     )
     return paginator.get_page(page)
 
@@ -157,11 +202,7 @@ def conversations_needing_you(*, user) -> int:
     """How many of ``user``'s conversations have a step waiting for a person."""
     return (
         Conversation.objects.for_user(user, staff=True)
-        .filter(
-            Exists(
-                Step.objects.filter(needs_you_q(), task__conversation=OuterRef("pk"))
-            )
-        )
+        .filter(_needs_you_exists())
         .count()
     )
 
@@ -207,7 +248,9 @@ def todo_for_user(*, user, exclude_task: Task | None = None) -> ToDo:
     owner's tasks.
     """
     steps = (
-        Step.objects.filter(needs_you_q(), task__conversation__owner=user)
+        Step.objects.filter(
+            attention_steps_sql(), needs_you_q(), task__conversation__owner=user
+        )
         .exclude(Q(status=Step.Status.RUNNING) & _lease_live_q("task__"))
         .select_related("task", "task__conversation")
         .order_by("task__created_at", "task_id", "position")
@@ -233,7 +276,9 @@ def todo_for_user(*, user, exclude_task: Task | None = None) -> ToDo:
 def next_decision_for_user(*, user, after: Task) -> Step | None:
     """The first decision waiting for ``user`` outside ``after``: "Next decision →"."""
     return (
-        Step.objects.filter(needs_you_q(), task__conversation__owner=user)
+        Step.objects.filter(
+            attention_steps_sql(), needs_you_q(), task__conversation__owner=user
+        )
         .exclude(task=after)
         .exclude(Q(status=Step.Status.RUNNING) & _lease_live_q("task__"))
         .select_related("task")
@@ -409,6 +454,40 @@ class SavedOutput:
     headlines: list[dict] = field(default_factory=list)
 
 
+# An artifact id no row has: reversed once, it splits each route in two.
+_ANY_ARTIFACT = 987654321987
+
+
+@cache
+def _artifact_routes(
+    prefix: str, urlconf: str | None, root: str
+) -> dict[str, tuple[str, str]]:
+    """Each artifact page's URL before and after its id, for one script
+    ``prefix`` and URLconf (``urlconf``, else ``root``)."""
+    parts = {}
+    for name in ("detail", "source", "preview"):
+        url = reverse(f"artifacts:{name}", args=[_ANY_ARTIFACT], urlconf=urlconf)
+        head, _, tail = url.partition(str(_ANY_ARTIFACT))
+        parts[name] = (head, tail)
+    return parts
+
+
+def artifact_routes() -> dict[str, tuple[str, str]]:
+    """The artifact pages' routes for this request's script prefix and URLconf.
+
+    Read once per list of rows: each read of the prefix and the URLconf is an
+    ``asgiref`` ``Local`` behind one lock that every server thread shares.
+    """
+    return _artifact_routes(get_script_prefix(), get_urlconf(), settings.ROOT_URLCONF)
+
+
+def artifact_url(name: str, artifact_id: int, routes=None) -> str:
+    """``{% url 'artifacts:<name>' artifact_id %}`` without reversing a route
+    per row: the route's two halves are reversed once per script prefix."""
+    head, tail = (routes or artifact_routes())[name]
+    return f"{head}{artifact_id}{tail}"
+
+
 @dataclass
 class StepRow:
     """One timeline row: the step and what the page shows of its output."""
@@ -425,14 +504,35 @@ class StepRow:
     saved: SavedOutput | None = None
     choices: list[Choice] = field(default_factory=list)
     plain_words: str = ""  # what resume will do, in Dad's words
+    routes: dict | None = None  # artifact_routes(), once for the list
 
     @property
     def needs_attention(self) -> bool:
         return self.step.status in ATTENTION_STEPS
 
+    # The output's pages, as ``{% url %}`` gives them (``artifact_url``).
+    @property
+    def detail_url(self) -> str:
+        return artifact_url("detail", self.step.output_id, self.routes)
+
+    @property
+    def source_url(self) -> str:
+        return artifact_url("source", self.step.output_id, self.routes)
+
+    @property
+    def preview_url(self) -> str:
+        return artifact_url("preview", self.step.output_id, self.routes)
+
     @property
     def failed_attempts(self) -> list[Attempt]:
         return [a for a in self.attempts if a.outcome in ("failed", "interrupted")]
+
+    @property
+    def shows_attempts(self) -> bool:
+        """Whether the row unfolds its attempts and notes, each with its time
+        in words relative to now ("5 min ago"): such a row is never kept in
+        the rows cache (``dashboard.rowcache``)."""
+        return len(self.attempts) > 1 or bool(self.failed_attempts or self.notes)
 
 
 def _preview_kind(artifact: Artifact) -> str:
@@ -474,8 +574,8 @@ def _excerpt_of(head: bytes) -> tuple[str, bool, bool]:
     return head[:EXCERPT_BYTES].decode("utf-8", errors="replace"), truncated, False
 
 
-def _step_row(step: Step, heads: dict | None = None) -> StepRow:
-    row = StepRow(step=step)
+def _step_row(step: Step, heads: dict | None = None, routes=None) -> StepRow:
+    row = StepRow(step=step, routes=routes)
     artifact = step.output
     if artifact is None:
         return row
@@ -642,7 +742,8 @@ def _rows(steps, task: Task, clock: TaskClock) -> list[StepRow]:
         ],
         EXCERPT_BYTES + 1,
     )
-    rows = [_step_row(step, heads) for step in steps]
+    routes = artifact_routes()
+    rows = [_step_row(step, heads, routes) for step in steps]
     _advise(rows, task)
     _attempts(rows)
     _place_bars(clock, rows)
@@ -782,14 +883,21 @@ def task_clock(*, task: Task) -> TaskClock:
 
 def _paused_within(task: Task, start, end):
     """The time between each pause and the resume after it, inside start..end."""
-    marks = Event.objects.filter(
-        task=task,
-        kind__in=[Event.Kind.TASK_PAUSED, Event.Kind.TASK_QUEUED],
-        created_at__gte=start,
-    ).values_list("kind", "created_at")
+    # Sorted here, not by the SQL: ordered by seq, SQLite walks every event of
+    # the task in seq order (100,000 of them: 15 ms) rather than reading the
+    # few marks from the (task, kind, seq) index and sorting them (0.4 ms).
+    marks = sorted(
+        Event.objects.filter(
+            task=task,
+            kind__in=[Event.Kind.TASK_PAUSED, Event.Kind.TASK_QUEUED],
+            created_at__gte=start,
+        )
+        .order_by()
+        .values_list("seq", "kind", "created_at")
+    )
     total = end - end
     since = None
-    for kind, at in marks.order_by("seq"):
+    for _, kind, at in marks:
         if kind == Event.Kind.TASK_PAUSED and since is None:
             since = at
         elif kind == Event.Kind.TASK_QUEUED and since is not None:
@@ -864,14 +972,26 @@ class EventPage:
         return groups
 
 
+# What the events section reads: every field of an event, and of its step
+# what a group's head shows (``group.step.position``, ``group.step.title``).
+EVENT_FIELDS = tuple(f.name for f in Event._meta.concrete_fields)
+EVENT_STEP_FIELDS = ("position", "title")
+
+
 def task_events(*, task: Task, kind: str = "", before: int | None = None) -> EventPage:
     """Return up to EVENTS_PER_PAGE events of the task, newest first.
 
     Keyset paging on ``seq`` (index tasks_event_task_kind) instead of page
     numbers: no COUNT over 100,000 rows, and the cost of a page does not
-    depend on how deep it is.
+    depend on how deep it is. Each event's step brings only what a group's
+    head shows (its position and title): not its args, error and times,
+    decoded for every event of the page.
     """
-    events = Event.objects.filter(task=task).select_related("step")
+    events = (
+        Event.objects.filter(task=task)
+        .select_related("step")
+        .only(*EVENT_FIELDS, *(f"step__{name}" for name in EVENT_STEP_FIELDS))
+    )
     if kind:
         events = events.filter(kind=kind)
     if before is not None:

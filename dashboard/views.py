@@ -8,7 +8,7 @@ Views stay thin: a selector or one service, then ``render`` or a redirect
 from __future__ import annotations
 
 import logging
-from functools import partial, wraps
+from functools import cache, partial, wraps
 from types import SimpleNamespace
 from urllib.parse import urlencode
 
@@ -181,8 +181,12 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         "page": page,
         "query": query,
         "needs_you": needs_you,
-        "needing_you": selectors.conversations_needing_you(user=request.user),
-        "todo": selectors.todo_for_user(user=request.user),
+        # Read when the template shows them (once each): search-as-you-type
+        # asks for the results alone, which show neither.
+        "needing_you": cache(
+            partial(selectors.conversations_needing_you, user=request.user)
+        ),
+        "todo": cache(partial(selectors.todo_for_user, user=request.user)),
         "version": version,
         "refresh_every": REFRESH_SECONDS,
     }

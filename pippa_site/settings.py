@@ -263,8 +263,27 @@ LOGOUT_REDIRECT_URL = "login"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = env_str("TIME_ZONE", "UTC")
-USE_I18N = True
+# The site speaks English only (no LocaleMiddleware, no catalogues of its own),
+# so Django's translation machinery stays off: with it on, every date filter,
+# {% url %} and choice label asks for the active language through a
+# process-wide lock (asgiref's Local), a few hundred times per task page, and
+# under the web process's threads that lock was a queue. Strings, dates and
+# number formats come out the same (en-us).
+USE_I18N = False
 USE_TZ = True
+
+# Per process, in memory. "rows": task pages' settled step rows, drawn once
+# (dashboard/rowcache.py); a row is 1-3 KB, so the default bound is about
+# 10 MB per web process, least recently used rows going first.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "rows": {
+        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+        "LOCATION": "pippa-rows",
+        "TIMEOUT": None,
+        "OPTIONS": {"MAX_ENTRIES": env_int("PIPPA_ROW_CACHE_ROWS", 5000)},
+    },
+}
 
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "staticfiles"

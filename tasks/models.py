@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.expressions import RawSQL
 from django.urls import reverse
 from django.utils import timezone
 
@@ -261,6 +262,33 @@ class StepQuerySet(OwnedQuerySet):
         return self.filter(needs_you_q())
 
 
+# The statuses of a step that may need a person: the partial index
+# tasks_step_attention holds only these rows (a task's few, not its hundreds).
+ATTENTION_STEP_STATUSES = ("running", "failed", "needs_review")
+
+
+def attention_steps_sql() -> RawSQL:
+    """``tasks_step.id`` among the steps of the partial index tasks_step_attention.
+
+    A filter on ``Step`` with this beside ``needs_you_q()`` (which implies it)
+    reads the few running, failed or needs-review steps from the partial index
+    first, then only their tasks: without it SQLite starts from the user's
+    conversations and reads every step of every task they have, so a page
+    asking "does anything else need you?" grows with the user's history. The
+    statuses are written out, not bound: SQLite uses a partial index only when
+    the query's text implies the index's condition, and Django's
+    ``status__in`` sends bound parameters, which imply nothing. For ``Step``
+    querysets only (it names the table).
+    """
+    table = Step._meta.db_table
+    listed = ", ".join(f"'{status}'" for status in ATTENTION_STEP_STATUSES)
+    return RawSQL(
+        f'"{table}"."id" IN (SELECT "id" FROM "{table}" WHERE "status" IN ({listed}))',
+        (),
+        output_field=models.BooleanField(),
+    )
+
+
 def needs_you_q(prefix: str = "") -> Q:
     """The "needs you" condition on steps, optionally seen through a relation."""
     return (
@@ -373,7 +401,7 @@ class Step(models.Model):
             models.Index(
                 fields=["task", "status"],
                 name="tasks_step_attention",
-                condition=Q(status__in=["running", "failed", "needs_review"]),
+                condition=Q(status__in=list(ATTENTION_STEP_STATUSES)),
             ),
         ]
 

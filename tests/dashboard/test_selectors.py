@@ -14,7 +14,7 @@ from dashboard.templatetags.pippa_words import (
     json_long,
     json_summary,
 )
-from tasks.models import Task
+from tasks.models import Event, Task
 from tests.tasks.dashboard_data import add_events, add_steps
 
 pytestmark = pytest.mark.django_db
@@ -124,3 +124,92 @@ def test_council_rounds_are_counted_without_inflating_the_task_sums(
     assert row.round_count == 3
     assert row.task_count == 2
     assert (row.steps_done_sum, row.steps_total_sum) == (2, 8)
+
+
+def test_a_rows_output_links_are_its_routes_reversed(make_task):
+    """StepRow's links reverse each route once, not per row: the same URLs
+    as ``{% url %}``, under the script prefix the rows were read under."""
+    from django.urls import get_script_prefix, reverse, set_script_prefix
+
+    task = make_task()
+    add_steps(task, 2, done=2)
+    before = get_script_prefix()
+    try:
+        for prefix in ("/", "/pippa/"):
+            set_script_prefix(prefix)
+            _, rows, _ = selectors.task_timeline(task=task)
+            for row in rows:
+                pk = row.step.output_id
+                assert row.detail_url == reverse("artifacts:detail", args=[pk])
+                assert row.source_url == reverse("artifacts:source", args=[pk])
+                assert row.preview_url == reverse("artifacts:preview", args=[pk])
+                assert row.detail_url.startswith(prefix)
+    finally:
+        set_script_prefix(before)
+
+
+def test_the_list_pages_count_is_its_rows_for_every_filter_and_reads_no_annotation(
+    user, make_user, make_conversation, make_task
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    for n in range(selectors.CONVERSATIONS_PER_PAGE + 5):
+        make_task(conversation=make_conversation(owner=user), title=f"plain {n}")
+    waiting = make_conversation(owner=user, title="tomato soup")
+    add_steps(make_task(conversation=waiting, status="failed"), 1, status="failed")
+    add_steps(make_task(conversation=waiting, title="tomato two"), 2, done=1)
+    cancelled = make_conversation(owner=user, title="Cancelled")
+    add_steps(make_task(conversation=cancelled, status="cancelled"), 1, status="failed")
+    theirs = make_conversation(owner=make_user(username="stranger"), title="tomato")
+    add_steps(make_task(conversation=theirs, status="failed"), 1, status="failed")
+
+    for query, needs_you, expected in [
+        ("", False, selectors.CONVERSATIONS_PER_PAGE + 7),
+        ("tomato", False, 1),
+        ("", True, 1),
+        ("tomato", True, 1),
+        ("plain 3", True, 0),
+    ]:
+        page = selectors.conversation_page(user=user, query=query, needs_you=needs_you)
+        with CaptureQueriesContext(connection) as counted:
+            count = page.paginator.count
+        rows = list(
+            selectors.conversation_list(user=user, query=query, needs_you=needs_you)
+        )
+        assert count == len(rows) == expected, (query, needs_you)
+        assert all(c.owner_id == user.pk for c in rows)
+        assert [
+            sql["sql"] for sql in counted.captured_queries if "GROUP BY" in sql["sql"]
+        ] == []
+        if needs_you:
+            assert all(c.needs_you_count > 0 for c in rows)
+
+
+def test_paused_time_runs_from_each_pause_to_the_resume_after_it_in_log_order(
+    user, make_conversation, make_task
+):
+    task = make_task(conversation=make_conversation(owner=user))
+    start = timezone.now()
+    at = {seq: start + timedelta(seconds=s) for seq, s in enumerate(range(-4, 12))}
+    marks = {
+        1: "task_paused",  # before the window: its resume (2) is outside too
+        2: "task_queued",
+        5: "task_paused",  # 1 s..3 s
+        7: "task_queued",
+        9: "task_paused",  # 5 s..6 s, then a second resume that changes nothing
+        10: "task_queued",
+        11: "task_queued",
+        13: "task_paused",  # 9 s, still paused at the window's end (10 s): 1 s
+    }
+    Event.objects.bulk_create(
+        [
+            Event(
+                task=task, seq=seq, kind=marks.get(seq, "lease_renewed"), created_at=t
+            )
+            for seq, t in at.items()
+            if seq > 0
+        ]
+    )
+    end = start + timedelta(seconds=10)
+    assert selectors._paused_within(task, start, end) == timedelta(seconds=4)

@@ -144,6 +144,35 @@ def test_search_as_you_type_returns_only_the_results_fragment_for_htmx(
     assert "Garden plans" in body
 
 
+def test_search_as_you_type_reads_neither_the_to_do_list_nor_the_needs_you_count(
+    dad_client, user, make_conversation, make_task
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    waiting = make_task(conversation=make_conversation(owner=user, title="Garden"))
+    waiting.steps.create(position=1, title="Decide", tool="t", status="needs_review")
+    url = reverse("dashboard:conversations")
+    with CaptureQueriesContext(connection) as whole:
+        page = dad_client.get(url, {"q": "gard"}).content.decode()
+    with CaptureQueriesContext(connection) as typed:
+        results = dad_client.get(
+            url,
+            {"q": "gard"},
+            headers={"HX-Request": "true", "HX-Target": "conversation-results"},
+        ).content.decode()
+    assert 'id="todo"' in page
+    assert "Decide step 1" in page  # the whole page reads and shows the to-do
+    assert 'id="todo"' not in results
+    assert "Garden" in results
+    # The to-do's and the count's queries are the difference, and nothing else.
+    with CaptureQueriesContext(connection) as to_do:
+        selectors.todo_for_user(user=user)
+        selectors.conversations_needing_you(user=user)
+    assert len(to_do) > 0
+    assert len(whole) - len(typed) == len(to_do)
+
+
 def test_the_list_is_paginated_and_its_query_count_does_not_grow(
     dad_client, user, make_conversation, make_task, django_assert_max_num_queries
 ):
@@ -384,6 +413,33 @@ def test_the_task_page_query_count_does_not_grow_with_steps_or_events(
     add_steps(big, 250, done=120)
     add_events(big, 400)
     assert count_queries(small) == count_queries(big)
+
+
+def test_the_events_of_many_steps_cost_no_query_per_step(
+    dad_client, user, make_conversation, make_task
+):
+    """The events section reads each event's step with the event (its
+    position and title only): a group head reads no field left behind."""
+    conversation = make_conversation(owner=user)
+    task = make_task(conversation=conversation, status="running")
+    steps = add_steps(task, 30, done=20)
+    for step in steps:
+        add_events(task, 2, kind="tool_call_started", step=step)
+    plain = make_task(conversation=conversation, status="running")
+    add_steps(plain, 30, done=20)
+    add_events(plain, 60, kind="tool_call_started")
+
+    def count_queries(task) -> tuple[int, str]:
+        with CaptureQueriesContext(connection) as ctx:
+            response = dad_client.get(task.get_absolute_url())
+        assert response.status_code == 200
+        return len(ctx.captured_queries), response.content.decode()
+
+    with_steps, body = count_queries(task)
+    assert "Step 30: <bdi>Step number 30</bdi>" in body
+    assert with_steps == count_queries(plain)[0]
+    page = selectors.task_events(task=task)
+    assert {"args", "error", "started_at"} <= page.events[0].step.get_deferred_fields()
 
 
 def test_a_long_timeline_opens_at_the_page_of_the_current_step(

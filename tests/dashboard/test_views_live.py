@@ -28,17 +28,6 @@ WORKER = "worker:test-live"
 LIVE = {"HX-Request": "true", "HX-Target": "live"}
 
 
-def _task(conversation, steps: int = 3, title: str = "Fetch") -> Task:
-    return task_create(
-        conversation=conversation,
-        title="Three fetches",
-        steps=[
-            {"title": f"{title} {n}", "tool": "demo.closes", "args": {}}
-            for n in range(1, steps + 1)
-        ],
-    )
-
-
 def _step(task: Task, times: int = 1) -> Task:
     for _ in range(times):
         step(task_id=task.pk, worker_id=WORKER)
@@ -61,9 +50,9 @@ def _oob_ids(body: str) -> list[str]:
 
 
 def test_a_poll_after_one_step_finished_returns_that_row_and_the_new_events_only(
-    dad_client, conversation
+    dad_client, fetch_task
 ):
-    task = _step(_task(conversation))  # step 1 done; the task runs on
+    task = _step(fetch_task())  # step 1 done; the task runs on
     page = dad_client.get(task.get_absolute_url()).content.decode()
     url = _poll_url(page)
     assert url is not None
@@ -87,8 +76,8 @@ def test_a_poll_after_one_step_finished_returns_that_row_and_the_new_events_only
     assert 'id="timeline"' not in body
 
 
-def test_the_next_poll_with_nothing_new_is_204(dad_client, conversation):
-    task = _step(_task(conversation))
+def test_the_next_poll_with_nothing_new_is_204(dad_client, fetch_task):
+    task = _step(fetch_task())
     url = _poll_url(dad_client.get(task.get_absolute_url()).content.decode())
     _step(task)
     update = dad_client.get(url, headers=LIVE).content.decode()
@@ -96,10 +85,8 @@ def test_the_next_poll_with_nothing_new_is_204(dad_client, conversation):
     assert response.status_code == 204
 
 
-def test_a_poll_from_a_page_showing_older_events_gets_no_events(
-    dad_client, conversation
-):
-    task = _step(_task(conversation))
+def test_a_poll_from_a_page_showing_older_events_gets_no_events(dad_client, fetch_task):
+    task = _step(fetch_task())
     page = dad_client.get(task.get_absolute_url(), {"before": 2}).content.decode()
     assert 'id="events-live"' not in page  # an older page of events: kept as it is
     _step(task)
@@ -108,8 +95,8 @@ def test_a_poll_from_a_page_showing_older_events_gets_no_events(
     assert 'id="events"' not in body
 
 
-def test_a_filtered_event_list_stays_filtered_across_polls(dad_client, conversation):
-    task = _step(_task(conversation))
+def test_a_filtered_event_list_stays_filtered_across_polls(dad_client, fetch_task):
+    task = _step(fetch_task())
     page = dad_client.get(
         task.get_absolute_url(), {"kind": "tool_result_persisted"}
     ).content.decode()
@@ -123,9 +110,9 @@ def test_a_filtered_event_list_stays_filtered_across_polls(dad_client, conversat
 
 
 def test_when_the_task_stops_the_poll_gets_the_whole_timeline_and_no_next_poll(
-    dad_client, conversation
+    dad_client, fetch_task
 ):
-    task = _step(_task(conversation))
+    task = _step(fetch_task())
     url = _poll_url(dad_client.get(task.get_absolute_url()).content.decode())
     task = _step(task, times=5)
     assert task.status == Task.Status.DONE
@@ -162,11 +149,11 @@ def test_a_step_that_needs_dad_brings_the_whole_timeline_with_its_card(
 
 
 def test_when_the_current_step_moves_to_the_next_page_the_timeline_is_whole(
-    dad_client, conversation
+    dad_client, fetch_task
 ):
     from dashboard.selectors import STEPS_PER_PAGE
 
-    task = _task(conversation, steps=STEPS_PER_PAGE + 1)
+    task = fetch_task(STEPS_PER_PAGE + 1)
     task = _step(task, times=STEPS_PER_PAGE - 1)
     url = _poll_url(dad_client.get(task.get_absolute_url()).content.decode())
     assert "at=1" in url
@@ -176,8 +163,8 @@ def test_when_the_current_step_moves_to_the_next_page_the_timeline_is_whole(
     assert f'id="step-{STEPS_PER_PAGE + 1}"' in response.content.decode()
 
 
-def test_another_users_live_poll_is_404(dad_client, conversation, make_user):
-    task = _step(_task(conversation))
+def test_another_users_live_poll_is_404(dad_client, fetch_task, make_user):
+    task = _step(fetch_task())
     url = _poll_url(dad_client.get(task.get_absolute_url()).content.decode())
     _step(task)
     stranger = Client()
@@ -189,8 +176,8 @@ def test_another_users_live_poll_is_404(dad_client, conversation, make_user):
     "since",
     ["-1", "{next}", "99999999999999999999999", "1.5", "abc", "x' OR 1=1 --", ""],
 )
-def test_a_hostile_since_gets_a_clear_400(dad_client, conversation, since):
-    task = _step(_task(conversation))
+def test_a_hostile_since_gets_a_clear_400(dad_client, fetch_task, since):
+    task = _step(fetch_task())
     response = dad_client.get(
         task.get_absolute_url(),
         {"since": since.format(next=task.last_seq + 1), "at": 1},
@@ -200,8 +187,8 @@ def test_a_hostile_since_gets_a_clear_400(dad_client, conversation, since):
     assert response.content.decode() == MSG_BAD_SINCE.format(last_seq=task.last_seq)
 
 
-def test_a_drawn_row_is_drawn_again_when_its_step_moves_on(dad_client, conversation):
-    task = _step(_task(conversation))
+def test_a_drawn_row_is_drawn_again_when_its_step_moves_on(dad_client, fetch_task):
+    task = _step(fetch_task())
     before = dad_client.get(task.get_absolute_url()).content.decode()
     row = before[before.index('id="step-2"') :]
     assert "not started" in row[: row.index("</li>")]
@@ -212,9 +199,9 @@ def test_a_drawn_row_is_drawn_again_when_its_step_moves_on(dad_client, conversat
 
 
 def test_rows_offer_their_branch_links_only_while_the_task_is_stopped(
-    dad_client, conversation
+    dad_client, fetch_task
 ):
-    task = _step(_task(conversation), times=2)
+    task = _step(fetch_task(), times=2)
     running = dad_client.get(task.get_absolute_url()).content.decode()
     assert "Change course after step" not in running
     Task.objects.filter(pk=task.pk).update(status=Task.Status.PAUSED)
@@ -233,9 +220,9 @@ def test_rows_offer_their_branch_links_only_while_the_task_is_stopped(
 
 
 def test_a_title_that_looks_like_a_placeholder_is_shown_as_written(
-    dad_client, conversation
+    dad_client, fetch_task
 ):
-    task = _step(_task(conversation, title="<@axis@> <@oob@> <@branch@>"))
+    task = _step(fetch_task(title="<@axis@> <@oob@> <@branch@>"))
     body = dad_client.get(task.get_absolute_url()).content.decode()
     assert "&lt;@axis@&gt; &lt;@oob@&gt; &lt;@branch@&gt;" in body
     assert "<@" not in body
@@ -244,9 +231,9 @@ def test_a_title_that_looks_like_a_placeholder_is_shown_as_written(
 
 
 def test_event_rows_escape_what_the_data_holds_and_fold_long_data(
-    dad_client, conversation
+    dad_client, fetch_task
 ):
-    task = _task(conversation)
+    task = fetch_task()
     event_append(
         task_id=task.pk,
         kind="<b>odd</b>",
@@ -262,12 +249,12 @@ def test_event_rows_escape_what_the_data_holds_and_fold_long_data(
 
 
 def test_event_times_are_the_date_filters_in_the_sites_time_zone(
-    dad_client, conversation, settings
+    dad_client, fetch_task, settings
 ):
     from django.utils import dateformat, timezone
 
     settings.TIME_ZONE = "Pacific/Chatham"  # +12:45 or +13:45: never UTC's clock
-    task = _task(conversation)
+    task = fetch_task()
     at = task.events.get(seq=1).created_at
     body = dad_client.get(task.get_absolute_url()).content.decode()
     with timezone.override("Pacific/Chatham"):
@@ -309,19 +296,19 @@ def _in_flight(task: Task, position: int) -> Task:
     return task
 
 
-def test_the_status_names_the_step_in_flight(dad_client, conversation):
-    task = _in_flight(_step(_task(conversation)), 2)
+def test_the_status_names_the_step_in_flight(dad_client, fetch_task):
+    task = _in_flight(_step(fetch_task()), 2)
     body = dad_client.get(task.get_absolute_url()).content.decode()
     assert "<strong>Now:</strong> step 2 of 3, <bdi>Fetch 2</bdi>, started" in body
     assert '<time class="ago"' in body
 
 
 def test_a_pause_while_a_step_is_in_flight_says_pausing_then_paused_after_that_step(
-    dad_client, conversation
+    dad_client, fetch_task
 ):
     from django.urls import reverse
 
-    task = _in_flight(_step(_task(conversation)), 2)
+    task = _in_flight(_step(fetch_task()), 2)
     response = dad_client.post(
         reverse("dashboard:task_pause", args=[task.pk]), follow=True
     )
@@ -349,10 +336,8 @@ def test_a_pause_while_a_step_is_in_flight_says_pausing_then_paused_after_that_s
     assert 'hx-trigger="every 10s"' in text  # slower: only a person can move it now
 
 
-def test_a_worker_that_stops_answering_is_shown_within_one_poll(
-    dad_client, conversation
-):
-    task = _in_flight(_step(_task(conversation)), 2)
+def test_a_worker_that_stops_answering_is_shown_within_one_poll(dad_client, fetch_task):
+    task = _in_flight(_step(fetch_task()), 2)
     url = _poll_url(dad_client.get(task.get_absolute_url()).content.decode())
     assert dad_client.get(url, headers=LIVE).status_code == 204
     expire_lease(task.pk)  # no event is written when a worker dies
@@ -361,11 +346,11 @@ def test_a_worker_that_stops_answering_is_shown_within_one_poll(
 
 
 def test_a_stale_tab_on_a_decision_another_tab_took_corrects_itself_in_one_poll(
-    dad_client, conversation
+    dad_client, conversation, fetch_task
 ):
     from django.urls import reverse
 
-    task = _step(_task(conversation))
+    task = _step(fetch_task())
     step2 = task.steps.get(position=2)
     step2.status = "failed"
     step2.attempts = 3
@@ -390,13 +375,13 @@ def test_a_stale_tab_on_a_decision_another_tab_took_corrects_itself_in_one_poll(
     assert "step 2" not in update.content.decode().split('id="timeline-heading"')[0]
 
 
-def test_durations_leave_out_the_time_the_task_was_paused(dad_client, conversation):
+def test_durations_leave_out_the_time_the_task_was_paused(dad_client, fetch_task):
     import time
 
     from dashboard.selectors import task_clock
     from tasks.actions import task_pause, task_resume
 
-    task = _step(_task(conversation))
+    task = _step(fetch_task())
     task_pause(task=task, actor="user:dad")
     task.refresh_from_db()
     paused = dad_client.get(task.get_absolute_url()).content.decode()
@@ -413,14 +398,14 @@ def test_durations_leave_out_the_time_the_task_was_paused(dad_client, conversati
     assert ", not counting " in body
 
 
-def test_a_branchs_clock_starts_at_its_own_first_call(dad_client, conversation):
+def test_a_branchs_clock_starts_at_its_own_first_call(dad_client, fetch_task):
     from datetime import timedelta
 
     from django.utils import timezone
 
     from tasks.actions import task_branch
 
-    parent = _step(_task(conversation))
+    parent = _step(fetch_task())
     parent.steps.filter(position=1).update(
         started_at=timezone.now() - timedelta(hours=2)
     )

@@ -8,9 +8,11 @@ import html
 import re
 
 import pytest
+from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
+from dashboard import selectors
 from tasks.actions import task_pause
 from tasks.models import Task
 from tasks.plan import task_create
@@ -143,3 +145,55 @@ def test_a_refresh_of_another_users_conversation_is_404(conversation, make_user)
     stranger.force_login(make_user(username="stranger"))
     url = f"{conversation.get_absolute_url()}?version=x"
     assert stranger.get(url, headers=REFRESH).status_code == 404
+
+
+@pytest.mark.parametrize("question", ["next_decision", "todo"])
+def test_asking_what_else_needs_dad_reads_the_attention_index_not_his_history(
+    question, conversation, user
+):
+    """The task page's "Next decision →" (asked at every page open and live
+    update) and the to-do list read the few steps that may need a person,
+    through the partial index tasks_step_attention: not every step of every
+    task Dad ever ran, which made a task page's cost grow with his history.
+    The plans are SQLite's for the queries as sent (bound parameters)."""
+    if connection.vendor != "sqlite":
+        pytest.skip("reads SQLite's query plans")
+    waiting = _interrupted(conversation, "Search one")
+    for n in range(3):
+        task_create(
+            conversation=conversation,
+            title=f"History {n}",
+            steps=[
+                {"title": f"s{i}", "tool": "demo.closes", "args": {}} for i in range(20)
+            ],
+            queue=False,
+        )
+    here = Task.objects.exclude(pk=waiting.pk).first()
+
+    def ask():
+        if question == "next_decision":
+            return selectors.next_decision_for_user(user=user, after=here)
+        return selectors.todo_for_user(user=user).decisions[0]
+
+    sent = []
+
+    def capture(execute, sql, params, many, context):
+        sent.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture):
+        found = ask()
+    assert found.task_id == waiting.pk
+    assert found.position == 1
+    plans = []
+    with connection.cursor() as cursor:
+        for sql, params in sent:
+            if "tasks_step" not in sql or "needs_review" not in sql:
+                continue
+            cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
+            plans.append([row[3] for row in cursor.fetchall()])
+    assert plans
+    first = plans[0]
+    # The steps come from the attention index first, then only their tasks.
+    assert any("tasks_step_attention" in line for line in first), first
+    assert not any("sqlite_autoindex_tasks_step" in line for line in first), first

@@ -1,0 +1,393 @@
+"""Task page rows drawn once by their partial and kept in Django's cache.
+
+A task page draws up to 100 step rows and 50 event rows; drawing a step row
+costs about 0.3 ms (some 37 variables; its output's three links are
+``StepRow`` properties that reverse no route per row), most of a
+finished task's page. A row of a settled step (done or skipped) changes
+only when something it shows changes, and an event never changes, so
+``{% kept_rows %}`` (``templatetags/pippa_rows.py``) keeps such rows'
+markup in the ``rows`` cache (``settings.CACHES``) and draws only the
+others, with the same partial.
+
+The key cannot miss a field the partial reads: it is built from the values
+of the kind's ``reads``, every name and attribute path its partial reads
+(``row.attempts.*.bar_x``: that attribute of every attempt), and a test
+(``tests/dashboard/test_rowcache.py``) draws each partial with a recording
+context and fails if it reads any path not in the list. Outside those
+values a row depends on the code that draws it (the template's source, the
+filters' modules, the URL routes: ``code_version``), on the time zone and
+the script prefix (``_page_values``), and on "now" for the relative times
+("5 min ago") of a step's attempts and notes; a row that shows those
+(``StepRow.shows_attempts``) is never kept, and the same test fails if a
+kept row reads the clock. No user is in the key: the partials read nothing
+of the viewer, and a page reaches its rows only after its owner check.
+
+One value every row shows alike moves while a task runs: the time axis its
+bars are drawn on (``clock.span_ms``, each row's ``viewBox``), which reaches
+now. It is a kind's ``late`` path: rows are drawn with a stand-in for it
+(``<pippa-late-…>``, which no escaped text can spell) and the value goes in
+once the list is drawn, so a settled row of a running task is kept all the
+same, and a kept row never holds an axis.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import hashlib
+import sys
+from functools import cache
+from operator import attrgetter
+from pathlib import Path
+from typing import Any
+
+import django
+from django.core.cache import caches
+from django.template.base import render_value_in_context
+from django.urls import get_resolver, get_script_prefix, get_urlconf
+from django.utils import timezone
+from django.utils.safestring import SafeString
+from django.utils.translation import get_language
+
+from tasks.models import Step
+
+ALIAS = "rows"
+
+# Every path the step-row partial reads: a name of the context, then
+# attributes; ``*`` stands for each item of a list. A list's own value in the
+# key is its length, another object's its truth (the partial reads nothing
+# else of them: the recording test fails if it prints or compares one whole),
+# unless the path is in the kind's ``whole``: then the key holds its repr.
+STEP_ROW_READS = (
+    "oob",
+    "task.pk",
+    "task.is_idle",
+    "task.steps_total",
+    "clock.started_at",
+    "row.step",
+    "row.step.pk",
+    "row.step.position",
+    "row.step.title",
+    "row.step.status",
+    "row.step.get_status_display",
+    "row.step.attempts",
+    "row.step.max_attempts",
+    "row.step.duration",
+    "row.step.started_at",
+    "row.step.waiting_to_retry",
+    "row.step.next_attempt_at",
+    "row.step.side_effects",
+    "row.step.error",
+    "row.step.tool",
+    "row.step.artifact_class",
+    "row.step.output",
+    "row.step.output.pk",
+    "row.step.output.title",
+    "row.step.output.media_type",
+    "row.step.output.size",
+    "row.detail_url",
+    "row.source_url",
+    "row.preview_url",
+    "row.advice",
+    "row.preview",
+    "row.excerpt",
+    "row.excerpt_truncated",
+    "row.shows_attempts",
+    "row.attempts",
+    "row.attempts.*",
+    "row.attempts.*.number",
+    "row.attempts.*.generation",
+    "row.attempts.*.outcome",
+    "row.attempts.*.duration",
+    "row.attempts.*.started_at",
+    "row.attempts.*.error",
+    "row.attempts.*.note",
+    "row.attempts.*.bar_x",
+    "row.attempts.*.bar_w",
+    "row.failed_attempts",
+    "row.notes",
+    "row.notes.*",
+    "row.notes.*.actor",
+    "row.notes.*.words",
+    "row.notes.*.at",
+)
+
+# The event-row partial: an event's number, time, kind and data (whole: the
+# filters print it). Events are never updated (EventQuerySet refuses), but
+# the key holds what the row shows all the same: an id alone would serve a
+# stale row after a database is restored, or rolled back in a test.
+# What the step-row partial reads that every row of a page shows alike and
+# that moves while a task runs (module docstring): drawn in after the rows.
+STEP_ROW_LATE = ("clock.span_ms",)
+
+EVENT_ROW_READS = ("e.seq", "e.created_at", "e.kind", "e.data")
+EVENT_ROW_WHOLE = frozenset({"e.data"})
+
+# The code a row's markup comes from besides its template: the filters and
+# the properties the partial reads. A deploy that changes any of them (or
+# the template, or a URL route) changes every key, so a shared cache never
+# serves a row drawn by other code.
+CODE_MODULES = (
+    "dashboard.rowcache",
+    "dashboard.selectors",
+    "dashboard.templatetags.pippa",
+    "dashboard.templatetags.pippa_words",
+    "tasks.models",
+    "tasks.words",
+    "artifacts.models",
+)
+
+LEAVES = (
+    str,
+    int,
+    float,
+    bool,
+    decimal.Decimal,
+    dt.datetime,
+    dt.date,
+    dt.timedelta,
+    type(None),
+)
+MISSING = "<missing>"
+
+
+def settled(row) -> bool:
+    """Whether a step row may be kept: only a write to its step changes it,
+    and it shows no time relative to now. A finished step's (done or
+    skipped), and a pending step's that was never tried (a task's later
+    steps, most of a running task's page); not a running or waiting step's
+    ("started 9 s ago", "next attempt in 20 s"), nor one that unfolds its
+    attempts and notes."""
+    if row.shows_attempts:
+        return False
+    step = row.step
+    if step.status in Step.Status.finished():
+        return True
+    return step.status == Step.Status.PENDING and not step.attempts
+
+
+LEAF_TYPES = frozenset(LEAVES)
+
+
+def plain(value: Any) -> Any:
+    """A value as the key holds it: a leaf as itself, a list as its length,
+    anything else as its truth; a method is called first, as a template does."""
+    if type(value) in LEAF_TYPES:
+        return value
+    if callable(value) and not isinstance(value, type):
+        value = value()
+        if type(value) in LEAF_TYPES:
+            return value
+    if isinstance(value, LEAVES):
+        # A subclass (SafeString, a choice) by its type too: a SafeString is
+        # printed unescaped where a str with the same text is escaped.
+        return (type(value).__name__, value)
+    if isinstance(value, list | tuple):
+        return len(value)
+    return bool(value)
+
+
+def _tree(paths: list[list[str]]) -> dict:
+    """Paths as a tree of attribute names, so each object is read once."""
+    tree: dict = {}
+    for bits in paths:
+        node = tree
+        for bit in bits:
+            node = node.setdefault(bit, {})
+    return tree
+
+
+def _compile(tree: dict, whole: frozenset[str], path: str):
+    """A function of an object giving the key's values of ``tree`` below it
+    (``attrgetter`` reads an object's attributes at once)."""
+    if not tree:
+        return lambda value: ()
+    if "*" in tree:
+        item = _compile(tree["*"], whole, f"{path}.*")
+        return lambda value: tuple((plain(v), item(v)) for v in (value or ()))
+    names = list(tree)
+    get = attrgetter(*names)
+    below = [
+        (i, _compile(tree[n], whole, f"{path}.{n}"))
+        for i, n in enumerate(names)
+        if tree[n]
+    ]
+    reprs = [i for i, n in enumerate(names) if f"{path}.{n}" in whole]
+    single = len(names) == 1
+
+    def values(obj):
+        if obj is None:
+            return None
+        got = get(obj)
+        if single:
+            got = (got,)
+        out = [plain(v) for v in got]
+        for i in reprs:
+            out[i] = repr(got[i])
+        for i, fn in below:
+            out.append(fn(got[i]))
+        return tuple(out)
+
+    return values
+
+
+class RowKind:
+    """A partial drawn once per item of a list, and when its rows may be kept:
+    ``kept(item)`` for one row; ``late`` paths are drawn in after the rows."""
+
+    def __init__(self, partial, var, reads, kept, whole=frozenset(), late=()):
+        self.partial = partial  # the partial's name, and the keys' prefix
+        self.var = var  # the name each item has in the partial
+        self.reads = reads
+        self.kept = kept
+        # "root.name" paths drawn in after the rows (module docstring)
+        self.late: dict[str, dict[str, SafeString]] = {}
+        for n, path in enumerate(late):
+            root, name = path.split(".")
+            self.late.setdefault(root, {})[name] = SafeString(f"<pippa-late-{n}>")
+        roots: dict[str, list[list[str]]] = {}
+        for p in reads:
+            root, *bits = p.split(".")
+            roots.setdefault(root, []).append(bits)
+        self.item_values = _compile(_tree(roots.pop(var, [])), whole, var)
+        self.page_readers = {
+            root: _compile(_tree(paths), whole, root)
+            for root, paths in sorted(roots.items())
+        }
+
+
+class _Late:
+    """An object of the context whose late attributes read as their stand-ins."""
+
+    def __init__(self, obj, stand_ins: dict[str, SafeString]):
+        self._obj = obj
+        self._stand_ins = stand_ins
+
+    def __getattr__(self, name):
+        if name in self._stand_ins:
+            return self._stand_ins[name]
+        return getattr(self._obj, name)
+
+
+STEP_ROW = RowKind("step-row", "row", STEP_ROW_READS, settled, late=STEP_ROW_LATE)
+EVENT_ROW = RowKind("event-row", "e", EVENT_ROW_READS, lambda e: True, EVENT_ROW_WHOLE)
+KINDS = {kind.partial: kind for kind in (STEP_ROW, EVENT_ROW)}
+
+
+def _page_values(kind: RowKind, context) -> tuple:
+    """What every row of one list reads alike: the names outside the item,
+    the time zone, the script prefix and URL namespace ``{% url %}`` uses,
+    escaping."""
+    values = []
+    for name, read in kind.page_readers.items():
+        try:
+            root = context[name]
+        except KeyError:
+            values.append(MISSING)
+            continue
+        values.append((plain(root), read(root)))
+    request = getattr(context, "request", None)  # as {% url %} reads it
+    current_app = getattr(request, "current_app", None)
+    if current_app is None:
+        current_app = getattr(
+            getattr(request, "resolver_match", None), "namespace", None
+        )
+    return (
+        tuple(values),
+        timezone.get_current_timezone_name(),
+        get_language(),
+        get_script_prefix(),
+        current_app,
+        context.autoescape,
+    )
+
+
+@cache
+def _modules_version() -> str:
+    digest = hashlib.sha256(django.get_version().encode())
+    for name in CODE_MODULES:
+        module = sys.modules.get(name) or __import__(name, fromlist=["_"])
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()
+
+
+@cache
+def _routes_version(urlconf: str | None) -> str:
+    """Every route of the URLconf, named or not, with its namespace."""
+    digest = hashlib.sha256()
+
+    def walk(resolver, prefix: str) -> None:
+        for pattern in resolver.url_patterns:
+            digest.update(
+                f"{prefix}{pattern.pattern}|{getattr(pattern, 'name', '')}|".encode()
+            )
+            if hasattr(pattern, "url_patterns"):
+                walk(pattern, f"{prefix}{pattern.pattern}[{pattern.namespace}]")
+
+    walk(get_resolver(urlconf), "")
+    return digest.hexdigest()
+
+
+def template_version(source: str) -> str:
+    """The hash of a template's source: what ``{% kept_rows %}`` keeps of it."""
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+@cache
+def code_version(template: str, urlconf: str | None = None) -> str:
+    """The version of the code a row comes from: ``template``'s hash, the
+    modules of CODE_MODULES, Django's version, the routes of ``urlconf``."""
+    return hashlib.sha256(
+        f"{template}|{_modules_version()}|{_routes_version(urlconf)}".encode()
+    ).hexdigest()[:16]
+
+
+def _key(kind: RowKind, version: str, page: tuple, values: tuple) -> str:
+    digest = hashlib.blake2b(repr((page, values)).encode(), digest_size=20)
+    return f"{kind.partial}:{version}:{digest.hexdigest()}"
+
+
+def render_rows(kind: RowKind, partial, context, items, template: str) -> SafeString:
+    """Draw ``items`` with ``partial`` as ``{% for <var> in items %}{% partial
+    %}`` would, the ones that may be kept from the cache when they are there
+    (one read for the list)."""
+    version = code_version(template, get_urlconf())
+    page = _page_values(kind, context)
+    keys = {
+        i: _key(kind, version, page, kind.item_values(item))
+        for i, item in enumerate(items)
+        if kind.kept(item)
+    }
+    store = caches[ALIAS]
+    found = store.get_many(keys.values()) if keys else {}
+    drawn, fresh = [], {}
+    late, stand_ins = {}, {}
+    for root, names in kind.late.items():
+        obj = context.get(root)
+        if obj is not None:
+            late[root] = _Late(obj, names)
+            for name, stand_in in names.items():
+                value = getattr(obj, name)
+                stand_ins[stand_in] = render_value_in_context(value, context)
+    with context.push(late):
+        for i, item in enumerate(items):
+            key = keys.get(i)
+            markup = found.get(key) if key else None
+            if markup is None:
+                with context.push({kind.var: item}):
+                    markup = partial.render(context)
+                if key:
+                    fresh[key] = str(markup)
+            drawn.append(markup)
+    if fresh:
+        store.set_many(fresh)
+    out = "".join(drawn)
+    for stand_in, value in stand_ins.items():
+        out = out.replace(stand_in, value)
+    return SafeString(out)
+
+
+def clear(**kwargs) -> None:
+    """Empty the rows cache (on ``setting_changed``: tests that change a
+    setting a row's markup may depend on)."""
+    caches[ALIAS].clear()
