@@ -36,9 +36,13 @@ def brain_make(
     timeout: float = TIMEOUT,
     retries: int = RETRIES,
     backoff: float = BACKOFF,
+    max_tokens: int | None = None,
 ) -> BrainAdapter:
-    """Return the adapter for ``kind`` (see ``KINDS``)."""
-    http = {"timeout": timeout, "retries": retries, "backoff": backoff}
+    """Return the adapter for ``kind`` (see ``KINDS``). ``max_tokens`` bounds one
+    answer (the vendor's default when None; Anthropic's adapter sends 4096)."""
+    options = {"timeout": timeout, "retries": retries, "backoff": backoff}
+    if max_tokens:
+        options["max_tokens"] = max_tokens
     # Each adapter is imported when it is chosen: a runner loads one vendor's code.
     if kind == "openai":
         from brains.openai_compat import OpenAICompatBrain
@@ -48,21 +52,21 @@ def brain_make(
             brain=brain or "codex",
             base_url=base_url,
             api_key=api_key,
-            **http,
+            **options,
         )
     if kind == "anthropic":
         from brains.anthropic import AnthropicBrain
 
         extra = {"base_url": base_url} if base_url else {}
         return AnthropicBrain(
-            model=model, api_key=api_key, brain=brain or "claude", **extra, **http
+            model=model, api_key=api_key, brain=brain or "claude", **extra, **options
         )
     if kind == "gemini":
         from brains.gemini import GeminiBrain
 
         extra = {"base_url": base_url} if base_url else {}
         return GeminiBrain(
-            model=model, api_key=api_key, brain=brain or "gemini", **extra, **http
+            model=model, api_key=api_key, brain=brain or "gemini", **extra, **options
         )
     if kind == "scripted":
         from brains.scripted import ScriptedBrain

@@ -60,8 +60,8 @@ class AnthropicBrain(HttpBrainAdapter):
             timeout=timeout,
             retries=retries,
             backoff=backoff,
+            max_tokens=max_tokens,
         )
-        self.max_tokens = max_tokens
         self.api_version = api_version or settings.PIPPA_ANTHROPIC_VERSION
 
     def endpoint(self) -> str:

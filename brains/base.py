@@ -169,7 +169,8 @@ class BrainAdapter(ABC):
 
 
 class HttpBrainAdapter(BrainAdapter):
-    """A brain behind a vendor's HTTP chat API: endpoint, key, model, client."""
+    """A brain behind a vendor's HTTP chat API: endpoint, key, model, client,
+    and the bound on one answer's tokens that ``request_body`` sends."""
 
     def __init__(
         self,
@@ -181,9 +182,12 @@ class HttpBrainAdapter(BrainAdapter):
         timeout: float,
         retries: int,
         backoff: float,
+        max_tokens: int | None = None,
     ):
         self.name = brain
         self.model = model
+        # The most tokens one answer may take; None leaves it to the vendor.
+        self.max_tokens = max_tokens
         self.api_key = api_key
         self.base_url = base_url.rstrip("/")
         self.http = HttpJsonClient(

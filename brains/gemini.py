@@ -69,6 +69,7 @@ class GeminiBrain(HttpBrainAdapter):
         retries: int = RETRIES,
         backoff: float = BACKOFF,
         brain: str = "gemini",
+        max_tokens: int | None = None,
     ):
         super().__init__(
             brain=brain,
@@ -78,6 +79,7 @@ class GeminiBrain(HttpBrainAdapter):
             timeout=timeout,
             retries=retries,
             backoff=backoff,
+            max_tokens=max_tokens,
         )
 
     def endpoint(self) -> str:
@@ -134,6 +136,8 @@ class GeminiBrain(HttpBrainAdapter):
         }
         if tools:
             body["tools"] = [{"functionDeclarations": [_declaration(t) for t in tools]}]
+        if self.max_tokens:
+            body["generationConfig"] = {"maxOutputTokens": self.max_tokens}
         return body
 
     def parse_reply(self, data: dict[str, Any]) -> BrainReply:

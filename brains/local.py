@@ -43,8 +43,6 @@ SERVER_ARGS = (
     "1",
     "--n_ubatch",
     "1",
-    "--n_ctx",
-    str(CONTEXT_TOKENS),
 )
 STARTUP_SECONDS = 120.0
 # One turn takes 3-30 s here; a long prompt evaluated a token at a time, longer.
@@ -123,6 +121,7 @@ class LocalModelServer:
         port: int | None = None,
         startup_seconds: float = STARTUP_SECONDS,
         log_path: Path | None = None,
+        context_tokens: int = CONTEXT_TOKENS,
     ):
         missing = [] if python else missing_packages()
         if missing:
@@ -135,6 +134,10 @@ class LocalModelServer:
         self.python = python or sys.executable
         self.port = port or free_port()
         self.startup_seconds = startup_seconds
+        # The server's tool-calling format ignores max_tokens: an answer ends
+        # when it closes or when the context is full, so this also bounds how
+        # long one answer can take.
+        self.context_tokens = context_tokens
         # A log of its own is removed when the server stops; one given is kept.
         self.own_log = log_path is None
         self.log_path = log_path or Path(
@@ -160,6 +163,8 @@ class LocalModelServer:
             "--port",
             str(self.port),
             *SERVER_ARGS,
+            "--n_ctx",
+            str(self.context_tokens),
         ]
 
     def start(self) -> str:

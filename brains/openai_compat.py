@@ -2,8 +2,10 @@
 
 Wire format (POST ``{base_url}/chat/completions``, ``Authorization: Bearer``):
 request ``{"model", "messages", "tools": [{"type": "function", "function":
-{"name", "description", "parameters"}}]}``; the assistant's calls come back in
-``choices[0].message.tool_calls[]`` as ``{"id", "type": "function",
+{"name", "description", "parameters"}}]}``, with ``max_tokens`` only when one
+is set (OpenAI's reasoning models refuse it: they take
+``max_completion_tokens``; llama.cpp and Ollama honour it); the assistant's
+calls come back in ``choices[0].message.tool_calls[]`` as ``{"id", "type": "function",
 "function": {"name", "arguments": "<JSON string>"}}`` with ``finish_reason``
 "tool_calls"; each result goes back as ``{"role": "tool", "tool_call_id",
 "content"}``. Ollama serves the same shape at ``http://host:11434/v1``.
@@ -58,6 +60,7 @@ class OpenAICompatBrain(HttpBrainAdapter):
         timeout: float = TIMEOUT,
         retries: int = RETRIES,
         backoff: float = BACKOFF,
+        max_tokens: int | None = None,
     ):
         self.vendor = f"{brain} (OpenAI-compatible)"
         super().__init__(
@@ -68,6 +71,7 @@ class OpenAICompatBrain(HttpBrainAdapter):
             timeout=timeout,
             retries=retries,
             backoff=backoff,
+            max_tokens=max_tokens,
         )
 
     def endpoint(self) -> str:
@@ -107,6 +111,8 @@ class OpenAICompatBrain(HttpBrainAdapter):
                     }
                 )
         body: dict[str, Any] = {"model": self.model, "messages": wire}
+        if self.max_tokens:
+            body["max_tokens"] = self.max_tokens
         if tools:
             body["tools"] = [
                 {

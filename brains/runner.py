@@ -118,6 +118,14 @@ TOOL_SPECS = [
     ),
 ]
 
+# How each vendor says an answer stopped at its token bound (OpenAI, Ollama and
+# llama.cpp; Anthropic; Gemini). A local server's bound is its context.
+CUT_OFF = frozenset({"length", "max_tokens", "MAX_TOKENS"})
+STOPPED_CUT_OFF = (
+    "the answer was cut off at its token bound ({reason}) before a whole tool call; "
+    "a larger --max-tokens (or --local-context) lets it finish"
+)
+
 ERR_UNKNOWN_TOOL = "unknown tool {name!r}; use one of: {names}"
 ERR_BAD_ARGS = "bad arguments for {name}: {reason}"
 ERR_STEPS_NOT_LIST = (
@@ -261,6 +269,14 @@ class Runner:
             self.record_turn(reply)
             # as_message() keeps what the vendor wants back (e.g. signatures).
             messages.append(reply.as_message())
+            if reply.stop_reason in CUT_OFF and all(c.error for c in reply.tool_calls):
+                # Nothing in it to run, and asking again would send a longer
+                # prompt to a context that is full (a local server answers 400).
+                self.report.final_text = reply.text
+                self.report.stopped_because = STOPPED_CUT_OFF.format(
+                    reason=reply.stop_reason
+                )
+                break
             if not reply.tool_calls:
                 self.report.final_text = reply.text
                 self.report.stopped_because = "the brain answered without a tool call"

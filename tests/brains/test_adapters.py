@@ -436,3 +436,24 @@ def test_retry_after_is_read_as_seconds_milliseconds_or_an_http_date():
     assert 500 < retry_after_seconds({"retry-after": soon}) <= 600
     assert retry_after_seconds({"retry-after": "soon"}) is None
     assert retry_after_seconds({}) is None
+
+
+def test_a_token_bound_is_sent_only_when_one_is_set():
+    from brains.gemini import GeminiBrain
+    from brains.openai_compat import OpenAICompatBrain
+
+    def openai(**kw):
+        return OpenAICompatBrain(model="m", base_url="http://x", **kw).request_body(
+            system="s", messages=opening(), tools=TOOL_SPECS
+        )
+
+    def gemini(**kw):
+        return GeminiBrain(model="m", api_key="k", **kw).request_body(
+            system="s", messages=opening(), tools=TOOL_SPECS
+        )
+
+    # Unset: the vendor's own default (OpenAI's reasoning models refuse max_tokens).
+    assert "max_tokens" not in openai()
+    assert "generationConfig" not in gemini()
+    assert openai(max_tokens=300)["max_tokens"] == 300
+    assert gemini(max_tokens=300)["generationConfig"] == {"maxOutputTokens": 300}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from django.core.management import CommandError, call_command
 
+from tasks.models import Event, Task
 from tasks.plan import task_create
 
 pytestmark = pytest.mark.django_db
@@ -38,6 +39,13 @@ def test_api_mode_needs_a_token_variable(monkeypatch, make_conversation):
         call_command("pippa_brain", str(task.pk), "--api-url", "http://127.0.0.1:9")
 
 
+def drive_with_ollama(task, base_url: str, *more: str) -> None:
+    """Run pippa_brain on ``task`` as the "ollama" brain at ``base_url``."""
+    call_command(
+        "pippa_brain", str(task.pk), "--brain", "ollama", "--base-url", base_url, *more
+    )
+
+
 def test_a_vendor_that_is_down_ends_the_command_with_its_reason(make_conversation):
     from tests.support.fake_vendors import FakeOpenAI
 
@@ -45,16 +53,7 @@ def test_a_vendor_that_is_down_ends_the_command_with_its_reason(make_conversatio
         url = fake.base_url
     task = task_create(conversation=make_conversation(), title="t", steps=PLAN)
     with pytest.raises(CommandError, match="cannot connect"):
-        call_command(
-            "pippa_brain",
-            str(task.pk),
-            "--brain",
-            "ollama",
-            "--base-url",
-            url,
-            "--retries",
-            "0",
-        )
+        drive_with_ollama(task, url, "--retries", "0")
     task.refresh_from_db()
     assert task.brain == "ollama"
     assert task.lease_owner == ""
@@ -118,3 +117,70 @@ def test_demo_task_makes_a_three_step_task_in_the_users_local_conversation(user)
     assert all(t.steps_total == len(DEMO_STEPS) == 3 for t in tasks)
     assert all(t.status == "done" for t in tasks)  # the scripted brain drove them
     assert "3 steps run" in out.getvalue()
+
+
+def test_the_summary_counts_in_words_one_turn_as_one(user):
+    from io import StringIO
+
+    out = StringIO()
+    call_command("pippa_brain", "--demo-task", "--max-turns", "1", stdout=out)
+    summary = out.getvalue()
+    assert ": 1 turn, " in summary, summary
+    assert "1 turns" not in summary
+    assert "1 steps" not in summary
+
+
+def test_max_tokens_bounds_every_answer_the_vendor_is_asked_for(
+    make_conversation, monkeypatch
+):
+    from tests.support.fake_vendors import API_KEY, FakeOpenAI
+
+    monkeypatch.setenv("FAKE_VENDOR_KEY", API_KEY)
+    task = task_create(conversation=make_conversation(), title="t", steps=PLAN)
+    with FakeOpenAI() as fake:
+        drive_with_ollama(
+            task,
+            fake.base_url,
+            "--api-key-env",
+            "FAKE_VENDOR_KEY",
+            "--max-tokens",
+            "64",
+            "--max-turns",
+            "2",
+        )
+    # The fake checks each body against the OpenAI SDK's request type.
+    assert fake.errors == []
+    assert len(fake.requests) == 2
+    assert [r.body["max_tokens"] for r in fake.requests] == [64, 64]
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "many"])
+def test_a_max_tokens_that_is_not_a_positive_number_is_refused_before_any_work(
+    bad, make_conversation
+):
+    task = task_create(conversation=make_conversation(), title="t", steps=PLAN)
+    before = (Task.objects.filter(pk=task.pk).values().get(), Event.objects.count())
+    with pytest.raises(CommandError, match="must be a whole number above 0"):
+        call_command("pippa_brain", str(task.pk), "--max-tokens", bad)
+    after = (Task.objects.filter(pk=task.pk).values().get(), Event.objects.count())
+    assert after == before
+
+
+def test_local_context_sets_the_servers_context(tmp_path, monkeypatch):
+    import brains.local
+    from brains.management.commands.pippa_brain import Command
+
+    monkeypatch.setattr(brains.local, "missing_packages", list)
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    parser = Command().create_parser("manage.py", "pippa_brain")
+
+    def n_ctx(*argv: str) -> str:
+        opts = vars(parser.parse_args(["--local", "--local-model", str(model), *argv]))
+        command = Command().local_server(opts).command()
+        return command[command.index("--n_ctx") + 1]
+
+    assert n_ctx() == str(brains.local.CONTEXT_TOKENS)
+    assert n_ctx("--local-context", "4096") == "4096"
+    with pytest.raises(CommandError, match="must be a whole number above 0"):
+        call_command("pippa_brain", "--demo-task", "--local", "--local-context", "0")

@@ -205,3 +205,40 @@ def test_a_run_of_nothing_but_malformed_calls_stops_at_its_turn_budget(task, use
     assert report.steps_run == 0
     assert task.lease_owner == ""
     assert Event.objects.filter(task=task, kind="brain_turn").count() == 4
+
+
+@pytest.mark.parametrize("reason", ["length", "max_tokens", "MAX_TOKENS"])
+def test_an_answer_cut_off_before_a_whole_call_ends_the_run_and_says_why(
+    task, user, reason
+):
+    cut = BrainReply(
+        text="",
+        tool_calls=[
+            ToolCall(
+                id="c1",
+                name="rewrite_plan",
+                arguments={},
+                error="the arguments of rewrite_plan are not JSON",
+            )
+        ],
+        stop_reason=reason,
+    )
+    brain = ScriptedBrain(script=[cut, call("run_next_step")])
+    report = run_brain(
+        brain=brain, backend=LocalBackend(user=user), task_id=task.pk, max_turns=5
+    )
+    assert report.turns == 1  # never asked again
+    assert report.stopped_because.startswith("the answer was cut off")
+    assert f"({reason})" in report.stopped_because
+    assert task.steps.filter(status="done").count() == 0
+
+
+def test_a_cut_off_answer_that_holds_a_whole_call_runs_it(task, user):
+    whole = call("run_next_step")
+    cut = BrainReply(text="", tool_calls=whole.tool_calls, stop_reason="length")
+    brain = ScriptedBrain(script=[cut])
+    report = run_brain(
+        brain=brain, backend=LocalBackend(user=user), task_id=task.pk, max_turns=2
+    )
+    assert report.tool_calls[0] == "run_next_step"
+    assert task.steps.filter(status="done").count() == 1

@@ -307,3 +307,12 @@ def test_a_signing_gemini_refuses_a_second_request_that_dropped_its_signatures()
         )
     assert kept.tool_calls == []
     assert len(fake.errors) == 1
+
+
+def test_a_token_bound_passes_the_vendors_request_types():
+    bounded = {"max_tokens": 256}
+    openai = OpenAICompatBrain(model="m", base_url="http://127.0.0.1:9", **bounded)
+    gemini = GeminiBrain(model="m", api_key=API_KEY, **bounded)
+    args = {"system": SYSTEM_PROMPT, "messages": conversation(), "tools": TOOL_SPECS}
+    assert judged_openai(openai.request_body(**args)) == []
+    assert judged_gemini(gemini.request_body(**args)) == []

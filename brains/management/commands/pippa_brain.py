@@ -14,14 +14,17 @@ server afterwards. ``--demo-task`` makes a fresh three-step demo task for
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
+from django.template.defaultfilters import pluralize
 
 from brains import DEFAULT_KIND, KINDS, BrainError, brain_make
 from brains.base import RETRIES, TIMEOUT
+from brains.local import CONTEXT_TOKENS as LOCAL_CONTEXT
 from brains.local import MODEL_NAME, LocalBrainUnavailable
 from brains.local import TURN_TIMEOUT as LOCAL_TIMEOUT
 from brains.runner import HttpBackend, LocalBackend, ToolFailure, run_brain
@@ -32,6 +35,18 @@ ERR_NO_KEY = "the environment variable {var} (the API key) is not set"
 ERR_NO_TOKEN = "--api-url needs a token in the environment variable {var}"
 ERR_TASK_OR_DEMO = "name a task id, or ask for a fresh one with --demo-task"
 ERR_NO_USER = "no user {name!r}: run `manage.py pippa_demo` first, or pass --user"
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number above 0, not {text!r}"
+        )
+    return value
 
 
 class Command(BaseCommand):
@@ -62,6 +77,12 @@ class Command(BaseCommand):
             f"{LOCAL_TIMEOUT:g} with --local)",
         )
         parser.add_argument("--retries", type=int, default=RETRIES)
+        parser.add_argument(
+            "--max-tokens",
+            type=positive_int,
+            default=None,
+            help="the most tokens one answer may take (default: the vendor's)",
+        )
         parser.add_argument("--max-turns", type=int, default=60)
         parser.add_argument(
             "--lease-wait",
@@ -82,6 +103,13 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--local-model", default=None, help="another GGUF file for --local"
+        )
+        parser.add_argument(
+            "--local-context",
+            type=positive_int,
+            default=LOCAL_CONTEXT,
+            help=f"the --local server's context in tokens (default {LOCAL_CONTEXT}); "
+            "it also bounds one answer, as its tool calls ignore --max-tokens",
         )
         parser.add_argument(
             "--demo-task",
@@ -145,7 +173,9 @@ class Command(BaseCommand):
         from brains.local import LocalBrainUnavailable, LocalModelServer
 
         try:
-            server = LocalModelServer(model=opts["local_model"])
+            server = LocalModelServer(
+                model=opts["local_model"], context_tokens=opts["local_context"]
+            )
         except LocalBrainUnavailable as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(
@@ -172,6 +202,7 @@ class Command(BaseCommand):
             api_key=api_key,
             timeout=opts["timeout"] or TIMEOUT,
             retries=opts["retries"],
+            max_tokens=opts["max_tokens"],
         )
         if opts["api_url"]:
             token = os.environ.get(opts["token_env"], "")
@@ -203,8 +234,9 @@ class Command(BaseCommand):
         except (BrainError, ToolFailure) as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(
-            f"{report.brain}: {report.turns} turns, {report.steps_run} steps run, "
-            f"{report.refused} calls answered with an error, "
+            f"{report.brain}: {report.turns} turn{pluralize(report.turns)}, "
+            f"{report.steps_run} step{pluralize(report.steps_run)} run, "
+            f"{report.refused} call{pluralize(report.refused)} answered with an error, "
             f"{report.total_tokens:,} tokens; task {report.task_id} is "
             f"{report.task_status} ({report.stopped_because})"
         )
