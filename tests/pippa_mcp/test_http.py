@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from datetime import timedelta
+from hashlib import sha256
 
 import pytest
 from axes.models import AccessAttempt
@@ -34,6 +35,7 @@ from tests.pippa_mcp.conftest import (
 )
 from tests.support.asyncrun import run_async
 from tests.support.executing import invocations
+from tests.support.promptness import assert_answered_promptly
 
 # The SDK's client against the live server.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -541,7 +543,7 @@ def test_get_and_delete_on_the_stateless_server_answer_405_at_once(
 ):
     """A TypeScript-SDK client opens GET /mcp/ after initialize: it must not hang."""
     token = token_for(user)
-    answers = []
+    answers, seconds = [], []
     for method in ("GET", "DELETE"):
         request = urllib.request.Request(
             mcp_url,
@@ -552,8 +554,9 @@ def test_get_and_delete_on_the_stateless_server_answer_405_at_once(
         with pytest.raises(urllib.error.HTTPError) as caught:
             urllib.request.urlopen(request, timeout=5)
         answers.append((caught.value.code, caught.value.headers["Allow"]))
-        assert time.monotonic() - started < 1.0
+        seconds.append(time.monotonic() - started)
     assert answers == [(405, "POST"), (405, "POST")]
+    assert_answered_promptly(seconds)
     # The POST that follows on the same server is answered as usual.
     status, _, _ = _post(mcp_url, INIT, Authorization=f"Bearer {token}")
     assert status == 200
@@ -664,18 +667,30 @@ def test_requests_in_flight_are_bounded_per_token(
 
     held = [hold(busy), hold(busy)]
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            third = _post(
-                f"{asgi_server.url}/mcp/", INIT, Authorization=f"Bearer {busy}"
-            )
-            if third[0] == 429:
-                break
-            time.sleep(0.05)
+        # Both held calls are past the token check before the third is sent (on
+        # a busy machine the third could otherwise be checked first, or one
+        # slow answer could use up a deadline of retries).
+        in_flight, key = (
+            asgi_server.app.mcp.in_flight,
+            sha256(busy.encode()).hexdigest(),
+        )
+        deadline = time.monotonic() + 30
+        while in_flight.get(key, 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        counted = in_flight.get(key, 0)
+        third = _post(f"{asgi_server.url}/mcp/", INIT, Authorization=f"Bearer {busy}")
         others = _post(f"{asgi_server.url}/mcp/", INIT, Authorization=f"Bearer {other}")
     finally:
+        answered = []
         for sock in held:
+            sock.setblocking(False)
+            try:
+                answered.append(sock.recv(4096)[:80])
+            except BlockingIOError:
+                answered.append(b"")
             sock.close()
+    assert counted == 2, f"held calls not in flight; the server answered {answered}"
+    assert answered == [b"", b""]
     assert third[0] == 429
     assert "too many MCP requests in flight" in json.loads(third[2])["error"]["message"]
     assert others[0] == 200
@@ -739,14 +754,23 @@ def test_two_thousand_calls_a_tenth_abandoned_leave_nothing_behind_and_login_ans
     task = run(setup)
     login = f"{asgi_server.url}/login/"
     probes: list[float] = []
+    failures: list[str] = []
     stop = threading.Event()
 
     def probe() -> None:
+        # A probe that fails is kept, not lost with its thread: a frozen site
+        # shows as a timeout here.
         while not stop.is_set():
             started = time.monotonic()
-            with urllib.request.urlopen(login, timeout=10) as response:
-                response.read()
-                assert response.status == 200
+            try:
+                with urllib.request.urlopen(login, timeout=10) as response:
+                    response.read()
+                    status = response.status
+            except OSError as error:
+                failures.append(f"{time.monotonic() - started:.1f} s: {error!r}")
+                continue
+            if status != 200:
+                failures.append(f"status {status}")
             probes.append(time.monotonic() - started)
             time.sleep(0.1)
 
@@ -781,8 +805,9 @@ def test_two_thousand_calls_a_tenth_abandoned_leave_nothing_behind_and_login_ans
     assert sum(outcomes.values()) == SOAK_CALLS, outcomes
     assert outcomes["answered"] == SOAK_CALLS * 4 // 5
     assert outcomes["left mid-answer"] + outcomes["left early"] == SOAK_CALLS // 5
+    assert failures == []
     assert len(probes) > 10
-    assert max(probes) < 1.0, sorted(probes)[-5:]
+    assert_answered_promptly(probes)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         tasks, busy = asgi_server.tasks(), _busy_threads()
