@@ -101,6 +101,32 @@ class Tmpfs:
         return stats.f_bavail * stats.f_frsize
 
 
+def pg_wait_sessions_gone(
+    connection, application_name: str, timeout: float = 30.0
+) -> None:
+    """Wait until no session named ``application_name`` is left on this
+    PostgreSQL database. A client SIGKILLed with its COMMIT in flight leaves
+    the server to finish that transaction after the client is gone; once its
+    session has ended, whatever it was doing has committed or rolled back."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    sql = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND application_name = %s"
+    )
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [application_name])
+            if cursor.fetchone()[0] == 0:
+                return
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"sessions named {application_name!r} still open after {timeout:g} s"
+            )
+        time.sleep(0.01)
+
+
 def pg_terminate_others(connection, *, application_name: str = "") -> int:
     """End every other session on this PostgreSQL database (only those with
     this ``application_name``, if given); return how many."""

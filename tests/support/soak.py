@@ -12,7 +12,10 @@ a random envelope boundary (``PIPPA_CRASHPOINT`` in ``random`` mode, armed in
 the child after the fork) or by the zygote after a random delay, which lands
 anywhere (mid-transaction, mid-blob-write). After each death the zygote lets
 the lease expire (as time would), and checks the invariants of the task the
-dead life held, so every resume is checked by the next round. Forking keeps
+dead life held, so every resume is checked by the next round. On PostgreSQL
+it first waits for the dead life's sessions to end: the server finishes a
+COMMIT that was in flight at the kill, and a lease taken by it would
+otherwise outlive the zygote's "time passes". Forking keeps
 Python start-up out of the loop, so a few hundred kills take seconds.
 
 With ``faults`` (and ``PIPPA_SOAK_FILL`` naming a file on a small tmpfs that
@@ -104,6 +107,14 @@ def main() -> int:
                 summary["faults_met"] += 1
             elif os.WEXITSTATUS(status) != 0:
                 raise AssertionError(f"life {life} failed (exit {status})")
+            if connection.vendor == "postgresql":
+                # A life killed with its COMMIT in flight has that commit
+                # finished by the server after the kill, perhaps after the
+                # lines below (a lease taken then would stay live): wait for
+                # its sessions to end, as time would.
+                from tests.support.faults import pg_wait_sessions_gone
+
+                pg_wait_sessions_gone(connection, LIFE_APP)
             held = list(
                 Task.objects.filter(lease_owner=worker_id).values_list("pk", flat=True)
             )
@@ -123,7 +134,22 @@ def main() -> int:
                     break
         check_invariants()
         _check_calls_follow_starts(invocations(_log_path()))
-        summary["unfinished"] = Task.objects.exclude(status="done").count()
+        left = Task.objects.exclude(status="done")
+        summary["unfinished"] = left.count()
+        # What a failing run left, for its message: each task and its steps.
+        summary["left"] = [
+            {
+                "task": t.pk,
+                "status": t.status,
+                "lease_owner": t.lease_owner,
+                "steps": list(
+                    t.steps.order_by("position").values_list(
+                        "position", "status", "attempts", "max_attempts", "error"
+                    )
+                ),
+            }
+            for t in left[:5]
+        ]
         summary["calls"] = sum(invocations(_log_path()).values())
         summary["seconds"] = round(time.monotonic() - started, 1)
     except BaseException:
@@ -177,8 +203,9 @@ def _life(executor, Task, worker_id, by_timer, fault, seed, life) -> int:
         if fault == "db" and connection.vendor == "sqlite":
             # A short busy timeout: the zygote's write lock outlasts it.
             connection.settings_dict["OPTIONS"]["timeout"] = 0.05
-        elif fault == "db":
-            # Named, so the zygote cuts this life's sessions and no one else's.
+        elif connection.vendor == "postgresql":
+            # Named, so the zygote can cut this life's sessions and no one
+            # else's, and wait for them to end after the life's death.
             connection.settings_dict.setdefault("OPTIONS", {})["application_name"] = (
                 LIFE_APP
             )

@@ -54,7 +54,7 @@ def test_hundreds_of_random_kills_lose_nothing_and_break_no_class_rule(
     assert summary["kills"] >= KILLS, summary
     assert summary["boundary_kills"] > 0
     assert summary["timer_kills"] > 0
-    assert summary["unfinished"] == 0
+    assert summary["unfinished"] == 0, summary["left"]
     # The kills interrupted real progress, not an idle loop.
     assert summary["steps_done_under_fire"] >= KILLS
     assert Task.objects.exclude(status="done").count() == 0
@@ -103,7 +103,7 @@ def test_kills_mixed_with_full_disks_and_lost_databases_still_lose_nothing(
     assert summary["db_faults"] > 0, summary
     # Lives really met the faults (and stopped as a worker would).
     assert summary["faults_met"] > 0, summary
-    assert summary["unfinished"] == 0
+    assert summary["unfinished"] == 0, summary["left"]
     assert Task.objects.exclude(status="done").count() == 0
     assert not Step.objects.exclude(status="done").exists()
     print(summary)
