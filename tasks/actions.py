@@ -503,9 +503,8 @@ def _resolve_locked(*, step: Step, action: str, actor: str):
 
 # Resume advice that needs no decision from a person.
 NO_DECISION = ("wait", "run", "none")
-# A step in one of these may wait for a person (a running one only when its
-# worker is gone and its call was left open).
-ATTENTION_STEPS = (Step.Status.RUNNING, Step.Status.NEEDS_REVIEW, Step.Status.FAILED)
+# A step in one of these may wait for a person (``StepStatus.attention``).
+ATTENTION_STEPS = Step.Status.attention()
 
 
 @dataclass

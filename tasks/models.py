@@ -262,11 +262,6 @@ class StepQuerySet(OwnedQuerySet):
         return self.filter(needs_you_q())
 
 
-# The statuses of a step that may need a person: the partial index
-# tasks_step_attention holds only these rows (a task's few, not its hundreds).
-ATTENTION_STEP_STATUSES = ("running", "failed", "needs_review")
-
-
 def attention_steps_sql() -> RawSQL:
     """``tasks_step.id`` among the steps of the partial index tasks_step_attention.
 
@@ -281,9 +276,9 @@ def attention_steps_sql() -> RawSQL:
     querysets only (it names the table).
     """
     table = Step._meta.db_table
-    listed = ", ".join(f"'{status}'" for status in ATTENTION_STEP_STATUSES)
+    listed = StepStatus.sql_list(StepStatus.attention())
     return RawSQL(
-        f'"{table}"."id" IN (SELECT "id" FROM "{table}" WHERE "status" IN ({listed}))',
+        f'"{table}"."id" IN (SELECT "id" FROM "{table}" WHERE "status" IN {listed})',
         (),
         output_field=models.BooleanField(),
     )
@@ -320,9 +315,21 @@ class StepStatus(models.TextChoices):
         return (cls.DONE, cls.SKIPPED)
 
     @classmethod
+    def attention(cls) -> tuple[StepStatus, ...]:
+        """The statuses of a step that may wait for a person (a running one
+        only when its worker is gone and its call was left open): the rows of
+        the partial index tasks_step_attention, a task's few, not its hundreds."""
+        return (cls.RUNNING, cls.FAILED, cls.NEEDS_REVIEW)
+
+    @classmethod
     def finished_sql(cls) -> str:
         """``finished()`` as an SQL list, for the executor's hand-written statements."""
-        return "(" + ", ".join(f"'{s}'" for s in cls.finished()) + ")"
+        return cls.sql_list(cls.finished())
+
+    @staticmethod
+    def sql_list(statuses) -> str:
+        """Statuses written out as an SQL list: ``('done', 'skipped')``."""
+        return "(" + ", ".join(f"'{s.value}'" for s in statuses) + ")"
 
 
 class Step(models.Model):
@@ -401,7 +408,7 @@ class Step(models.Model):
             models.Index(
                 fields=["task", "status"],
                 name="tasks_step_attention",
-                condition=Q(status__in=list(ATTENTION_STEP_STATUSES)),
+                condition=Q(status__in=list(StepStatus.attention())),
             ),
         ]
 
