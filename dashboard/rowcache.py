@@ -112,14 +112,14 @@ STEP_ROW_READS = (
     "row.notes.*.at",
 )
 
-# The event-row partial: an event's number, time, kind and data (whole: the
-# filters print it). Events are never updated (EventQuerySet refuses), but
-# the key holds what the row shows all the same: an id alone would serve a
-# stale row after a database is restored, or rolled back in a test.
 # What the step-row partial reads that every row of a page shows alike and
 # that moves while a task runs (module docstring): drawn in after the rows.
 STEP_ROW_LATE = ("clock.span_ms",)
 
+# The event-row partial: an event's number, time, kind and data (whole: the
+# filters print it). Events are never updated (EventQuerySet refuses), but
+# the key holds what the row shows all the same: an id alone would serve a
+# stale row after a database is restored, or rolled back in a test.
 EVENT_ROW_READS = ("e.seq", "e.created_at", "e.kind", "e.data")
 EVENT_ROW_WHOLE = frozenset({"e.data"})
 

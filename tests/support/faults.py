@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -108,8 +109,6 @@ def pg_wait_sessions_gone(
     PostgreSQL database. A client SIGKILLed with its COMMIT in flight leaves
     the server to finish that transaction after the client is gone; once its
     session has ended, whatever it was doing has committed or rolled back."""
-    import time
-
     deadline = time.monotonic() + timeout
     sql = (
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
