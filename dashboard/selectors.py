@@ -28,6 +28,7 @@ from django.db import connection
 from django.db.models import (
     Count,
     Exists,
+    Func,
     Max,
     Min,
     OuterRef,
@@ -178,22 +179,34 @@ class CountedPaginator(Paginator):
     are (9 ms of a 1,000-conversation page, against 0.3 ms for the plain count).
     """
 
-    def __init__(self, object_list, per_page, *, counted: QuerySet) -> None:
+    def __init__(self, object_list, per_page, *, counted: QuerySet | int) -> None:
         super().__init__(object_list, per_page)
-        self.counted = counted
+        self.counted = counted  # or the count itself, when the caller knows it
 
     @cached_property
     def count(self) -> int:
+        if isinstance(self.counted, int):
+            return self.counted
         return self.counted.count()
 
 
 def conversation_page(
-    *, user, query: str = "", page: str | int | None = 1, needs_you: bool = False
+    *,
+    user,
+    query: str = "",
+    page: str | int | None = 1,
+    needs_you: bool = False,
+    totals: Totals | None = None,
 ) -> Page:
+    """One page of ``conversation_list``. With the page's ``totals``, the
+    unfiltered list takes its count from them instead of counting again."""
+    counted = _conversations_shown(user=user, query=query, needs_you=needs_you)
+    if totals is not None and not query.strip() and not needs_you:
+        counted = totals.conversations
     paginator = CountedPaginator(
         conversation_list(user=user, query=query, needs_you=needs_you),
         CONVERSATIONS_PER_PAGE,
-        counted=_conversations_shown(user=user, query=query, needs_you=needs_you),
+        counted=counted,
     )
     return paginator.get_page(page)
 
@@ -238,14 +251,16 @@ def _lease_live_q(prefix: str = "") -> Q:
     return ~lease_dead_q(prefix)
 
 
-def todo_for_user(*, user, exclude_task: Task | None = None) -> ToDo:
+def todo_for_user(
+    *, user, exclude_task: Task | None = None, working: int | None = None
+) -> ToDo:
     """Return what waits for ``user`` (their own conversations), oldest first.
 
     A step waits when it needs a person (``needs_you_q``) and no worker is
     still on it (a step in flight under a pause is not a decision yet). A
     paused task waits when nothing in it needs a decision: only a resume.
     Three queries, each on the partial index of attention steps or on the
-    owner's tasks.
+    owner's tasks; two when the caller knows ``working`` (``Totals``).
     """
     steps = (
         Step.objects.filter(
@@ -269,7 +284,8 @@ def todo_for_user(*, user, exclude_task: Task | None = None) -> ToDo:
     more = len(decisions) + len(paused) > TODO_LIMIT
     decisions = decisions[:TODO_LIMIT]
     paused = paused[: max(0, TODO_LIMIT - len(decisions))]
-    working = tasks.filter(status__in=ACTIVE).count()
+    if working is None:
+        working = tasks.filter(status__in=ACTIVE).count()
     return ToDo(decisions=decisions, paused=paused, working=working, more=more)
 
 
@@ -287,33 +303,57 @@ def next_decision_for_user(*, user, after: Task) -> Step | None:
     )
 
 
-def dashboard_version(*, user, conversation: Conversation | None = None) -> str:
-    """A fingerprint of what ``user``'s home page (or one conversation page)
-    shows: it changes when any of their tasks logs an event, a task or a
-    conversation comes or goes, or a council round gets a turn. A page's
-    refresh sends it back; the same answer is a 204. Two aggregate queries.
+@dataclass(frozen=True)
+class Totals:
+    """What one aggregate query knows of ``user``'s home page (or of one
+    conversation page): the fingerprint a refresh compares, and two counts the
+    home page shows, so that it does not count them again."""
+
+    version: str  # changes when anything the page shows changes
+    conversations: int  # the conversations the page may list (unfiltered)
+    working: int  # the user's own tasks queued or running (ToDo.working)
+
+
+def dashboard_totals(*, user, conversation: Conversation | None = None) -> Totals:
+    """The ``Totals`` of ``user``'s home page, or of one conversation's page.
+
+    The version changes when any of their tasks logs an event, a task or a
+    conversation comes or goes, or a council round gets a turn; a page's
+    refresh sends it back, and the same answer is a 204. One query: the
+    council's turns are counted by a subquery that names no outer column, so
+    the database reads it once (``MAX`` of the one value on every row).
     """
     if conversation is not None:
         conversations = Conversation.objects.filter(pk=conversation.pk)
     else:
         conversations = Conversation.objects.for_user(user, staff=True)
+    turns = (
+        Turn.objects.filter(round__conversation__in=conversations)
+        .order_by()
+        .values(n=Func("pk", function="COUNT"))
+    )
     totals = conversations.aggregate(
         v_n=Count("pk", distinct=True),
         v_changed=Max("updated_at"),
         v_tasks=Count("tasks", distinct=True),
         v_seqs=Coalesce(Sum("tasks__last_seq"), 0),
         v_task_changed=Max("tasks__updated_at"),
+        v_rounds=Max(Subquery(turns)),
+        working=Count(
+            "tasks", distinct=True, filter=Q(owner=user, tasks__status__in=ACTIVE)
+        ),
     )
-    totals["rounds"] = Turn.objects.filter(
-        round__conversation__in=conversations
-    ).count()
     stamp = max(
         (t.timestamp() for t in (totals["v_changed"], totals["v_task_changed"]) if t),
         default=0,
     )
-    return (
-        f"{totals['v_n']}.{totals['v_tasks']}.{totals['v_seqs']}."
-        f"{totals['rounds'] or 0}.{stamp:.6f}"
+    return Totals(
+        version=(
+            f"{totals['v_n']}.{totals['v_tasks']}.{totals['v_seqs']}."
+            f"{totals['v_rounds'] or 0}.{stamp:.6f}"
+        ),
+        conversations=totals["v_n"],
+        working=totals["working"],
     )
 
 

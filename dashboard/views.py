@@ -161,8 +161,8 @@ def _unchanged(request: HttpRequest, version: str) -> bool:
 def conversation_list(request: HttpRequest) -> HttpResponse:
     # The page refreshes itself every REFRESH_SECONDS: a 204 while nothing of
     # the user's changed, else the to-do list and the results, out of band.
-    version = selectors.dashboard_version(user=request.user)
-    if _unchanged(request, version):
+    totals = selectors.dashboard_totals(user=request.user)
+    if _unchanged(request, totals.version):
         return HttpResponse(status=204)
     query = request.GET.get("q", "")[:200]
     needs_you = request.GET.get("needs") == "you"
@@ -171,6 +171,7 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         query=query,
         page=request.GET.get("page"),
         needs_you=needs_you,
+        totals=totals,
     )
     template = "dashboard/conversation_list.html"
     if request.htmx and request.htmx.target == "conversation-results":
@@ -186,8 +187,10 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         "needing_you": cache(
             partial(selectors.conversations_needing_you, user=request.user)
         ),
-        "todo": cache(partial(selectors.todo_for_user, user=request.user)),
-        "version": version,
+        "todo": cache(
+            partial(selectors.todo_for_user, user=request.user, working=totals.working)
+        ),
+        "version": totals.version,
         "refresh_every": REFRESH_SECONDS,
     }
     return render(request, template, context)
@@ -199,7 +202,9 @@ def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     conversation = conversation_get_for_user(
         user=request.user, conversation_id=pk, staff=True
     )
-    version = selectors.dashboard_version(user=request.user, conversation=conversation)
+    version = selectors.dashboard_totals(
+        user=request.user, conversation=conversation
+    ).version
     if _unchanged(request, version):
         return HttpResponse(status=204)
     tasks = selectors.conversation_tasks(conversation=conversation)

@@ -213,3 +213,59 @@ def test_paused_time_runs_from_each_pause_to_the_resume_after_it_in_log_order(
     )
     end = start + timedelta(seconds=10)
     assert selectors._paused_within(task, start, end) == timedelta(seconds=4)
+
+
+def test_the_home_totals_are_one_query_and_agree_with_the_counts_they_stand_for(
+    user, make_user, make_conversation, make_task, django_assert_num_queries
+):
+    from council.models import CouncilRound, Turn
+
+    mine = make_conversation(owner=user, title="mine")
+    for status in ("queued", "running", "done", "paused"):
+        make_task(conversation=mine, status=status)
+    theirs = make_conversation(title="theirs")
+    make_task(conversation=theirs, status="running")
+    boss = make_user(username="boss", is_staff=True)
+    make_task(conversation=make_conversation(owner=boss), status="queued")
+
+    with django_assert_num_queries(1):
+        totals = selectors.dashboard_totals(user=user)
+    # What the unfiltered list counts, and the to-do's own count of working tasks.
+    assert totals.conversations == selectors.conversation_list(user=user).count() == 1
+    assert totals.working == selectors.todo_for_user(user=user).working == 2
+    # Staff list every conversation, but only their own tasks are their work.
+    staff = selectors.dashboard_totals(user=boss)
+    assert staff.conversations == 3
+    assert staff.working == selectors.todo_for_user(user=boss).working == 1
+
+    # A council turn in one of the user's conversations changes the version;
+    # one in another user's conversation does not.
+    before = totals.version
+    theirs_round = CouncilRound.objects.create(conversation=theirs, number=1, topic="t")
+    Turn.objects.create(
+        round=theirs_round,
+        participant=theirs_round.participants.create(name="grok"),
+        order=1,
+    )
+    assert selectors.dashboard_totals(user=user).version == before
+    my_round = CouncilRound.objects.create(conversation=mine, number=1, topic="t")
+    Turn.objects.create(
+        round=my_round, participant=my_round.participants.create(name="kimi"), order=1
+    )
+    assert selectors.dashboard_totals(user=user).version != before
+
+
+def test_the_unfiltered_list_counts_from_the_totals_and_a_filtered_one_counts_itself(
+    user, make_conversation, make_task, django_assert_num_queries
+):
+    for i in range(selectors.CONVERSATIONS_PER_PAGE + 3):
+        make_task(conversation=make_conversation(owner=user, title=f"c{i}"))
+    make_task(conversation=make_conversation(owner=user, title="tomato"))
+    totals = selectors.dashboard_totals(user=user)
+    with django_assert_num_queries(0):
+        page = selectors.conversation_page(user=user, totals=totals)
+        assert page.paginator.count == selectors.CONVERSATIONS_PER_PAGE + 4
+        assert page.paginator.num_pages == 2
+    found = selectors.conversation_page(user=user, query="tomato", totals=totals)
+    assert found.paginator.count == 1
+    assert [c.title for c in found] == ["tomato"]
