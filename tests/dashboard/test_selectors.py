@@ -269,3 +269,27 @@ def test_the_unfiltered_list_counts_from_the_totals_and_a_filtered_one_counts_it
     found = selectors.conversation_page(user=user, query="tomato", totals=totals)
     assert found.paginator.count == 1
     assert [c.title for c in found] == ["tomato"]
+
+
+def test_the_needs_you_count_agrees_with_the_needs_you_list_for_each_user(
+    user, make_user, make_conversation, make_task
+):
+    def waiting(owner, title, task_status="needs_review", step_status="needs_review"):
+        task = make_task(
+            conversation=make_conversation(owner=owner, title=title), status=task_status
+        )
+        task.steps.create(position=1, title="a", tool="t", status=step_status)
+        task.steps.create(position=2, title="b", tool="t", status=step_status)
+        return task
+
+    waiting(user, "two steps wait")
+    waiting(user, "interrupted under a pause", "paused", "running")
+    waiting(user, "cancelled", "cancelled")
+    waiting(user, "still running", "running", "running")
+    other = make_user(username="other")
+    waiting(other, "theirs")
+    boss = make_user(username="boss", is_staff=True)
+
+    for who, expected in ((user, 2), (other, 1), (boss, 3)):
+        listed = selectors.conversation_list(user=who, needs_you=True).count()
+        assert selectors.conversations_needing_you(user=who) == listed == expected
