@@ -38,6 +38,7 @@ LABELS = {
     "pippa_normal": "Pippa executor, PIPPA_SQLITE_SYNCHRONOUS=NORMAL",
     "langgraph": 'LangGraph + SqliteSaver, durability "sync" (as shipped: FULL)',
     "langgraph_normal": "LangGraph + SqliteSaver, synchronous=NORMAL",
+    "langgraph_files": 'LangGraph + SqliteSaver "sync", its payload a file like ours',
     "dbos": "DBOS on SQLite (Python 3.11)",
     "orm": "Django ORM, 1 UPDATE + 3 INSERTs/step, no payload file",
     "raw": "raw sqlite3, same writes, files and commits",
@@ -46,6 +47,7 @@ LABELS = {
 PEER_TARGETS = {
     ("pippa", "langgraph"): ("<= 1.0 x baseline", ">= 1.0 x baseline"),
     ("pippa_normal", "langgraph_normal"): ("printed beside", "printed beside"),
+    ("pippa", "langgraph_files"): ("like for like", "like for like"),
     ("pippa", "dbos"): ("printed beside", "printed beside"),
     ("pippa", "raw"): ("(diagnostic)", "(diagnostic)"),
     ("pippa", "orm"): ("(diagnostic)", "(diagnostic)"),
@@ -127,6 +129,7 @@ def _available(system: str) -> str:
     module = {
         "langgraph": "langgraph.checkpoint.sqlite",
         "langgraph_normal": "langgraph.checkpoint.sqlite",
+        "langgraph_files": "langgraph.checkpoint.sqlite",
     }.get(system)
     if module is None:
         return ""
