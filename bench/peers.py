@@ -197,7 +197,6 @@ def run_langgraph(
     )
     data_dir.mkdir(parents=True, exist_ok=True)
     if files:
-        sys.path.insert(0, str(REPO))
         from artifacts.store import BlobStore  # a filesystem class: no Django set-up
 
         store = BlobStore(data_dir / "blobs")

@@ -200,9 +200,10 @@ def conversation_page(
 ) -> Page:
     """One page of ``conversation_list``. With the page's ``totals``, the
     unfiltered list takes its count from them instead of counting again."""
-    counted = _conversations_shown(user=user, query=query, needs_you=needs_you)
     if totals is not None and not query.strip() and not needs_you:
         counted = totals.conversations
+    else:
+        counted = _conversations_shown(user=user, query=query, needs_you=needs_you)
     paginator = CountedPaginator(
         conversation_list(user=user, query=query, needs_you=needs_you),
         CONVERSATIONS_PER_PAGE,
