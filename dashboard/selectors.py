@@ -212,17 +212,6 @@ def conversation_page(
     return paginator.get_page(page)
 
 
-def conversations_needing_you(*, user) -> int:
-    """How many of the conversations ``user`` may see have a step waiting for
-    a person: counted from the few steps of the partial index of attention
-    steps, not by asking each of the user's conversations."""
-    return (
-        Step.objects.for_user(user, staff=True)
-        .filter(attention_steps_sql(), needs_you_q())
-        .aggregate(n=Count("task__conversation", distinct=True))["n"]
-    )
-
-
 # How many decisions the home page lists; the count says when there are more.
 TODO_LIMIT = 50
 
@@ -255,7 +244,7 @@ def _lease_live_q(prefix: str = "") -> Q:
 
 
 def todo_for_user(
-    *, user, exclude_task: Task | None = None, working: int | None = None
+    *, user, exclude_task: Task | None = None, totals: Totals | None = None
 ) -> ToDo:
     """Return what waits for ``user`` (their own conversations), oldest first.
 
@@ -263,8 +252,11 @@ def todo_for_user(
     still on it (a step in flight under a pause is not a decision yet). A
     paused task waits when nothing in it needs a decision: only a resume.
     Three queries, each on the partial index of attention steps or on the
-    owner's tasks; two when the caller knows ``working`` (``Totals``).
+    owner's tasks. With the home page's ``totals`` none when nothing can wait
+    (``Totals.waiting``), else two: the totals know the working figure.
     """
+    if totals is not None and not totals.waiting:
+        return ToDo(decisions=[], paused=[], working=totals.working)
     steps = (
         Step.objects.filter(
             attention_steps_sql(), needs_you_q(), task__conversation__owner=user
@@ -276,9 +268,8 @@ def todo_for_user(
     if exclude_task is not None:
         steps = steps.exclude(task=exclude_task)
     decisions = list(steps[: TODO_LIMIT + 1])
-    tasks = Task.objects.filter(conversation__owner=user)
     paused = list(
-        tasks.filter(status=Task.Status.PAUSED)
+        Task.objects.filter(conversation__owner=user, status=Task.Status.PAUSED)
         .exclude(_lease_live_q())
         .exclude(Exists(Step.objects.filter(needs_you_q(), task=OuterRef("pk"))))
         .select_related("conversation")
@@ -287,8 +278,12 @@ def todo_for_user(
     more = len(decisions) + len(paused) > TODO_LIMIT
     decisions = decisions[:TODO_LIMIT]
     paused = paused[: max(0, TODO_LIMIT - len(decisions))]
-    if working is None:
-        working = tasks.filter(status__in=ACTIVE).count()
+    if totals is not None:
+        working = totals.working
+    else:
+        working = Task.objects.filter(
+            conversation__owner=user, status__in=ACTIVE
+        ).count()
     return ToDo(decisions=decisions, paused=paused, working=working, more=more)
 
 
@@ -309,12 +304,27 @@ def next_decision_for_user(*, user, after: Task) -> Step | None:
 @dataclass(frozen=True)
 class Totals:
     """What one aggregate query knows of ``user``'s home page (or of one
-    conversation page): the fingerprint a refresh compares, and two counts the
-    home page shows, so that it does not count them again."""
+    conversation's page, which reads only its version): the fingerprint a
+    refresh compares, and the counts the home page shows, so that it does not
+    count them again."""
 
     version: str  # changes when anything the page shows changes
     conversations: int  # the conversations the page may list (unfiltered)
     working: int  # the user's own tasks queued or running (ToDo.working)
+    needing_you: int = 0  # conversations with a step waiting for a person
+    # What the to-do list can hold no more than: ``needing_you`` (a step of
+    # the user's own waits only in a conversation they see) and the user's
+    # own paused tasks. Where it is 0, so is the to-do list.
+    waiting: int = 0
+
+
+def _count(rows: QuerySet, field: str = "pk", *, distinct: bool = False) -> Max:
+    """How many ``rows`` (of distinct ``field`` values), as a scalar subquery
+    that names no outer column: the database reads it once however many rows
+    the outer query has (``MAX`` of the one value on every row)."""
+    counted = "DISTINCT %(expressions)s" if distinct else "%(expressions)s"
+    n = Func(field, function="COUNT", template=f"%(function)s({counted})")
+    return Max(Subquery(rows.order_by().values(n=n)))
 
 
 def dashboard_totals(*, user, conversation: Conversation | None = None) -> Totals:
@@ -323,28 +333,38 @@ def dashboard_totals(*, user, conversation: Conversation | None = None) -> Total
     The version changes when any of their tasks logs an event, a task or a
     conversation comes or goes, or a council round gets a turn; a page's
     refresh sends it back, and the same answer is a 204. One query: the
-    council's turns are counted by a subquery that names no outer column, so
-    the database reads it once (``MAX`` of the one value on every row).
+    council's turns and the needs-you count are subqueries that the database
+    reads once (``_count``).
     """
-    if conversation is not None:
-        conversations = Conversation.objects.filter(pk=conversation.pk)
-    else:
+    home_counts = {}
+    if conversation is None:
         conversations = Conversation.objects.for_user(user, staff=True)
-    turns = (
-        Turn.objects.filter(round__conversation__in=conversations)
-        .order_by()
-        .values(n=Func("pk", function="COUNT"))
-    )
+        # The needs-you count starts from the few steps of the partial index
+        # of attention steps, not from a question put to each conversation.
+        needing_you = Step.objects.for_user(user, staff=True).filter(
+            attention_steps_sql(), needs_you_q()
+        )
+        home_counts = {
+            "needing_you": _count(needing_you, "task__conversation", distinct=True),
+            "paused": Count(
+                "tasks",
+                distinct=True,
+                filter=Q(owner=user, tasks__status=Task.Status.PAUSED),
+            ),
+        }
+    else:
+        conversations = Conversation.objects.filter(pk=conversation.pk)
     totals = conversations.aggregate(
         v_n=Count("pk", distinct=True),
         v_changed=Max("updated_at"),
         v_tasks=Count("tasks", distinct=True),
         v_seqs=Coalesce(Sum("tasks__last_seq"), 0),
         v_task_changed=Max("tasks__updated_at"),
-        v_rounds=Max(Subquery(turns)),
+        v_rounds=_count(Turn.objects.filter(round__conversation__in=conversations)),
         working=Count(
             "tasks", distinct=True, filter=Q(owner=user, tasks__status__in=ACTIVE)
         ),
+        **home_counts,
     )
     stamp = max(
         (t.timestamp() for t in (totals["v_changed"], totals["v_task_changed"]) if t),
@@ -357,6 +377,8 @@ def dashboard_totals(*, user, conversation: Conversation | None = None) -> Total
         ),
         conversations=totals["v_n"],
         working=totals["working"],
+        needing_you=totals.get("needing_you") or 0,
+        waiting=(totals.get("needing_you") or 0) + (totals.get("paused") or 0),
     )
 
 

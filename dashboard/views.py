@@ -182,13 +182,11 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         "page": page,
         "query": query,
         "needs_you": needs_you,
-        # Read when the template shows them (once each): search-as-you-type
-        # asks for the results alone, which show neither.
-        "needing_you": cache(
-            partial(selectors.conversations_needing_you, user=request.user)
-        ),
+        "needing_you": totals.needing_you,
+        # Read when the template shows it (once): search-as-you-type asks for
+        # the results alone, which do not show it.
         "todo": cache(
-            partial(selectors.todo_for_user, user=request.user, working=totals.working)
+            partial(selectors.todo_for_user, user=request.user, totals=totals)
         ),
         "version": totals.version,
         "refresh_every": REFRESH_SECONDS,

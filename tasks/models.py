@@ -262,25 +262,25 @@ class StepQuerySet(OwnedQuerySet):
         return self.filter(needs_you_q())
 
 
-def attention_steps_sql() -> RawSQL:
-    """``tasks_step.id`` among the steps of the partial index tasks_step_attention.
+def attention_steps_sql() -> Q:
+    """A filter on ``Step``: among the steps of the partial index tasks_step_attention.
 
-    A filter on ``Step`` with this beside ``needs_you_q()`` (which implies it)
-    reads the few running, failed or needs-review steps from the partial index
-    first, then only their tasks: without it SQLite starts from the user's
+    A filter with this beside ``needs_you_q()`` (which implies it) reads the
+    few running, failed or needs-review steps from the partial index first,
+    then only their tasks: without it SQLite starts from the user's
     conversations and reads every step of every task they have, so a page
     asking "does anything else need you?" grows with the user's history. The
     statuses are written out, not bound: SQLite uses a partial index only when
     the query's text implies the index's condition, and Django's
-    ``status__in`` sends bound parameters, which imply nothing. For ``Step``
-    querysets only (it names the table).
+    ``status__in`` sends bound parameters, which imply nothing. The raw part
+    names no outer table, so the filter holds in a subquery too (where Django
+    renames the outer ``Step`` table).
     """
-    table = Step._meta.db_table
     listed = StepStatus.sql_list(StepStatus.attention())
-    return RawSQL(
-        f'"{table}"."id" IN (SELECT "id" FROM "{table}" WHERE "status" IN {listed})',
-        (),
-        output_field=models.BooleanField(),
+    return Q(
+        pk__in=RawSQL(
+            f'SELECT "id" FROM "{Step._meta.db_table}" WHERE "status" IN {listed}', ()
+        )
     )
 
 

@@ -292,4 +292,46 @@ def test_the_needs_you_count_agrees_with_the_needs_you_list_for_each_user(
 
     for who, expected in ((user, 2), (other, 1), (boss, 3)):
         listed = selectors.conversation_list(user=who, needs_you=True).count()
-        assert selectors.conversations_needing_you(user=who) == listed == expected
+        assert selectors.dashboard_totals(user=who).needing_you == listed == expected
+
+
+def test_the_totals_skip_the_to_do_only_when_nothing_can_wait(
+    user, make_user, make_conversation, make_task, django_assert_num_queries
+):
+    def to_do(who) -> tuple[list, list, int]:
+        todo = selectors.todo_for_user(user=who)
+        return [s.pk for s in todo.decisions], [t.pk for t in todo.paused], todo.working
+
+    def with_totals(who) -> tuple[list, list, int]:
+        todo = selectors.todo_for_user(
+            user=who, totals=selectors.dashboard_totals(user=who)
+        )
+        return [s.pk for s in todo.decisions], [t.pk for t in todo.paused], todo.working
+
+    other = make_user(username="other")
+    boss = make_user(username="boss", is_staff=True)
+    mine = make_conversation(owner=user, title="mine")
+    make_task(conversation=mine, status="running")
+    # Nothing waits: the to-do costs no query, and says so.
+    totals = selectors.dashboard_totals(user=user)
+    assert totals.waiting == 0
+    with django_assert_num_queries(0):
+        empty = selectors.todo_for_user(user=user, totals=totals)
+    assert (empty.count, empty.working) == (0, 1)
+    assert with_totals(user) == to_do(user)
+
+    # A paused task (a resume), then a decision, then another user's decision
+    # that only staff see: the bound never hides what waits, for anyone.
+    make_task(conversation=mine, status="paused")
+    assert with_totals(user) == to_do(user)
+    assert len(to_do(user)[1]) == 1
+    decide = make_task(conversation=mine, status="needs_review")
+    decide.steps.create(position=1, title="a", tool="t", status="needs_review")
+    theirs = make_task(conversation=make_conversation(owner=other), status="failed")
+    theirs.steps.create(position=1, title="b", tool="t", status="failed")
+    for who in (user, other, boss):
+        assert with_totals(who) == to_do(who)
+    assert len(to_do(user)[0]) == len(to_do(other)[0]) == 1
+    # Staff see the other's conversation need them, but it is not their decision.
+    assert selectors.dashboard_totals(user=boss).waiting == 2
+    assert to_do(boss) == ([], [], 0)

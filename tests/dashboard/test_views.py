@@ -165,11 +165,11 @@ def test_search_as_you_type_reads_neither_the_to_do_list_nor_the_needs_you_count
     assert "Decide step 1" in page  # the whole page reads and shows the to-do
     assert 'id="todo"' not in results
     assert "Garden" in results
-    # The to-do's and the count's queries are the difference, and nothing else
-    # (the to-do's count of working tasks comes with the page's totals).
+    # The to-do's queries are the difference, and nothing else (the needs-you
+    # count and the to-do's count of working tasks come with the page's totals).
+    totals = selectors.dashboard_totals(user=user)
     with CaptureQueriesContext(connection) as to_do:
-        selectors.todo_for_user(user=user, working=0)
-        selectors.conversations_needing_you(user=user)
+        selectors.todo_for_user(user=user, totals=totals)
     assert len(to_do) > 0
     assert len(whole) - len(typed) == len(to_do)
 
