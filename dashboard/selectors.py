@@ -331,7 +331,9 @@ def dashboard_totals(*, user, conversation: Conversation | None = None) -> Total
     """The ``Totals`` of ``user``'s home page, or of one conversation's page.
 
     The version changes when any of their tasks logs an event, a task or a
-    conversation comes or goes, or a council round gets a turn; a page's
+    conversation comes or goes, a council round gets a turn, or a worker's
+    lease runs out (which writes nothing, and can put a decision on the to-do
+    list); a page's
     refresh sends it back, and the same answer is a 204. One query: the
     council's turns and the needs-you count are subqueries that the database
     reads once (``_count``).
@@ -361,6 +363,9 @@ def dashboard_totals(*, user, conversation: Conversation | None = None) -> Total
         v_seqs=Coalesce(Sum("tasks__last_seq"), 0),
         v_task_changed=Max("tasks__updated_at"),
         v_rounds=_count(Turn.objects.filter(round__conversation__in=conversations)),
+        # A worker that stops answering writes nothing, but its lease runs
+        # out: a step it held becomes a decision, so the page must change.
+        v_leases=Count("tasks", distinct=True, filter=_lease_live_q("tasks__")),
         working=Count(
             "tasks", distinct=True, filter=Q(owner=user, tasks__status__in=ACTIVE)
         ),
@@ -373,7 +378,7 @@ def dashboard_totals(*, user, conversation: Conversation | None = None) -> Total
     return Totals(
         version=(
             f"{totals['v_n']}.{totals['v_tasks']}.{totals['v_seqs']}."
-            f"{totals['v_rounds'] or 0}.{stamp:.6f}"
+            f"{totals['v_rounds'] or 0}.{totals['v_leases']}.{stamp:.6f}"
         ),
         conversations=totals["v_n"],
         working=totals["working"],

@@ -127,6 +127,34 @@ def test_the_home_page_refresh_is_204_until_something_changes(dad_client, conver
     assert dad_client.get(_refresh_url(text), headers=REFRESH).status_code == 204
 
 
+def test_the_home_page_refresh_shows_a_decision_once_a_dead_workers_lease_runs_out(
+    dad_client, conversation
+):
+    # The worker died mid-step under a pause; its lease still runs, so the step
+    # is still in flight, not a decision. Nothing is written when the lease
+    # runs out, but the refresh must notice and list the decision.
+    task = task_create(
+        conversation=conversation,
+        title="Search two",
+        steps=[{"title": "Search the news", "tool": "demo.search", "args": {}}],
+    )
+    crash_at(task.pk, "after_payload", WORKER)
+    task.refresh_from_db()
+    task_pause(task=task, actor="demo")
+    body = dad_client.get(reverse("dashboard:conversations")).content.decode()
+    assert "Decide step 1" not in body
+    url = _refresh_url(body)
+    assert dad_client.get(url, headers=REFRESH).status_code == 204
+
+    expire_lease(task.pk)
+    response = dad_client.get(url, headers=REFRESH)
+    assert response.status_code == 200
+    text = response.content.decode()
+    assert text.startswith("<title>(1) Conversations · Pippa Stateful</title>")
+    assert "Decide step 1 of “<bdi>Search two</bdi>”" in text
+    assert dad_client.get(_refresh_url(text), headers=REFRESH).status_code == 204
+
+
 def test_the_conversation_page_refreshes_itself_the_same_way(dad_client, conversation):
     page = dad_client.get(conversation.get_absolute_url()).content.decode()
     url = _refresh_url(page)
