@@ -24,8 +24,9 @@ WORKER = "worker:test-todo"
 REFRESH = {"HX-Request": "true", "HX-Target": "refresh"}
 
 
-def _interrupted(conversation, title: str) -> Task:
-    """A two-step task whose worker died with a search saved, then paused."""
+def _interrupted(conversation, title: str, *, lease_ran_out: bool = True) -> Task:
+    """A two-step task whose worker died with a search saved, then paused
+    (before the dead worker's lease ran out, with ``lease_ran_out=False``)."""
     task = task_create(
         conversation=conversation,
         title=title,
@@ -35,7 +36,8 @@ def _interrupted(conversation, title: str) -> Task:
         ],
     )
     crash_at(task.pk, "after_payload", WORKER)
-    expire_lease(task.pk)
+    if lease_ran_out:
+        expire_lease(task.pk)
     task.refresh_from_db()
     task_pause(task=task, actor="demo")
     return task
@@ -133,14 +135,7 @@ def test_the_home_page_refresh_shows_a_decision_once_a_dead_workers_lease_runs_o
     # The worker died mid-step under a pause; its lease still runs, so the step
     # is still in flight, not a decision. Nothing is written when the lease
     # runs out, but the refresh must notice and list the decision.
-    task = task_create(
-        conversation=conversation,
-        title="Search two",
-        steps=[{"title": "Search the news", "tool": "demo.search", "args": {}}],
-    )
-    crash_at(task.pk, "after_payload", WORKER)
-    task.refresh_from_db()
-    task_pause(task=task, actor="demo")
+    task = _interrupted(conversation, "Search two", lease_ran_out=False)
     body = dad_client.get(reverse("dashboard:conversations")).content.decode()
     assert "Decide step 1" not in body
     url = _refresh_url(body)
