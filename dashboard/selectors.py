@@ -312,9 +312,10 @@ class Totals:
     conversations: int  # the conversations the page may list (unfiltered)
     working: int  # the user's own tasks queued or running (ToDo.working)
     needing_you: int = 0  # conversations with a step waiting for a person
-    # What the to-do list can hold no more than: ``needing_you`` (a step of
-    # the user's own waits only in a conversation they see) and the user's
-    # own paused tasks. Where it is 0, so is the to-do list.
+    # 0 only when the to-do list is empty: ``needing_you`` (a decision of the
+    # user's own waits in a conversation they see) plus the user's paused
+    # tasks. Not the list's length (a conversation may hold several decisions,
+    # and a paused task with a decision in it is not listed as a resume).
     waiting: int = 0
 
 
@@ -333,10 +334,9 @@ def dashboard_totals(*, user, conversation: Conversation | None = None) -> Total
     The version changes when any of their tasks logs an event, a task or a
     conversation comes or goes, a council round gets a turn, or a worker's
     lease runs out (which writes nothing, and can put a decision on the to-do
-    list); a page's
-    refresh sends it back, and the same answer is a 204. One query: the
-    council's turns and the needs-you count are subqueries that the database
-    reads once (``_count``).
+    list); a page's refresh sends it back, and the same answer is a 204. One
+    query: the council's turns and the needs-you count are subqueries that the
+    database reads once (``_count``).
     """
     home_counts = {}
     if conversation is None:
