@@ -133,7 +133,7 @@ test-all: install-test browser axe
 	  echo "warning: the 'local' extra did not install: the local-model tests will be skipped"
 	@status=0; \
 	  $(VENV)/bin/pytest -n $(TEST_WORKERS) -m "$(FAST)" $(PYTEST_ARGS) || status=1; \
-	  $(VENV)/bin/pytest -n $(SLOW_WORKERS) --dist loadfile -m "not ($(FAST))" $(PYTEST_ARGS) || status=1; \
+	  $(VENV)/bin/pytest -n $(SLOW_WORKERS) --dist loadfile -m "not ($(FAST))" --durations=15 $(PYTEST_ARGS) || status=1; \
 	  exit $$status
 
 # Installs the peers (LangGraph, DBOS) from the bench extra, and Debian's eatmydata
