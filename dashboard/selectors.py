@@ -53,7 +53,7 @@ from tasks.models import (
     Event,
     Step,
     Task,
-    attention_steps_sql,
+    attention_steps_q,
     lease_dead_q,
     needs_you_q,
 )
@@ -259,7 +259,7 @@ def todo_for_user(
         return ToDo(decisions=[], paused=[], working=totals.working)
     steps = (
         Step.objects.filter(
-            attention_steps_sql(), needs_you_q(), task__conversation__owner=user
+            attention_steps_q(), needs_you_q(), task__conversation__owner=user
         )
         .exclude(Q(status=Step.Status.RUNNING) & _lease_live_q("task__"))
         .select_related("task", "task__conversation")
@@ -291,7 +291,7 @@ def next_decision_for_user(*, user, after: Task) -> Step | None:
     """The first decision waiting for ``user`` outside ``after``: "Next decision →"."""
     return (
         Step.objects.filter(
-            attention_steps_sql(), needs_you_q(), task__conversation__owner=user
+            attention_steps_q(), needs_you_q(), task__conversation__owner=user
         )
         .exclude(task=after)
         .exclude(Q(status=Step.Status.RUNNING) & _lease_live_q("task__"))
@@ -344,7 +344,7 @@ def dashboard_totals(*, user, conversation: Conversation | None = None) -> Total
         # The needs-you count starts from the few steps of the partial index
         # of attention steps, not from a question put to each conversation.
         needing_you = Step.objects.for_user(user, staff=True).filter(
-            attention_steps_sql(), needs_you_q()
+            attention_steps_q(), needs_you_q()
         )
         home_counts = {
             "needing_you": _count(needing_you, "task__conversation", distinct=True),

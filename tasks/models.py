@@ -262,7 +262,7 @@ class StepQuerySet(OwnedQuerySet):
         return self.filter(needs_you_q())
 
 
-def attention_steps_sql() -> Q:
+def attention_steps_q() -> Q:
     """A filter on ``Step``: among the steps of the partial index tasks_step_attention.
 
     A filter with this beside ``needs_you_q()`` (which implies it) reads the
