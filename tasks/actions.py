@@ -75,6 +75,7 @@ ERR_CONFIRM = (
 ERR_LEASE_BUSY = (
     "another worker ({owner}) holds the task's lease until {until}; try again later"
 )
+ERR_LEASE_CHANGING = "the task's lease changed hands a moment ago; try again"
 
 ACTIONS = ("adopt", "rerun", "fail", "skip")
 
@@ -644,16 +645,30 @@ class StepRun:
     waiting: str = ""
 
 
+def _lease_ran_out_since(task, worker_id: str) -> bool:
+    """True when the task could run and no other worker's lease is live now."""
+    return not task.is_idle and not (task.lease_live and task.lease_owner != worker_id)
+
+
 def step_run(*, task, worker_id: str) -> StepRun:
     """Ask the executor for one step; return once its result is persisted.
 
-    ``tasks.executor.step`` does the work (lease, envelope, payload, result in
-    one transaction). This only explains its answer: a step ran (or an
-    uncertain one was resolved), the task is settled or paused, or another
-    worker holds the lease right now (``lease_busy``, the caller may wait).
+    ``tasks.executor.step`` does the work (commit 1: the lease and
+    ``tool_call_started``; the call; the payload file; commit 2: the result).
+    This only explains its answer: a step ran (or an uncertain one was
+    resolved), the task is settled or paused, or another worker holds the
+    lease (``lease_busy``, the caller may wait and ask again). A lease the
+    executor found live and that ran out before this read the task back is
+    not an answer: the executor is asked once more, so a runner waiting out a
+    dead worker's lease is never told "nothing to run" for a task that can.
     """
     outcome = step(task_id=task.pk, worker_id=worker_id)
     task.refresh_from_db()
+    if outcome is None and _lease_ran_out_since(task, worker_id):
+        # The executor found another worker's lease live, and it ran out
+        # before we read the task back: the step is ours to take now.
+        outcome = step(task_id=task.pk, worker_id=worker_id)
+        task.refresh_from_db()
     if outcome is None:
         if task.status == Task.Status.PAUSED:
             return StepRun(
@@ -662,14 +677,16 @@ def step_run(*, task, worker_id: str) -> StepRun:
                 step=None,
                 waiting="paused",
             )
-        if task.lease_live and task.lease_owner != worker_id:
-            until = task.lease_expires_at.isoformat()
-            return StepRun(
-                ran=False,
-                detail=ERR_LEASE_BUSY.format(owner=task.lease_owner, until=until),
-                step=None,
-                lease_busy=True,
-            )
+        if not task.is_idle:
+            # Another worker holds the lease, or held it when the executor
+            # looked: either way the caller may wait and ask again.
+            if task.lease_live and task.lease_owner != worker_id:
+                detail = ERR_LEASE_BUSY.format(
+                    owner=task.lease_owner, until=task.lease_expires_at.isoformat()
+                )
+            else:
+                detail = ERR_LEASE_CHANGING
+            return StepRun(ran=False, detail=detail, step=None, lease_busy=True)
         return StepRun(
             ran=False, detail=ERR_NOTHING_TO_RUN.format(status=task.status), step=None
         )

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from artifacts.models import Artifact
 from pippa_site.errors import Conflict
+from tasks import actions
 from tasks.actions import (
+    ERR_LEASE_CHANGING,
     step_resolve,
     step_resolve_options,
     step_retry,
@@ -685,3 +690,69 @@ def test_a_step_that_cannot_start_gives_back_the_seq_its_lease_renewal_reserved(
     task.refresh_from_db()
     assert seqs == list(range(1, task.last_seq + 1))
     assert Step.objects.get(task=task).attempts == 1
+
+
+def _held_by_a_dead_worker(task: Task) -> None:
+    """Step 1 in flight under a worker that died; its lease still runs 30 s."""
+    Task.objects.filter(pk=task.pk).update(
+        status=Task.Status.RUNNING,
+        lease_owner="worker:dead",
+        lease_expires_at=timezone.now() + timedelta(seconds=30),
+    )
+
+
+def _lease_runs_out_after(real_step, task: Task, answers: list):
+    def step_then_the_lease_runs_out(**kwargs):
+        answers.append(real_step(**kwargs))
+        Task.objects.filter(pk=task.pk, lease_owner="worker:dead").update(
+            lease_expires_at=timezone.now() - timedelta(seconds=1)
+        )
+        return answers[-1]
+
+    return step_then_the_lease_runs_out
+
+
+@pytest.mark.django_db
+def test_a_lease_that_runs_out_while_the_executor_is_asked_runs_the_step(
+    demo_task, monkeypatch
+):
+    # The end-to-end flake: runner B waited out dead runner A's 2 s lease; the
+    # executor still saw it live, it ran out before step_run read the task
+    # back, and B was told "nothing to run" (ran false) for a queued task.
+    task = demo_task()
+    _held_by_a_dead_worker(task)
+    answers: list = []
+    monkeypatch.setattr(
+        actions, "step", _lease_runs_out_after(actions.step, task, answers)
+    )
+    run = actions.step_run(task=task, worker_id="worker:b")
+    assert answers[0] is None  # the first look found the dead worker's lease live
+    assert run.ran
+    assert not run.lease_busy
+    assert run.step.position == 1
+    assert run.step.status == "done"
+    task.refresh_from_db()
+    assert task.lease_owner == "worker:b"
+    assert Event.objects.filter(task=task, kind=Event.Kind.LEASE_TAKEN_OVER).exists()
+
+
+@pytest.mark.django_db
+def test_a_task_that_can_run_is_never_answered_nothing_to_run_while_its_lease_moves(
+    demo_task, monkeypatch
+):
+    # However the lease moves between the executor's look and ours, a task
+    # that can run answers "busy, ask again" (the API's 409), never ran=false
+    # with nothing to wait for; the caller's next ask runs the step.
+    task = demo_task()
+    monkeypatch.setattr(actions, "step", lambda **kwargs: None)
+    run = actions.step_run(task=task, worker_id="worker:b")
+    assert (run.ran, run.lease_busy, run.detail) == (False, True, ERR_LEASE_CHANGING)
+    _held_by_a_dead_worker(task)
+    run = actions.step_run(task=task, worker_id="worker:b")
+    assert run.lease_busy
+    assert "worker:dead" in run.detail
+    monkeypatch.undo()
+    Task.objects.filter(pk=task.pk).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    assert actions.step_run(task=task, worker_id="worker:b").ran
