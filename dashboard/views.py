@@ -320,7 +320,11 @@ def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpRe
             context["next_decision"] = selectors.next_decision_for_user(
                 user=request.user, after=task
             )
-    if fragment != "timeline":
+    # The event log is folded: drawn when its fold asks (the "events"
+    # fragment) or when the address names a filter or an older page.
+    if fragment == "events" or (
+        fragment is None and ("kind" in request.GET or "before" in request.GET)
+    ):
         context["events"] = selectors.task_events(
             task=task,
             kind=request.GET.get("kind", "")[:40],

@@ -136,7 +136,11 @@ def test_a_running_tasks_timeline_updates_live_and_stops_polling_when_done(
     assert child.wait(timeout=60) == 0
     screenshot(page, "dashboard-live-done")
 
-    # The event log filters by kind in place.
+    # The event log is folded; opening it draws it in place, and it filters
+    # by kind in place.
+    expect(page.locator("#events table")).to_have_count(0)
+    page.locator("#events-fold summary").click()
+    expect(page.locator("#events tbody tr:not(.group-head)")).not_to_have_count(0)
     page.select_option("#event-kind", "tool_result_persisted")
     expect(page.locator("#events tbody tr:not(.group-head)")).to_have_count(3)
     expect(page.locator("#events table")).not_to_contain_text("task created")

@@ -94,7 +94,8 @@ def _masked(body: str) -> str:
 
 
 def _page(client, task: Task) -> str:
-    response = client.get(task.get_absolute_url())
+    """The task page with its event log open (``?kind=``), as the fold shows it."""
+    response = client.get(task.get_absolute_url(), {"kind": ""})
     assert response.status_code == 200
     return response.content.decode()
 

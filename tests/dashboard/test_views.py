@@ -377,7 +377,9 @@ def test_the_events_are_newest_first_paginated_and_filterable_by_kind(
     add_events(running_task, 3, kind="tool_call_started")
     last = running_task.last_seq
 
-    first_page = dad_client.get(running_task.get_absolute_url()).content.decode()
+    first_page = dad_client.get(
+        running_task.get_absolute_url(), {"kind": ""}
+    ).content.decode()
     assert f"<td>{last}</td>" in first_page
     assert "Older events →" in first_page
     assert "<td>1</td>" not in first_page
@@ -432,7 +434,7 @@ def test_the_events_of_many_steps_cost_no_query_per_step(
 
     def count_queries(task) -> tuple[int, str]:
         with CaptureQueriesContext(connection) as ctx:
-            response = dad_client.get(task.get_absolute_url())
+            response = dad_client.get(task.get_absolute_url(), {"kind": ""})
         assert response.status_code == 200
         return len(ctx.captured_queries), response.content.decode()
 

@@ -13,7 +13,9 @@ import html
 import re
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from dashboard.views import MSG_BAD_SINCE
 from tasks.executor import step
@@ -26,6 +28,8 @@ pytestmark = pytest.mark.django_db
 
 WORKER = "worker:test-live"
 LIVE = {"HX-Request": "true", "HX-Target": "live"}
+# What the event log's fold sends when Dad opens it (htmx, once).
+EVENT_LOG = {"HX-Request": "true", "HX-Target": "events"}
 
 
 def _step(task: Task, times: int = 1) -> Task:
@@ -53,7 +57,7 @@ def test_a_poll_after_one_step_finished_returns_that_row_and_the_new_events_only
     dad_client, fetch_task
 ):
     task = _step(fetch_task())  # step 1 done; the task runs on
-    page = dad_client.get(task.get_absolute_url()).content.decode()
+    page = dad_client.get(task.get_absolute_url(), {"kind": ""}).content.decode()
     url = _poll_url(page)
     assert url is not None
     seen = task.last_seq
@@ -74,6 +78,51 @@ def test_a_poll_after_one_step_finished_returns_that_row_and_the_new_events_only
     for seq in range(seen + 1, task.last_seq + 1):
         assert f"<td>{seq}</td>" in body
     assert 'id="timeline"' not in body
+
+
+def test_the_task_page_folds_its_event_log_and_draws_it_only_when_opened(
+    dad_client, fetch_task
+):
+    task = _step(fetch_task())
+    url = task.get_absolute_url()
+    with CaptureQueriesContext(connection) as folded_queries:
+        page = dad_client.get(url).content.decode()
+    with CaptureQueriesContext(connection) as open_queries:
+        opened = dad_client.get(url, {"kind": ""}).content.decode()
+    fold = page[page.index('<details id="events-fold">') :]
+    fold = fold[: fold.index("</details>")]
+    # No count in the fold's line: a page left open would show it stale.
+    assert ">Event log</h2>" in fold
+    assert 'hx-trigger="toggle from:#events-fold once"' in fold
+    assert '<a href="?kind=#events">Show the event log</a>' in fold  # without JS
+    assert "<table" not in fold
+    assert 'id="events-live"' not in page  # a folded log is not polled for
+    # Two queries fewer (the newest events and their kinds) than with it open.
+    assert len(folded_queries) == len(open_queries) - 2
+
+    assert '<details id="events-fold" open>' in opened
+    log = dad_client.get(url, headers=EVENT_LOG).content.decode()
+    assert log.lstrip().startswith('<section id="events"')
+    for seq in range(1, task.last_seq + 1):
+        assert f"<td>{seq}</td>" in log
+    # Once opened on a running task, the page's poll brings the new events.
+    poll = _poll_url(page.replace(fold, log))
+    assert "events_kind=" in poll
+    seen = task.last_seq
+    task = _step(task)
+    body = dad_client.get(poll, headers=LIVE).content.decode()
+    assert f"<td>{seen + 1}</td>" in body
+
+
+def test_a_page_with_its_event_log_folded_polls_without_events(dad_client, fetch_task):
+    task = _step(fetch_task())
+    page = dad_client.get(task.get_absolute_url()).content.decode()
+    assert "events_kind" not in _poll_url(page)
+    task = _step(task)
+    body = dad_client.get(_poll_url(page), headers=LIVE).content.decode()
+    assert 'id="step-2"' in body
+    assert 'id="events"' not in body
+    assert "<td>" not in body
 
 
 def test_the_next_poll_with_nothing_new_is_204(dad_client, fetch_task):
@@ -239,7 +288,7 @@ def test_event_rows_escape_what_the_data_holds_and_fold_long_data(
         kind="<b>odd</b>",
         data={"note": "<script>alert(1)</script>", "long": "x" * 120},
     )
-    body = dad_client.get(task.get_absolute_url()).content.decode()
+    body = dad_client.get(task.get_absolute_url(), headers=EVENT_LOG).content.decode()
     assert "<script>alert(1)</script>" not in body
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body
     assert '<span title="&lt;b&gt;odd&lt;/b&gt;">' in body
@@ -256,7 +305,7 @@ def test_event_times_are_the_date_filters_in_the_sites_time_zone(
     settings.TIME_ZONE = "Pacific/Chatham"  # +12:45 or +13:45: never UTC's clock
     task = fetch_task()
     at = task.events.get(seq=1).created_at
-    body = dad_client.get(task.get_absolute_url()).content.decode()
+    body = dad_client.get(task.get_absolute_url(), headers=EVENT_LOG).content.decode()
     with timezone.override("Pacific/Chatham"):
         local = timezone.localtime(at)
     assert f'title="{dateformat.format(local, "l j F Y, H:i:s.u e")}"' in body
