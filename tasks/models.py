@@ -21,6 +21,16 @@ ERR_CONVERSATION_DELETE = (
 )
 
 
+def choice_label(choices: type[models.TextChoices], value: str) -> str:
+    """A choice's words, as Django's ``get_FOO_display`` gives them, without
+    the dict of every choice it builds on each call (a task page asks once per
+    step row); a value that is not a choice is given back as it is."""
+    try:
+        return choices(value).label
+    except ValueError:
+        return value
+
+
 class DeleteRefused(Exception):
     """A ``delete()`` on a model whose rows leave only through a service."""
 
@@ -210,6 +220,9 @@ class Task(models.Model):
 
     def get_absolute_url(self) -> str:
         return reverse("dashboard:task", args=[self.pk])
+
+    def get_status_display(self) -> str:
+        return choice_label(TaskStatus, self.status)
 
     @property
     def is_idle(self) -> bool:
@@ -414,6 +427,9 @@ class Step(models.Model):
 
     def __str__(self) -> str:
         return f"{self.position}. {self.title}"
+
+    def get_status_display(self) -> str:
+        return choice_label(StepStatus, self.status)
 
     @property
     def class_label(self) -> str:

@@ -1,4 +1,4 @@
-"""What "finished" means for a step: ``Step.Status`` owns it, spelled once."""
+"""The models' own rules: what "finished" means for a step (``Step.Status`` owns it, spelled once), a status in words."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from django.db import connection
 
 from artifacts.models import ArtifactClass
 from artifacts.services import artifact_store
-from tasks.models import Step
+from tasks.models import Step, Task
 
 
 def test_a_finished_step_is_done_or_skipped_and_nothing_else():
@@ -44,3 +44,11 @@ def test_finished_and_not_done_split_a_tasks_steps_in_sql_as_in_python(make_task
     assert finished == {"done", "skipped"}
     assert unfinished == set(Step.Status.values) - finished
     assert by_sql == unfinished
+
+
+@pytest.mark.parametrize("model", [Task, Step])
+def test_a_status_in_words_is_djangos_own_for_every_choice_and_any_other_value(model):
+    field = model._meta.get_field("status")
+    for value in [*(v for v, _ in field.choices), "not-a-status"]:
+        row = model(status=value)
+        assert row.get_status_display() == row._get_FIELD_display(field), value
