@@ -248,8 +248,8 @@ def todo_for_user(
 ) -> ToDo:
     """Return what waits for ``user`` (their own conversations), oldest first.
 
-    A step waits when it needs a person (``needs_you_q``) and no worker is
-    still on it (a step in flight under a pause is not a decision yet). A
+    A step waits when it needs a person (``needs_you_q``: a step in flight
+    under a pause is not a decision while its worker's lease is live). A
     paused task waits when nothing in it needs a decision: only a resume.
     Three queries, each on the partial index of attention steps or on the
     owner's tasks. With the home page's ``totals`` none when nothing can wait
@@ -261,7 +261,6 @@ def todo_for_user(
         Step.objects.filter(
             attention_steps_q(), needs_you_q(), task__conversation__owner=user
         )
-        .exclude(Q(status=Step.Status.RUNNING) & _lease_live_q("task__"))
         .select_related("task", "task__conversation")
         .order_by("task__created_at", "task_id", "position")
     )
@@ -294,7 +293,6 @@ def next_decision_for_user(*, user, after: Task) -> Step | None:
             attention_steps_q(), needs_you_q(), task__conversation__owner=user
         )
         .exclude(task=after)
-        .exclude(Q(status=Step.Status.RUNNING) & _lease_live_q("task__"))
         .select_related("task")
         .order_by("task__created_at", "task_id", "position")
         .first()

@@ -270,7 +270,8 @@ class StepQuerySet(OwnedQuerySet):
 
         A failed or needs-review step, or a step left running (an open
         tool-call envelope) in a task no worker will pick up by itself
-        (paused, or stopped). A cancelled task asks nothing of anyone.
+        (paused, or stopped) once no worker holds its lease. A cancelled
+        task asks nothing of anyone.
         """
         return self.filter(needs_you_q())
 
@@ -298,15 +299,20 @@ def attention_steps_q() -> Q:
 
 
 def needs_you_q(prefix: str = "") -> Q:
-    """The "needs you" condition on steps, optionally seen through a relation."""
+    """The "needs you" condition on steps, optionally seen through a relation.
+
+    A step left running in a stopped task waits for a person only once no
+    worker holds the task's lease: while it is live the call is still in
+    flight ("Pausing"), and the worker may yet finish it.
+    """
+    left_running = Q(
+        **{
+            f"{prefix}status": "running",
+            f"{prefix}task__status__in": ["paused", "failed", "needs_review"],
+        }
+    ) & lease_dead_q(f"{prefix}task__")
     return (
-        Q(**{f"{prefix}status__in": ["failed", "needs_review"]})
-        | Q(
-            **{
-                f"{prefix}status": "running",
-                f"{prefix}task__status__in": ["paused", "failed", "needs_review"],
-            }
-        )
+        Q(**{f"{prefix}status__in": ["failed", "needs_review"]}) | left_running
     ) & ~Q(**{f"{prefix}task__status": "cancelled"})
 
 

@@ -335,3 +335,37 @@ def test_the_totals_skip_the_to_do_only_when_nothing_can_wait(
     # Staff see the other's conversation need them, but it is not their decision.
     assert selectors.dashboard_totals(user=boss).waiting == 2
     assert to_do(boss) == ([], [], 0)
+
+
+def test_a_step_in_flight_under_a_pause_needs_you_nowhere_until_its_lease_runs_out(
+    user, make_conversation, make_task
+):
+    # "Pausing": the worker still holds the lease on step 1's call. Neither the
+    # to-do list, nor the "Needs you" count, nor a conversation's badge, nor
+    # the task page's "Next decision" may call it a decision before the worker
+    # is gone; once its lease runs out, all of them do, alike.
+    conversation = make_conversation(owner=user, title="pausing")
+    task = make_task(
+        conversation=conversation,
+        status="paused",
+        lease_owner="worker:still-on-it",
+        lease_expires_at=timezone.now() + timedelta(seconds=30),
+    )
+    step = task.steps.create(position=1, title="a", tool="t", status="running")
+    elsewhere = make_task(conversation=make_conversation(owner=user), status="running")
+
+    def seen() -> tuple:
+        row = selectors.conversation_list(user=user).get(pk=conversation.pk)
+        return (
+            [s.pk for s in selectors.todo_for_user(user=user).decisions],
+            selectors.dashboard_totals(user=user).needing_you,
+            selectors.conversation_list(user=user, needs_you=True).count(),
+            row.needs_you_count,
+            selectors.next_decision_for_user(user=user, after=elsewhere),
+        )
+
+    assert seen() == ([], 0, 0, 0, None)
+    Task.objects.filter(pk=task.pk).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    assert seen() == ([step.pk], 1, 1, 1, step)
