@@ -294,6 +294,7 @@ def next_decision_for_user(*, user, after: Task) -> Step | None:
         )
         .exclude(task=after)
         .select_related("task")
+        .only("position", "task", "task__title")  # what the link shows
         .order_by("task__created_at", "task_id", "position")
         .first()
     )
@@ -438,10 +439,18 @@ def task_poll_state_for_user(*, user, task_id: int) -> tuple[int, bool]:
     return row[0], bool(row[1])
 
 
-def step_in_flight(*, task: Task) -> Step | None:
-    """Return the step a worker is calling now (its lease is live), or None."""
+def step_in_flight(*, task: Task, rows: list[StepRow] = ()) -> Step | None:
+    """Return the step a worker is calling now (its lease is live), or None.
+
+    ``rows``, a page of the task's step rows already read: when the running
+    step is among them it is taken from there (a task runs one step at a
+    time, in order), else it is read.
+    """
     if not task.lease_live:
         return None
+    for row in rows:
+        if row.step.status == Step.Status.RUNNING:
+            return row.step
     return (
         Step.objects.filter(task=task, status=Step.Status.RUNNING)
         .order_by("position")

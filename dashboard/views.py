@@ -290,12 +290,13 @@ def poll_seconds(task: Task) -> int | None:
     return None
 
 
-def _status_context(task: Task) -> dict:
-    """What the status card says beside the task: the step in flight, and
-    why a queued task waits."""
+def _status_context(task: Task, rows: list) -> dict:
+    """What the status card says beside the task: the step in flight (found
+    among the timeline's ``rows`` when it is one of them), and why a queued
+    task waits."""
     return {
         "poll_every": poll_seconds(task),
-        "in_flight": selectors.step_in_flight(task=task),
+        "in_flight": selectors.step_in_flight(task=task, rows=rows),
         "worker_busy": task.status == Task.Status.QUEUED
         and not task.lease_live
         and selectors.worker_busy_elsewhere(task=task),
@@ -304,12 +305,12 @@ def _status_context(task: Task) -> dict:
 
 def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpResponse:
     context: dict = {"task": task, "follow": "page" not in request.GET}
-    context.update(_status_context(task))
     if fragment != "events":
         step_page, rows, clock = selectors.task_timeline(
             task=task, page=request.GET.get("page")
         )
         context.update(step_page=step_page, rows=rows, clock=clock)
+        context.update(_status_context(task, rows))
         context["decisions"] = [row for row in rows if row.advice]
         if task.status == Task.Status.DONE:
             # Result first: the last output the finished task made, drawn large.
@@ -379,7 +380,6 @@ def _live_update(request: HttpRequest, task: Task, since: int) -> HttpResponse:
     """
     page = request.GET.get("page")
     context: dict = {"task": task, "follow": page is None, "oob": True}
-    context.update(_status_context(task))
     if "events_kind" in request.GET:
         context["events"] = selectors.task_events(
             task=task, kind=request.GET["events_kind"][:40]
@@ -407,6 +407,7 @@ def _live_update(request: HttpRequest, task: Task, since: int) -> HttpResponse:
                 render_to_string("dashboard/task_detail.html#events", context, request)
             )
         return reswap(retarget(response, "#timeline"), "outerHTML")
+    context.update(_status_context(task, rows))
     context.update(
         step_page=SimpleNamespace(number=number),
         rows=rows,

@@ -369,3 +369,27 @@ def test_a_step_in_flight_under_a_pause_needs_you_nowhere_until_its_lease_runs_o
         lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
     assert seen() == ([step.pk], 1, 1, 1, step)
+
+
+def test_the_step_in_flight_comes_from_the_page_rows_or_is_read_when_elsewhere(
+    user, make_conversation, make_task, django_assert_num_queries
+):
+    task = make_task(
+        conversation=make_conversation(owner=user),
+        status="running",
+        lease_owner="worker:on-it",
+        lease_expires_at=timezone.now() + timedelta(seconds=30),
+    )
+    add_steps(task, 150, done=120)
+    task.steps.filter(position=121).update(status="running", attempts=1)
+    _, current, _ = selectors.task_timeline(task=task)  # steps 101-150
+    with django_assert_num_queries(0):
+        assert selectors.step_in_flight(task=task, rows=current).position == 121
+    _, first_page, _ = selectors.task_timeline(task=task, page=1)  # Dad looks back
+    with django_assert_num_queries(1):
+        assert selectors.step_in_flight(task=task, rows=first_page).position == 121
+    Task.objects.filter(pk=task.pk).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    task.refresh_from_db()
+    assert selectors.step_in_flight(task=task, rows=current) is None  # worker gone
