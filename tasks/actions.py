@@ -645,11 +645,6 @@ class StepRun:
     waiting: str = ""
 
 
-def _lease_ran_out_since(task, worker_id: str) -> bool:
-    """True when the task could run and no other worker's lease is live now."""
-    return not task.is_idle and not (task.lease_live and task.lease_owner != worker_id)
-
-
 def step_run(*, task, worker_id: str) -> StepRun:
     """Ask the executor for one step; return once its result is persisted.
 
@@ -664,7 +659,7 @@ def step_run(*, task, worker_id: str) -> StepRun:
     """
     outcome = step(task_id=task.pk, worker_id=worker_id)
     task.refresh_from_db()
-    if outcome is None and _lease_ran_out_since(task, worker_id):
+    if outcome is None and not task.is_idle and not task.lease_held_by_other(worker_id):
         # The executor found another worker's lease live, and it ran out
         # before we read the task back: the step is ours to take now.
         outcome = step(task_id=task.pk, worker_id=worker_id)
@@ -680,7 +675,7 @@ def step_run(*, task, worker_id: str) -> StepRun:
         if not task.is_idle:
             # Another worker holds the lease, or held it when the executor
             # looked: either way the caller may wait and ask again.
-            if task.lease_live and task.lease_owner != worker_id:
+            if task.lease_held_by_other(worker_id):
                 detail = ERR_LEASE_BUSY.format(
                     owner=task.lease_owner, until=task.lease_expires_at.isoformat()
                 )

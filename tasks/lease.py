@@ -258,7 +258,7 @@ def lease_lent(*, task_id: int, holder: str) -> Iterator[None]:
 
 def lease_refuse_live(task: Task, actor: str = "") -> None:
     """Raise ``LeaseConflict`` if someone other than ``actor`` holds a live lease."""
-    if task.lease_live and task.lease_owner != actor:
+    if task.lease_held_by_other(actor):
         raise LeaseConflict(
             ERR_LEASE_HELD.format(
                 owner=task.lease_owner, until=task.lease_expires_at.isoformat()

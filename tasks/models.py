@@ -242,6 +242,10 @@ class Task(models.Model):
             and self.lease_expires_at >= timezone.now()
         )
 
+    def lease_held_by_other(self, holder: str) -> bool:
+        """A live lease that ``holder`` does not hold."""
+        return self.lease_live and self.lease_owner != holder
+
     @property
     def lease_expired(self) -> bool:
         """The lease has a holder but is dead (``TaskQuerySet.lease_stale``)."""
