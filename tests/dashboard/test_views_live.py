@@ -81,7 +81,7 @@ def test_a_poll_after_one_step_finished_returns_that_row_and_the_new_events_only
 
 
 def test_the_task_page_folds_its_event_log_and_draws_it_only_when_opened(
-    dad_client, fetch_task
+    dad_client, fetch_task, make_user
 ):
     task = _step(fetch_task())
     url = task.get_absolute_url()
@@ -105,6 +105,11 @@ def test_the_task_page_folds_its_event_log_and_draws_it_only_when_opened(
     assert log.lstrip().startswith('<section id="events"')
     for seq in range(1, task.last_seq + 1):
         assert f"<td>{seq}</td>" in log
+    # Another user's fold asks for Dad's log: 404, as for the page itself.
+    stranger = Client()
+    stranger.force_login(make_user(username="stranger"))
+    assert stranger.get(url, headers=EVENT_LOG).status_code == 404
+    assert stranger.get(url, {"kind": ""}).status_code == 404
     # Once opened on a running task, the page's poll brings the new events.
     poll = _poll_url(page.replace(fold, log))
     assert "events_kind=" in poll
