@@ -1,26 +1,37 @@
 """Task page rows drawn once by their partial and kept in Django's cache.
 
-A task page draws up to 100 step rows and 50 event rows; drawing a step row
-costs about 0.3 ms (some 37 variables; its output's three links are
-``StepRow`` properties that reverse no route per row), most of a
-finished task's page. A row of a settled step (done or skipped) changes
-only when something it shows changes, and an event never changes, so
-``{% kept_rows %}`` (``templatetags/pippa_rows.py``) keeps such rows'
-markup in the ``rows`` cache (``settings.CACHES``) and draws only the
-others, with the same partial.
+A task page draws up to 100 step rows (and, with its event log open, 50
+event rows); drawing a step row costs about 0.2 ms (some 37 variables; its
+output's three links are ``StepRow`` properties that reverse no route per
+row), most of a finished task's page. A row of a settled step (done or
+skipped, or never tried) changes only when something it shows changes, and
+an event never changes, so ``{% kept_rows %}``
+(``templatetags/pippa_rows.py``) keeps such rows' markup in the ``rows``
+cache (``settings.CACHES``) and draws only the others, with the same
+partial.
 
-The key cannot miss a field the partial reads: it is built from the values
-of the kind's ``reads``, every name and attribute path its partial reads
-(``row.attempts.*.bar_x``: that attribute of every attempt), and a test
+The key cannot miss a field the partial reads. Every path the partial
+reads is listed in its kind's ``reads`` (``row.attempts.*.bar_x``: that
+attribute of every attempt), and a test
 (``tests/dashboard/test_rowcache.py``) draws each partial with a recording
-context and fails if it reads any path not in the list. Outside those
-values a row depends on the code that draws it (the template's source, the
-filters' modules, the URL routes: ``code_version``), on the time zone and
-the script prefix (``_page_values``), and on "now" for the relative times
-("5 min ago") of a step's attempts and notes; a row that shows those
-(``StepRow.shows_attempts``) is never kept, and the same test fails if a
-kept row reads the clock. No user is in the key: the partials read nothing
-of the viewer, and a page reaches its rows only after its owner check.
+context and fails if it reads any path not in the list. For an event row
+the key holds the values of those paths. A step row is keyed on what it is
+made from (``StepRow.sources``): every column of its step and of its
+output, whatever the model's fields are; the step's last event, since its
+attempts and notes are folded from its events, which are appended and never
+changed; and whether its text output's file is there (the bytes are named
+by their sha). The same test holds every ``row.`` path of the list to one of
+those (``STEP_ROW_MADE_OF``), so a row the cache serves reads none of its
+file or its events: a page of kept rows reads its steps and nothing more.
+Outside those values a row depends on what every row of the page reads
+alike (``task.pk``, ``clock.started_at``...: the list's other paths), on the
+code that draws it (the template's source, the filters' modules, the URL
+routes: ``code_version``), on the time zone and the script prefix
+(``_page_values``), and on "now" for the relative times ("5 min ago") of a
+step's attempts and notes; a row that shows those (``settled``) is never
+kept, and the same test fails if a kept row reads the clock. No user is in
+the key: the partials read nothing of the viewer, and a page reaches its
+rows only after its owner check.
 
 One value every row shows alike moves while a task runs: the time axis its
 bars are drawn on (``clock.span_ms``, each row's ``viewBox``), which reaches
@@ -49,15 +60,16 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 from django.utils.translation import get_language
 
-from tasks.models import Step
+from dashboard.selectors import may_keep, rows_complete
 
 ALIAS = "rows"
 
 # Every path the step-row partial reads: a name of the context, then
-# attributes; ``*`` stands for each item of a list. A list's own value in the
-# key is its length, another object's its truth (the partial reads nothing
-# else of them: the recording test fails if it prints or compares one whole),
-# unless the path is in the kind's ``whole``: then the key holds its repr.
+# attributes; ``*`` stands for each item of a list. The paths outside ``row``
+# are in the key (a list's own value as its length, another object's as its
+# truth: the recording test fails if the partial prints or compares one
+# whole, unless the path is in the kind's ``whole``: then the key holds its
+# repr); the row's own are made from its sources (STEP_ROW_MADE_OF).
 STEP_ROW_READS = (
     "oob",
     "task.pk",
@@ -112,6 +124,26 @@ STEP_ROW_READS = (
     "row.notes.*.at",
 )
 
+# What a step row shows besides its step's and its output's columns, and
+# what each is made from: all of it is in ``StepRow.sources`` (a test holds
+# every ``row.`` path of STEP_ROW_READS to a column or to this list).
+STEP_ROW_MADE_OF = {
+    "row.step.get_status_display": "the step's status",
+    "row.step.duration": "the step's started_at and finished_at",
+    "row.step.waiting_to_retry": "the step's status and next_attempt_at",
+    "row.detail_url": "the output's id and the routes (code_version)",
+    "row.source_url": "the output's id and the routes (code_version)",
+    "row.preview_url": "the output's id and the routes (code_version)",
+    "row.preview": "the output's media type and meta, and its file",
+    "row.excerpt": "the output's file (named by its sha) or meta",
+    "row.excerpt_truncated": "the output's file",
+    "row.advice": "none: a row with a decision is never kept (may_keep)",
+    "row.shows_attempts": "the step's events",
+    "row.attempts": "the step's events (bars: clock.started_at, a page value)",
+    "row.failed_attempts": "the step's events",
+    "row.notes": "the step's events",
+}
+
 # What the step-row partial reads that every row of a page shows alike and
 # that moves while a task runs (module docstring): drawn in after the rows.
 STEP_ROW_LATE = ("clock.span_ms",)
@@ -152,18 +184,11 @@ MISSING = "<missing>"
 
 
 def settled(row) -> bool:
-    """Whether a step row may be kept: only a write to its step changes it,
-    and it shows no time relative to now. A finished step's (done or
-    skipped), and a pending step's that was never tried (a task's later
-    steps, most of a running task's page); not a running or waiting step's
-    ("started 9 s ago", "next attempt in 20 s"), nor one that unfolds its
-    attempts and notes."""
-    if row.shows_attempts:
-        return False
-    step = row.step
-    if step.status in Step.Status.finished():
-        return True
-    return step.status == Step.Status.PENDING and not step.attempts
+    """Whether a step row may be kept: only a write to its step, its output
+    or its events changes it, and it shows no time relative to now
+    (``selectors.may_keep``), nor its attempts and notes unfolded, each with
+    its time in words ("5 min ago")."""
+    return may_keep(row.step) and not row.shows_attempts
 
 
 LEAF_TYPES = frozenset(LEAVES)
@@ -232,14 +257,34 @@ def _compile(tree: dict, whole: frozenset[str], path: str):
 
 
 class RowKind:
-    """A partial drawn once per item of a list, and when its rows may be kept:
-    ``kept(item)`` for one row; ``late`` paths are drawn in after the rows."""
+    """A partial drawn once per item of a list, and when its rows may be kept.
 
-    def __init__(self, partial, var, reads, kept, whole=frozenset(), late=()):
+    An item's part of the key is ``sources(item)`` when given (what the item
+    is made from), else the values of the ``reads`` below ``var``.
+    ``may_keep(item)`` says which items are looked up at all, ``complete``
+    reads what the ones not found still lack (at once), and ``kept(item)``,
+    asked of a row drawn, whether it may be kept; ``late`` paths are drawn
+    in after the rows."""
+
+    def __init__(
+        self,
+        partial,
+        var,
+        reads,
+        kept,
+        whole=frozenset(),
+        late=(),
+        *,
+        sources=None,
+        may_keep=None,
+        complete=None,
+    ):
         self.partial = partial  # the partial's name, and the keys' prefix
         self.var = var  # the name each item has in the partial
         self.reads = reads
         self.kept = kept
+        self.may_keep = may_keep or kept
+        self.complete = complete or (lambda items: None)
         # "root.name" paths drawn in after the rows (module docstring)
         self.late: dict[str, dict[str, SafeString]] = {}
         for n, path in enumerate(late):
@@ -249,7 +294,8 @@ class RowKind:
         for p in reads:
             root, *bits = p.split(".")
             roots.setdefault(root, []).append(bits)
-        self.item_values = _compile(_tree(roots.pop(var, [])), whole, var)
+        item_reads = roots.pop(var, [])
+        self.item_values = sources or _compile(_tree(item_reads), whole, var)
         self.page_readers = {
             root: _compile(_tree(paths), whole, root)
             for root, paths in sorted(roots.items())
@@ -269,7 +315,16 @@ class _Late:
         return getattr(self._obj, name)
 
 
-STEP_ROW = RowKind("step-row", "row", STEP_ROW_READS, settled, late=STEP_ROW_LATE)
+STEP_ROW = RowKind(
+    "step-row",
+    "row",
+    STEP_ROW_READS,
+    settled,
+    late=STEP_ROW_LATE,
+    sources=lambda row: row.sources(),
+    may_keep=lambda row: may_keep(row.step),
+    complete=rows_complete,
+)
 EVENT_ROW = RowKind("event-row", "e", EVENT_ROW_READS, lambda e: True, EVENT_ROW_WHOLE)
 KINDS = {kind.partial: kind for kind in (STEP_ROW, EVENT_ROW)}
 
@@ -356,10 +411,12 @@ def render_rows(kind: RowKind, partial, context, items, template: str) -> SafeSt
     keys = {
         i: _key(kind, version, page, kind.item_values(item))
         for i, item in enumerate(items)
-        if kind.kept(item)
+        if kind.may_keep(item)
     }
     store = caches[ALIAS]
     found = store.get_many(keys.values()) if keys else {}
+    # What the rows to draw still lack, read at once; a row found reads none.
+    kind.complete([item for i, item in enumerate(items) if keys.get(i) not in found])
     drawn, fresh = [], {}
     late, stand_ins = {}, {}
     for root, names in kind.late.items():
@@ -376,7 +433,7 @@ def render_rows(kind: RowKind, partial, context, items, template: str) -> SafeSt
             if markup is None:
                 with context.push({kind.var: item}):
                     markup = partial.render(context)
-                if key:
+                if key and kind.kept(item):
                     fresh[key] = str(markup)
             drawn.append(markup)
     if fresh:

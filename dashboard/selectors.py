@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from functools import cache, cached_property
+from operator import attrgetter
 from typing import Any
 
 from django.conf import settings
@@ -565,23 +566,45 @@ def artifact_url(name: str, artifact_id: int, routes=None) -> str:
     return f"{head}{artifact_id}{tail}"
 
 
-@dataclass
+# What a row shows that is read from beyond its step's own row: its output's
+# preview (a file's first bytes) and its attempts and notes (the step's
+# events). A row that may be kept (``may_keep``) gets them only when it is
+# drawn (``rows_complete``); one the rows cache serves never reads them.
+LATER = frozenset({"preview", "excerpt", "excerpt_truncated", "attempts", "notes"})
+
+
+@dataclass(eq=False)
 class StepRow:
-    """One timeline row: the step and what the page shows of its output."""
+    """One timeline row: the step and what the page shows of its output.
+
+    ``preview`` ("", "image", "render", "no-preview", "excerpt", "binary",
+    "missing"), ``excerpt``, ``excerpt_truncated``, ``attempts`` and
+    ``notes`` (the ``LATER`` names) are read by ``rows_complete``: a row
+    that may be kept gets them when something first asks (its list's
+    ``_Later``), so a row the rows cache serves never reads its file or its
+    events.
+    """
 
     step: Step
-    # "", "image", "render", "no-preview", "excerpt", "binary", "missing"
-    preview: str = ""
-    excerpt: str = ""
-    excerpt_truncated: bool = False
     advice: Any = None  # tasks.resume.ResumeAdvice
     resolve_options: list[str] = field(default_factory=list)
-    attempts: list[Attempt] = field(default_factory=list)
-    notes: list[StepNote] = field(default_factory=list)
     saved: SavedOutput | None = None
     choices: list[Choice] = field(default_factory=list)
     plain_words: str = ""  # what resume will do, in Dad's words
     routes: dict | None = None  # artifact_routes(), once for the list
+    # The rows of its list not read yet; None once this one is.
+    later: _Later | None = None
+    # Whether the output's file is there (a text output of a row that may
+    # be kept, whose excerpt is not read yet; else None).
+    on_disk: bool | None = None
+
+    def __getattr__(self, name: str):
+        # Only for a name the row does not hold yet: a LATER one, read then.
+        later = self.__dict__.get("later")
+        if name in LATER and later is not None:
+            later.complete()
+            return self.__dict__[name]
+        raise AttributeError(name)
 
     @property
     def needs_attention(self) -> bool:
@@ -610,6 +633,70 @@ class StepRow:
         in words relative to now ("5 min ago"): such a row is never kept in
         the rows cache (``dashboard.rowcache``)."""
         return len(self.attempts) > 1 or bool(self.failed_attempts or self.notes)
+
+    def sources(self) -> tuple:
+        """Everything the row is made from besides the page and the code:
+        every column of its step and of its output, the step's last event
+        (events are appended, never changed), and whether the output's file
+        is there. The rows cache's key (``dashboard.rowcache``)."""
+        step = self.step
+        output = step.output
+        return (
+            _columns(Step)(step),
+            step.last_event,
+            None if output is None else _columns(Artifact)(output),
+            self.on_disk,
+        )
+
+
+@cache
+def _columns(model):
+    """A function of a ``model`` instance giving every concrete column's value."""
+    return attrgetter(*(f.attname for f in model._meta.concrete_fields))
+
+
+class _Later:
+    """The rows of one read that may be kept, not read yet: read at once
+    (one query for their events, one pass over their files) when any of
+    them is asked for a ``LATER`` name."""
+
+    def __init__(self, clock: TaskClock, rows: list[StepRow]):
+        self.clock = clock
+        self.rows = rows
+
+    def complete(self, rows: list[StepRow] | None = None) -> None:
+        todo = [r for r in (self.rows if rows is None else rows) if r.later is self]
+        if todo:
+            _read_later(todo, self.clock)
+        if rows is None:
+            self.rows = []
+
+
+def may_keep(step: Step) -> bool:
+    """Whether a step's row may be kept, by its columns alone (``SETTLED_Q``
+    in Python): a finished step's (done or skipped), and a pending step's
+    that was never tried (a task's later steps, most of a running task's
+    page); not a running or waiting step's ("started 9 s ago", "next attempt
+    in 20 s"). ``dashboard.rowcache.settled`` asks the rest (it unfolds no
+    attempts or notes) once the row is read."""
+    if step.status in Step.Status.finished():
+        return True
+    return (
+        step.status == Step.Status.PENDING
+        and not step.attempts
+        and step.next_attempt_at is None
+    )
+
+
+def rows_complete(rows: list[StepRow]) -> None:
+    """Read the ``LATER`` names of those of ``rows`` not read yet, at once."""
+    by_later: dict[int, tuple[_Later, list[StepRow]]] = {}
+    for row in rows:
+        later = row.__dict__.get("later")
+        if later is not None:
+            by_later.setdefault(id(later), (later, []))[1].append(row)
+    for later, todo in by_later.values():
+        later.complete(todo)
 
 
 def _preview_kind(artifact: Artifact) -> str:
@@ -651,11 +738,14 @@ def _excerpt_of(head: bytes) -> tuple[str, bool, bool]:
     return head[:EXCERPT_BYTES].decode("utf-8", errors="replace"), truncated, False
 
 
-def _step_row(step: Step, heads: dict | None = None, routes=None) -> StepRow:
-    row = StepRow(step=step, routes=routes)
-    artifact = step.output
+def _fill(row: StepRow, heads: dict) -> None:
+    """Set what ``row`` shows of its output (``heads``: its list's text
+    outputs' first bytes, read at once), and no attempts or notes yet."""
+    row.preview, row.excerpt, row.excerpt_truncated = "", "", False
+    row.attempts, row.notes = [], []
+    artifact = row.step.output
     if artifact is None:
-        return row
+        return
     row.preview = _preview_kind(artifact)
     if row.preview == "render":
         # A widget is shown only as its PNG preview, and only when one was
@@ -668,7 +758,6 @@ def _step_row(step: Step, heads: dict | None = None, routes=None) -> StepRow:
         row.excerpt, row.excerpt_truncated, missing = _excerpt(artifact, heads)
         if missing:
             row.preview = "missing"
-    return row
 
 
 def _advise(rows: list[StepRow], task: Task) -> None:
@@ -765,13 +854,24 @@ SETTLED_Q = Q(status__in=Step.Status.finished()) | Q(
     status=Step.Status.PENDING, attempts=0, next_attempt_at__isnull=True
 )
 
+# Each step's last event (index tasks_event_step_seq): part of a row's
+# sources, since its attempts and notes are folded from its events.
+LAST_EVENT = Subquery(
+    Event.objects.filter(step=OuterRef("pk")).order_by("-seq").values("seq")[:1]
+)
+
 
 def task_timeline(
     *, task: Task, page: str | int | None = None
 ) -> tuple[Page, list[StepRow], TaskClock]:
     """Return one page of the task's steps, with previews and resume advice,
     and the task's clock with every attempt's bar placed on it."""
-    steps = Step.objects.filter(task=task).select_related("output").order_by("position")
+    steps = (
+        Step.objects.filter(task=task)
+        .select_related("output")
+        .annotate(last_event=LAST_EVENT)
+        .order_by("position")
+    )
     paginator = Paginator(steps, STEPS_PER_PAGE)
     step_page = paginator.get_page(page or current_step_page(task=task))
     clock = task_clock(task=task)
@@ -800,6 +900,7 @@ def task_timeline_changes(
         )
         .filter(Q(pk__in=touched) | ~SETTLED_Q)
         .select_related("output")
+        .annotate(last_event=LAST_EVENT)
         .order_by("position")
     )
     clock = task_clock(task=task)
@@ -807,24 +908,52 @@ def task_timeline_changes(
 
 
 def _rows(steps, task: Task, clock: TaskClock) -> list[StepRow]:
-    steps = list(steps)
+    """The rows of ``steps``: read whole, except those that may be kept,
+    whose ``LATER`` names wait until they are drawn (``rows_complete``)."""
+    routes = artifact_routes()
+    rows, kept = [], []
     for step in steps:
         step.task = task  # the page already holds it; resume advice reads it
-    # The text outputs' heads, read from their files in one pass.
+        row = StepRow(step=step, routes=routes)
+        rows.append(row)
+        if may_keep(step):
+            kept.append(row)
+    if kept:
+        later = _Later(clock, kept)
+        texts = {}
+        for row in kept:
+            row.later = later
+            output = row.step.output
+            if output is not None and _preview_kind(output) == "excerpt":
+                texts[row] = output.sha256
+        # Whether each text output's file is there: a stat each, no read.
+        there = default_store().states(texts.values(), verify=False)
+        for row, sha in texts.items():
+            row.on_disk = sha in there
+    _read_later([row for row in rows if row.later is None], clock)
+    _advise(rows, task)
+    return rows
+
+
+def _read_later(rows: list[StepRow], clock: TaskClock) -> None:
+    """Read the ``LATER`` names of ``rows``: their text outputs' first
+    bytes in one pass, their events in one query, their bars."""
+    if not rows:
+        return
     heads = default_store().heads(
         [
-            step.output.sha256
-            for step in steps
-            if step.output is not None and _preview_kind(step.output) == "excerpt"
+            row.step.output.sha256
+            for row in rows
+            if row.step.output is not None
+            and _preview_kind(row.step.output) == "excerpt"
         ],
         EXCERPT_BYTES + 1,
     )
-    routes = artifact_routes()
-    rows = [_step_row(step, heads, routes) for step in steps]
-    _advise(rows, task)
+    for row in rows:
+        _fill(row, heads)
+        row.later = None
     _attempts(rows)
     _place_bars(clock, rows)
-    return rows
 
 
 # Step events that tell the story of its attempts (index tasks_event_step_seq).

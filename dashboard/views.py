@@ -314,9 +314,10 @@ def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpRe
         context["decisions"] = [row for row in rows if row.advice]
         if task.status == Task.Status.DONE:
             # Result first: the last output the finished task made, drawn large.
-            context["final"] = next(
-                (row for row in reversed(rows) if row.step.output_id), None
-            )
+            final = next((row for row in reversed(rows) if row.step.output_id), None)
+            if final is not None:
+                selectors.rows_complete([final])  # its preview, read alone
+            context["final"] = final
         if not context["decisions"]:
             context["next_decision"] = selectors.next_decision_for_user(
                 user=request.user, after=task

@@ -1,10 +1,14 @@
 """The rows cache: settled step rows drawn once, by the same partial, never stale.
 
-``dashboard.rowcache`` keys a row on the values of every path its partial
-reads (``STEP_ROW_READS``, ``EVENT_ROW_READS``); the recording tests below
-draw each partial with a context that logs each read and fail on any path
-not in that list (or the late paths, drawn in after the rows), or on a kept row
-that reads the clock.
+``dashboard.rowcache`` keys an event row on the values of every path its
+partial reads (``EVENT_ROW_READS``), and a step row on what it is made from
+(``StepRow.sources``: every column of its step and its output, its last
+event, whether its file is there), to which every ``row.`` path the partial
+reads is held (``STEP_ROW_MADE_OF``). The recording tests below draw each
+partial with a context that logs each read and fail on any path not in the
+kind's list (or the late paths, drawn in after the rows), or on a kept row
+that reads the clock; the write tests change every column and see the row
+drawn again.
 """
 
 from __future__ import annotations
@@ -332,6 +336,136 @@ def test_rows_of_a_task_that_moves_on_lose_their_branch_link(dad_client, fetch_t
     assert "Change course after step" not in _page(dad_client, task)
 
 
+def _changed(field, value):
+    """Another valid value for ``field`` than ``value``."""
+    if field.choices:
+        return next(c for c, _ in field.choices if c != value)
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1000 if field.name == "position" else value + 1
+    if isinstance(value, datetime):
+        return value + timedelta(seconds=1)
+    if value is None and field.get_internal_type() == "DateTimeField":
+        return timezone.now() - timedelta(hours=1)
+    if isinstance(value, dict):
+        return {**value, "changed": 1}
+    if isinstance(value, str) and len(value) == field.max_length:  # a sha
+        return value[:-1] + ("0" if value[-1] != "0" else "1")
+    if isinstance(value, str):
+        return value + "x"
+    raise AssertionError(f"no other value for {field.name}: {value!r}")
+
+
+def _columns(model, skip):
+    return [
+        f
+        for f in model._meta.concrete_fields
+        if not f.primary_key and f.name not in skip
+    ]
+
+
+# Keys to other rows: the output is another artifact's row (the test below).
+STEP_SKIP = {"task", "output"}
+OUTPUT_SKIP = {"owner"}
+
+
+@pytest.mark.parametrize(
+    ("model", "name"),
+    [(Step, f.name) for f in _columns(Step, STEP_SKIP)]
+    + [(Artifact, f.name) for f in _columns(Artifact, OUTPUT_SKIP)],
+)
+def test_a_kept_row_is_drawn_again_after_a_write_to_any_column(
+    dad_client, fetch_task, drawn, model, name
+):
+    """Every column of the step and of its output, written behind the ORM's
+    back (``update``: no save, no signal, as the executor's own statements
+    and the admin's bulk actions write): the row is drawn again, and the
+    page equals one drawn with an empty cache."""
+    task = _run(fetch_task(), 3)
+    step = task.steps.get(position=2)
+    _page(dad_client, task)
+    drawn.clear()
+    _page(dad_client, task)
+    assert step.pk not in drawn  # kept
+    field = model._meta.get_field(name)
+    row = step if model is Step else step.output
+    value = _changed(field, getattr(row, field.attname))
+    model.objects.filter(pk=row.pk).update(**{field.attname: value})
+    drawn.clear()
+    after = _page(dad_client, task)
+    assert step.pk in drawn
+    assert _masked(after) == _masked(_fresh(dad_client, task))
+
+
+def test_a_kept_row_is_drawn_again_when_its_step_gets_an_event_or_another_output(
+    dad_client, fetch_task, drawn
+):
+    task = _run(fetch_task(), 3)
+    one, two = task.steps.get(position=1), task.steps.get(position=2)
+    other = add_steps(task, 1, done=1)[-1].output  # another task's output, say
+    _page(dad_client, task)
+    # An event alone (its columns unchanged): a note of a person's skip.
+    event_append(
+        task_id=task.pk, kind="step_skipped", step_id=one.pk, data={"actor": "user:dad"}
+    )
+    Step.objects.filter(pk=two.pk).update(output=other)
+    drawn.clear()
+    after = _page(dad_client, task)
+    assert {one.pk, two.pk} <= set(drawn)
+    assert "what people did" in _row(after, 1)  # its notes unfold
+    assert f"/artifacts/{other.pk}/" in _row(after, 2)
+    assert _masked(after) == _masked(_fresh(dad_client, task))
+
+
+def test_a_kept_row_whose_file_goes_away_is_drawn_again_as_missing(
+    dad_client, fetch_task, drawn
+):
+    task = _run(fetch_task(), 3)
+    step = task.steps.get(position=2)
+    before = _page(dad_client, task)
+    assert '<pre class="excerpt"' in _row(before, 2)
+    default_store().path(step.output.sha256).unlink()
+    drawn.clear()
+    after = _page(dad_client, task)
+    assert step.pk in drawn
+    assert "The saved file for this output is missing." in _row(after, 2)
+
+
+def test_a_page_of_kept_rows_reads_none_of_their_files_or_events(
+    dad_client, fetch_task, monkeypatch
+):
+    """What the cache saves: a row it serves is not read beyond its step's
+    row (no file's first bytes, none of its events, no bars)."""
+    task = _run(fetch_task(), 3)
+    _page(dad_client, task)
+    read: list[int] = []
+    later = selectors._read_later
+
+    def spy(rows, clock):
+        read.extend(row.step.pk for row in rows)
+        return later(rows, clock)
+
+    monkeypatch.setattr(selectors, "_read_later", spy)
+    heads = []
+    monkeypatch.setattr(
+        type(default_store()),
+        "heads",
+        lambda self, shas, size: heads.append(shas) or {},
+    )
+    body = _page(dad_client, task)
+    last = task.steps.get(position=3)  # the result card's, drawn large: read
+    assert read == [last.pk]
+    assert [list(shas) for shas in heads] == [[last.output.sha256]]
+    assert '<pre class="excerpt"' in _row(body, 1)  # as drawn the first time
+    # A row asked for what it did not read reads it then, with its list.
+    read.clear()
+    _, rows, _ = selectors.task_timeline(task=task)
+    assert read == []
+    assert rows[0].attempts[0].outcome == "done"
+    assert sorted(read) == sorted(row.step.pk for row in rows)
+
+
 # -- two users ----------------------------------------------------------------------
 
 
@@ -543,7 +677,9 @@ def _rows_of_every_kind(fetch_task) -> tuple[Task, list]:
     return task, rows, clock
 
 
-def test_the_key_covers_every_name_the_step_row_partial_reads(fetch_task):
+def test_the_step_row_partial_reads_only_listed_paths_and_a_kept_row_no_clock(
+    fetch_task,
+):
     task, rows, clock = _rows_of_every_kind(fetch_task)
     assert any(rowcache.settled(r) for r in rows)
     assert any(not rowcache.settled(r) for r in rows)
@@ -565,6 +701,50 @@ def test_the_key_covers_every_name_the_step_row_partial_reads(fetch_task):
     assert "row.step.output.title" in _unread(
         _record(rows[0], task, clock, False), spec
     )
+
+
+def _made_of(path: str) -> str | None:
+    """What a ``row.`` path of the step-row partial is made from, or None."""
+    if path in rowcache.STEP_ROW_MADE_OF or path in ("row", "row.step"):
+        return "listed"
+    step_columns = {"pk"} | {f.name for f in Step._meta.concrete_fields}
+    step_columns |= {f.attname for f in Step._meta.concrete_fields}
+    output_columns = {"pk"} | {f.name for f in Artifact._meta.concrete_fields}
+    if path.startswith("row.step.output"):
+        rest = path.removeprefix("row.step.output").lstrip(".")
+        return "an output column" if rest in output_columns | {""} else None
+    if path.startswith("row.step."):
+        rest = path.removeprefix("row.step.")
+        return "a step column" if rest in step_columns else None
+    head = ".".join(path.split(".")[:2])  # row.attempts.*.bar_x: row.attempts
+    return "listed" if head in rowcache.STEP_ROW_MADE_OF else None
+
+
+def test_every_row_path_the_step_row_partial_reads_is_made_from_the_rows_sources(
+    fetch_task, django_assert_num_queries
+):
+    """The key of a step row is its sources: each ``row.`` read must be a
+    column of the step or its output, or listed with what it is made from."""
+    row_paths = [p for p in rowcache.STEP_ROW.reads if p.split(".")[0] == "row"]
+    assert [p for p in row_paths if _made_of(p) is None] == []
+    assert set(rowcache.STEP_ROW_MADE_OF) <= set(rowcache.STEP_ROW.reads)
+    # The step's properties the partial reads answer from its columns alone.
+    task = _run(fetch_task(), 1)
+    bare = Step.objects.get(task=task, position=1)  # nothing related cached
+    with django_assert_num_queries(0):
+        for path in rowcache.STEP_ROW_MADE_OF:
+            if path.startswith("row.step."):
+                value = getattr(bare, path.removeprefix("row.step."))
+                value() if callable(value) else value
+    # A path that is neither fails (the test would see a new read).
+    assert _made_of("row.step.task.title") is None
+    assert _made_of("row.saved") is None
+    # The sources hold every column, whatever the models' fields are.
+    _, rows, _ = selectors.task_timeline(task=task)
+    step_values, last_event, output_values, _ = rows[0].sources()
+    assert len(step_values) == len(Step._meta.concrete_fields)
+    assert len(output_values) == len(Artifact._meta.concrete_fields)
+    assert last_event == task.events.filter(step=rows[0].step).latest("seq").seq
 
 
 def test_every_path_of_the_key_is_read_by_the_partial(fetch_task):

@@ -85,6 +85,7 @@ def test_the_task_page_folds_its_event_log_and_draws_it_only_when_opened(
 ):
     task = _step(fetch_task())
     url = task.get_absolute_url()
+    dad_client.get(url)  # the rows cache holds the step rows for both
     with CaptureQueriesContext(connection) as folded_queries:
         page = dad_client.get(url).content.decode()
     with CaptureQueriesContext(connection) as open_queries:
