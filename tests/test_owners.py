@@ -7,6 +7,8 @@ a row in hand (``user_sees_row``) and in hand-written SQL (``sees_every_row``).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib.auth.models import AnonymousUser
 from django.http import Http404
@@ -128,3 +130,29 @@ def test_every_get_for_user_is_owner_only_unless_staff_is_asked_for(world):
                 get(user=stranger, staff=staff_view)
     assert artifact_user_may_see(user=bob, artifact_id=artifact.pk)
     assert not artifact_user_may_see(user=staff, artifact_id=artifact.pk)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("task_id", ["abc", None, -1, 0, 2**70, "1; --", 10**9])
+def test_a_task_id_that_names_no_task_is_a_404_with_the_id_in_words(world, task_id):
+    _, bob, _ = world
+    with pytest.raises(Http404, match=f"task {re.escape(str(task_id))} not found"):
+        task_get_for_user(user=bob, task_id=task_id, staff=True)
+
+
+@pytest.mark.django_db
+def test_a_task_comes_with_its_conversation_and_a_stranger_cannot_tell_it_exists(
+    world, django_assert_num_queries
+):
+    alice, bob, _ = world
+    task = Task.objects.filter(conversation__owner=bob).first()
+    with django_assert_num_queries(2):  # two one-statement reads
+        got = task_get_for_user(user=bob, task_id=task.pk)
+        assert got.conversation.owner_id == bob.pk
+    with pytest.raises(Http404) as theirs:
+        task_get_for_user(user=alice, task_id=task.pk)
+    with pytest.raises(Http404) as missing:
+        task_get_for_user(user=alice, task_id=10**9)
+    assert str(theirs.value).replace(str(task.pk), "N") == str(missing.value).replace(
+        str(10**9), "N"
+    )
