@@ -47,6 +47,8 @@ import datetime as dt
 import decimal
 import hashlib
 import sys
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
 from operator import attrgetter
 from pathlib import Path
@@ -54,6 +56,7 @@ from typing import Any
 
 import django
 from django.core.cache import caches
+from django.template import Node
 from django.template.base import render_value_in_context
 from django.urls import get_resolver, get_script_prefix, get_urlconf
 from django.utils import timezone
@@ -71,10 +74,6 @@ ALIAS = "rows"
 # whole, unless the path is in the kind's ``whole``: then the key holds its
 # repr); the row's own are made from its sources (STEP_ROW_MADE_OF).
 STEP_ROW_READS = (
-    "oob",
-    "task.pk",
-    "task.is_idle",
-    "task.steps_total",
     "clock.started_at",
     "row.step",
     "row.step.pk",
@@ -302,6 +301,50 @@ class RowKind:
         }
 
 
+# True while ``render_rows`` draws rows: each LatePart draws its stand-in.
+_DRAWING: ContextVar[bool] = ContextVar("pippa_rows_drawing", default=False)
+
+
+class LatePart(Node):
+    """``{% late %}…{% endlate %}``: a part of a row drawn for that row at
+    every draw, never kept. A row is kept with a stand-in for it
+    (``<pippa-part-N>``, which no escaped text can spell), and the part,
+    drawn with the row's and the page's names, goes in on the way out. For
+    what a kept row shows that changes with the page, not with the row: the
+    live update's ``hx-swap-oob``, and a done step's branch link, shown
+    once its task is idle (so a row drawn while the task ran is the same
+    row once it stops, and a poll's row the same as the page's). Drawn
+    anywhere else (a partial rendered alone), a part is drawn in place."""
+
+    def __init__(self, nodelist, number: int):
+        self.nodelist = nodelist
+        self.stand_in = f"<pippa-part-{number}>"
+
+    def render(self, context):
+        if _DRAWING.get():
+            return SafeString(self.stand_in)
+        return self.nodelist.render(context)
+
+
+def late_parts(partial) -> list[LatePart]:
+    """The LateParts of a partial, in order (found once per partial)."""
+    found = partial.__dict__.get("_pippa_late_parts")
+    if found is None:
+        found = partial._pippa_late_parts = partial.nodelist.get_nodes_by_type(LatePart)
+    return found
+
+
+@contextmanager
+def drawing_rows():
+    """Draw as ``render_rows`` does: each LatePart as its stand-in (a test's
+    recorder reads what a kept row holds within this)."""
+    token = _DRAWING.set(True)
+    try:
+        yield
+    finally:
+        _DRAWING.reset(token)
+
+
 class _Late:
     """An object of the context whose late attributes read as their stand-ins."""
 
@@ -426,15 +469,29 @@ def render_rows(kind: RowKind, partial, context, items, template: str) -> SafeSt
             for name, stand_in in names.items():
                 value = getattr(obj, name)
                 stand_ins[stand_in] = render_value_in_context(value, context)
+    parts = late_parts(partial)
     with context.push(late):
         for i, item in enumerate(items):
             key = keys.get(i)
             markup = found.get(key) if key else None
             if markup is None:
-                with context.push({kind.var: item}):
+                with context.push({kind.var: item}), drawing_rows():
                     markup = partial.render(context)
-                if key and kind.kept(item):
+                # Kept under its key only if what it is made from did not
+                # change while it was read (a file gone between its stat and
+                # its read): else drawn, and looked up again next time.
+                if (
+                    key
+                    and kind.kept(item)
+                    and key == _key(kind, version, page, kind.item_values(item))
+                ):
                     fresh[key] = str(markup)
+            if parts:
+                with context.push({kind.var: item}):
+                    for part in parts:
+                        markup = markup.replace(
+                            part.stand_in, part.nodelist.render(context)
+                        )
             drawn.append(markup)
     if fresh:
         store.set_many(fresh)

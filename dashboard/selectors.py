@@ -756,6 +756,7 @@ def _fill(row: StepRow, heads: dict) -> None:
             row.excerpt = str(state.get("reason") or "")
     if row.preview == "excerpt":
         row.excerpt, row.excerpt_truncated, missing = _excerpt(artifact, heads)
+        row.on_disk = not missing  # as read now (a stat may have said otherwise)
         if missing:
             row.preview = "missing"
 

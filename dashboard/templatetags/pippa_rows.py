@@ -5,7 +5,7 @@ from __future__ import annotations
 from django import template
 from django.utils.datastructures import DeferredSubDict
 
-from dashboard.rowcache import KINDS, render_rows, template_version
+from dashboard.rowcache import KINDS, LatePart, render_rows, template_version
 
 register = template.Library()
 
@@ -44,3 +44,18 @@ def kept_rows(parser, token):
         DeferredSubDict(parser.extra_data, "partials"),
         template_version(origin.loader.get_contents(origin)),
     )
+
+
+@register.tag
+def late(parser, token):
+    """``{% late %}…{% endlate %}`` in a row's partial: a part drawn for its
+    row at every draw and never kept (``dashboard.rowcache.LatePart``), so
+    what it reads is not in the row's key. It reads only the row and the
+    page's names (not a ``{% with %}`` name around it)."""
+    if len(token.split_contents()) != 1:
+        raise template.TemplateSyntaxError("usage: {% late %}…{% endlate %}")
+    nodelist = parser.parse(("endlate",))
+    parser.delete_first_token()
+    parts = parser.extra_data.setdefault("pippa_late_parts", [])
+    parts.append(None)
+    return LatePart(nodelist, len(parts))

@@ -432,6 +432,35 @@ def test_a_kept_row_whose_file_goes_away_is_drawn_again_as_missing(
     assert "The saved file for this output is missing." in _row(after, 2)
 
 
+def test_a_file_gone_between_its_stat_and_its_read_is_not_kept_under_the_old_key(
+    dad_client, fetch_task, monkeypatch
+):
+    """The key says the file is there (its stat), the read finds it gone: the
+    row is drawn as missing but not kept under a key that says "there", so
+    once the file is back the row shows it again."""
+    task = _run(fetch_task(), 3)
+    step = task.steps.get(position=2)
+    path = default_store().path(step.output.sha256)
+    saved = path.read_bytes()
+    store = type(default_store())
+    states = store.states
+
+    def stat_says_there(self, shas, *, verify):
+        shas = list(shas)
+        found = states(self, shas, verify=verify)
+        return {**found, step.output.sha256: (len(saved), True)}
+
+    path.unlink()
+    with monkeypatch.context() as m:
+        m.setattr(store, "states", stat_says_there)
+        raced = _page(dad_client, task)
+    assert "The saved file for this output is missing." in _row(raced, 2)
+    path.write_bytes(saved)
+    back = _page(dad_client, task)
+    assert '<pre class="excerpt"' in _row(back, 2)
+    assert _masked(back) == _masked(_fresh(dad_client, task))
+
+
 def test_a_page_of_kept_rows_reads_none_of_their_files_or_events(
     dad_client, fetch_task, monkeypatch
 ):
@@ -464,6 +493,78 @@ def test_a_page_of_kept_rows_reads_none_of_their_files_or_events(
     assert read == []
     assert rows[0].attempts[0].outcome == "done"
     assert sorted(read) == sorted(row.step.pk for row in rows)
+
+
+def test_the_late_parts_read_only_the_row_and_the_page_and_come_once_a_row(
+    fetch_task,
+):
+    task, rows, clock = _rows_of_every_kind(fetch_task)
+    partial = get_template("dashboard/task_detail.html#step-row").template
+    parts = rowcache.late_parts(partial)
+    assert len(parts) == 2  # the live update's hx-swap-oob, the branch link
+    for row in rows:
+        for oob in (False, True):
+            values = {"row": row, "task": task, "clock": clock, "oob": oob}
+            reads = Reads()
+            context = RecordingContext(
+                {key: _wrap(value, key, reads) for key, value in values.items()},
+                reads,
+            )
+            for part in parts:
+                part.nodelist.render(context)
+            assert reads.missing == set()  # no {% with %} name from around it
+            with rowcache.drawing_rows():
+                kept = partial.render(Context(values))
+            assert [kept.count(part.stand_in) for part in parts] == [1, 1]
+
+
+def test_a_row_drawn_while_the_task_ran_is_served_once_it_stops_with_its_branch_link(
+    dad_client, fetch_task, drawn
+):
+    task = _run(fetch_task(), 2)  # two of three done; the third never tried
+    Task.objects.filter(pk=task.pk).update(status=Task.Status.RUNNING)
+    task.refresh_from_db()
+    running = _page(dad_client, task)
+    assert "Change course after step" not in running
+    Task.objects.filter(pk=task.pk).update(status=Task.Status.PAUSED)
+    drawn.clear()
+    paused = _page(dad_client, task)
+    assert [i for i in drawn if i > 0] == []  # every row from the cache
+    assert "Change course after step 1…" in _row(paused, 1)
+    assert "Change course after step 2…" in _row(paused, 2)
+    assert "Change course after step" not in _row(paused, 3)
+    assert _masked(paused) == _masked(_fresh(dad_client, task))
+
+
+def test_a_live_updates_row_and_the_pages_row_are_one_kept_row(
+    dad_client, fetch_task, drawn
+):
+    task = _run(fetch_task(), 1)
+    Task.objects.filter(pk=task.pk).update(
+        status=Task.Status.RUNNING,
+        lease_owner=WORKER,
+        lease_expires_at=timezone.now() + timedelta(seconds=60),
+    )
+    task.refresh_from_db()
+    since = task.last_seq
+    executor_step(task_id=task.pk, worker_id=WORKER)  # step 2 done meanwhile
+    Task.objects.filter(pk=task.pk).update(
+        status=Task.Status.RUNNING,
+        lease_owner=WORKER,
+        lease_expires_at=timezone.now() + timedelta(seconds=60),
+    )
+    task.refresh_from_db()
+    two = task.steps.get(position=2).pk
+    page = _page(dad_client, task)  # draws step 2's row, and keeps it
+    assert 'hx-swap-oob="true" class="step' not in page
+    drawn.clear()
+    live = dad_client.get(
+        task.get_absolute_url(),
+        {"since": since, "at": 1, "lease": 1},
+        headers={"HX-Request": "true", "HX-Target": "live"},
+    ).content.decode()
+    assert two not in drawn  # the page's row, from the cache
+    assert '<li hx-swap-oob="true" class="step step-done" id="step-2">' in live
 
 
 # -- two users ----------------------------------------------------------------------
@@ -591,13 +692,17 @@ class RecordingContext(Context):
     def __init__(self, values: dict, reads: Reads):
         super().__init__(values)
         self.reads = reads
+        self.roots = set(values)
 
     def __getitem__(self, key):
         try:
-            return super().__getitem__(key)
+            value = super().__getitem__(key)
         except KeyError:
             self.reads.missing.add(key)
             raise
+        if key in self.roots:  # a name given, not a {% with %} name
+            self.reads.paths.add(key)
+        return value
 
 
 def _record_partial(name: str, values: dict, whole=frozenset()) -> Reads:
@@ -606,9 +711,9 @@ def _record_partial(name: str, values: dict, whole=frozenset()) -> Reads:
     context = RecordingContext(
         {key: _wrap(value, key, reads) for key, value in values.items()}, reads
     )
-    reads.paths.update(values)
     partial = get_template(f"dashboard/task_detail.html#{name}").template
-    partial.render(context)
+    with rowcache.drawing_rows():  # what a kept row holds: {% late %} parts out
+        partial.render(context)
     return reads
 
 
