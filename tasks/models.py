@@ -6,6 +6,7 @@ from django.db.models import Q
 from django.db.models.expressions import RawSQL
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.functional import cached_property
 
 from artifacts.models import ArtifactClass
 from pippa_site.owners import OwnedQuerySet
@@ -220,6 +221,12 @@ class Task(models.Model):
 
     def get_absolute_url(self) -> str:
         return reverse("dashboard:task", args=[self.pk])
+
+    @cached_property
+    def branch_url(self) -> str:
+        """The "change course" page's address, reversed once per task object:
+        an idle task's page links every done step to it."""
+        return reverse("dashboard:task_branch", args=[self.pk])
 
     def get_status_display(self) -> str:
         return choice_label(TaskStatus, self.status)
