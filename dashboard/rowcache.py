@@ -38,7 +38,12 @@ bars are drawn on (``clock.span_ms``, each row's ``viewBox``), which reaches
 now. It is a kind's ``late`` path: rows are drawn with a stand-in for it
 (``<pippa-late-…>``, which no escaped text can spell) and the value goes in
 once the list is drawn, so a settled row of a running task is kept all the
-same, and a kept row never holds an axis.
+same, and a kept row never holds an axis. Two parts of a step row change
+with the page, not with the row: a live update's ``hx-swap-oob`` and a done
+step's branch link (shown once its task is idle). They are ``{% late %}``
+parts (``LatePart``): a kept row holds a stand-in for each, and each part is
+drawn for its row at every draw, so a row drawn while its task ran is the
+same row once it stops, and a poll's row is the page's row.
 """
 
 from __future__ import annotations
