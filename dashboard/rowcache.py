@@ -228,12 +228,11 @@ def _tree(paths: list[list[str]]) -> dict:
 
 def _compile(tree: dict, whole: frozenset[str], path: str):
     """A function of an object giving the key's values of ``tree`` below it
-    (``attrgetter`` reads an object's attributes at once)."""
+    (``attrgetter`` reads an object's attributes at once). No list's items
+    are read here: a step row, the one partial that reads them
+    (``row.attempts.*``), is keyed on its sources."""
     if not tree:
         return lambda value: ()
-    if "*" in tree:
-        item = _compile(tree["*"], whole, f"{path}.*")
-        return lambda value: tuple((plain(v), item(v)) for v in (value or ()))
     names = list(tree)
     get = attrgetter(*names)
     below = [

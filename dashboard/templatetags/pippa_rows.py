@@ -56,6 +56,6 @@ def late(parser, token):
         raise template.TemplateSyntaxError("usage: {% late %}…{% endlate %}")
     nodelist = parser.parse(("endlate",))
     parser.delete_first_token()
-    parts = parser.extra_data.setdefault("pippa_late_parts", [])
-    parts.append(None)
-    return LatePart(nodelist, len(parts))
+    number = parser.extra_data.get("pippa_late_parts", 0) + 1  # in this template
+    parser.extra_data["pippa_late_parts"] = number
+    return LatePart(nodelist, number)
