@@ -5,6 +5,8 @@ Each test saves screenshots under var/screenshots/ (desktop and phone widths).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from playwright.sync_api import expect
 
@@ -141,6 +143,10 @@ def test_a_running_tasks_timeline_updates_live_and_stops_polling_when_done(
     expect(page.locator("#events table")).to_have_count(0)
     page.locator("#events-fold summary").click()
     expect(page.locator("#events tbody tr:not(.group-head)")).not_to_have_count(0)
+    # htmx shows the swapped rows at once but wires the filter form up only
+    # when it settles (and takes the class away then): a choice made before
+    # that would have no listener.
+    expect(page.locator("#events")).not_to_have_class(re.compile(r"\bhtmx-added\b"))
     page.select_option("#event-kind", "tool_result_persisted")
     expect(page.locator("#events tbody tr:not(.group-head)")).to_have_count(3)
     expect(page.locator("#events table")).not_to_contain_text("task created")
