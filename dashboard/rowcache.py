@@ -38,12 +38,13 @@ bars are drawn on (``clock.span_ms``, each row's ``viewBox``), which reaches
 now. It is a kind's ``late`` path: rows are drawn with a stand-in for it
 (``<pippa-late-…>``, which no escaped text can spell) and the value goes in
 once the list is drawn, so a settled row of a running task is kept all the
-same, and a kept row never holds an axis. Two parts of a step row change
-with the page, not with the row: a live update's ``hx-swap-oob`` and a done
-step's branch link (shown once its task is idle). They are ``{% late %}``
-parts (``LatePart``): a kept row holds a stand-in for each, and each part is
-drawn for its row at every draw, so a row drawn while its task ran is the
-same row once it stops, and a poll's row is the page's row.
+same, and a kept row never holds an axis. Two parts of a step row are shown
+or not by the page, not by the row: a live update's ``hx-swap-oob`` and a
+done step's branch link (shown once its task is idle). They are ``{% late
+if … %}`` parts (``LatePart``): a kept row holds each drawn between two
+stand-ins, and each one's condition is read once a list at every draw, so a
+row drawn while its task ran is the same row once it stops, a poll's row is
+the page's row, and a page of kept rows draws no part of a row.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import hashlib
+import re
 import sys
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -80,6 +82,8 @@ ALIAS = "rows"
 # repr); the row's own are made from its sources (STEP_ROW_MADE_OF).
 STEP_ROW_READS = (
     "clock.started_at",
+    "task.steps_total",
+    "task.branch_url",
     "row.step",
     "row.step.pk",
     "row.step.position",
@@ -305,29 +309,49 @@ class RowKind:
         }
 
 
-# True while ``render_rows`` draws rows: each LatePart draws its stand-in.
+# True while ``render_rows`` draws rows: each LatePart draws itself between
+# its stand-ins.
 _DRAWING: ContextVar[bool] = ContextVar("pippa_rows_drawing", default=False)
 
 
 class LatePart(Node):
-    """``{% late %}…{% endlate %}``: a part of a row drawn for that row at
-    every draw, never kept. A row is kept with a stand-in for it
-    (``<pippa-part-N>``, which no escaped text can spell), and the part,
-    drawn with the row's and the page's names, goes in on the way out. For
-    what a kept row shows that changes with the page, not with the row: the
-    live update's ``hx-swap-oob``, and a done step's branch link, shown
-    once its task is idle (so a row drawn while the task ran is the same
-    row once it stops, and a poll's row the same as the page's). Drawn
-    anywhere else (a partial rendered alone), a part is drawn in place."""
+    """``{% late if CONDITION %}…{% endlate %}``: a part of a row shown or
+    not by a condition of the page, not of the row. For what a kept row
+    shows that changes with the page: the live update's ``hx-swap-oob``,
+    and a done step's branch link, shown once its task is idle (so a row
+    drawn while the task ran is the same row once it stops, and a poll's
+    row the same as the page's). A kept row holds the part drawn, between
+    two stand-ins (``<pippa-part-N>…</pippa-part-N>``, which no escaped text
+    can spell): what the part reads is in the row's key like the rest of
+    the row. The condition, which reads only the page's names, is read once
+    a list at every draw, and the part shown (its stand-ins taken out) or
+    cut out of every row at once (``show``). Drawn anywhere else (a partial
+    rendered alone), the part is drawn in place when its condition holds."""
 
-    def __init__(self, nodelist, number: int):
+    def __init__(self, condition, nodelist, number: int):
+        self.condition = condition
         self.nodelist = nodelist
-        self.stand_in = f"<pippa-part-{number}>"
+        self.opener = f"<pippa-part-{number}>"
+        self.closer = f"</pippa-part-{number}>"
+        self._section = re.compile(
+            f"{re.escape(self.opener)}.*?{re.escape(self.closer)}", re.DOTALL
+        )
+
+    def holds(self, context) -> bool:
+        """Whether the part is shown: its condition, as ``{% if %}`` reads it."""
+        return bool(self.condition.resolve(context, ignore_failures=True))
 
     def render(self, context):
         if _DRAWING.get():
-            return SafeString(self.stand_in)
-        return self.nodelist.render(context)
+            return SafeString(self.opener + self.nodelist.render(context) + self.closer)
+        return self.nodelist.render(context) if self.holds(context) else ""
+
+    def show(self, markup: str, shown: bool) -> str:
+        """``markup`` (rows drawn between this part's stand-ins) with the part
+        shown in every row, or cut out of every row."""
+        if shown:
+            return markup.replace(self.opener, "").replace(self.closer, "")
+        return self._section.sub("", markup)
 
 
 def late_parts(partial) -> list[LatePart]:
@@ -340,8 +364,9 @@ def late_parts(partial) -> list[LatePart]:
 
 @contextmanager
 def drawing_rows():
-    """Draw as ``render_rows`` does: each LatePart as its stand-in (a test's
-    recorder reads what a kept row holds within this)."""
+    """Draw as ``render_rows`` does: each LatePart drawn between its
+    stand-ins, whatever its condition (a test's recorder reads what a kept
+    row holds within this)."""
     token = _DRAWING.set(True)
     try:
         yield
@@ -444,22 +469,29 @@ def code_version(template: str, urlconf: str | None = None) -> str:
     ).hexdigest()[:16]
 
 
-def _key(kind: RowKind, version: str, page: tuple, values: tuple) -> str:
-    digest = hashlib.blake2b(repr((page, values)).encode(), digest_size=20)
-    return f"{kind.partial}:{version}:{digest.hexdigest()}"
+class _Keys:
+    """The keys of one list's rows: the code's version and the page's values,
+    hashed once, then each row's values."""
+
+    def __init__(self, kind: RowKind, version: str, page: tuple):
+        self.kind = kind
+        self.prefix = f"{kind.partial}:{version}:"
+        self.page = hashlib.blake2b(f"{page!r}|".encode(), digest_size=20)
+
+    def __call__(self, item) -> str:
+        digest = self.page.copy()
+        digest.update(repr(self.kind.item_values(item)).encode())
+        return self.prefix + digest.hexdigest()
 
 
 def render_rows(kind: RowKind, partial, context, items, template: str) -> SafeString:
     """Draw ``items`` with ``partial`` as ``{% for <var> in items %}{% partial
     %}`` would, the ones that may be kept from the cache when they are there
     (one read for the list)."""
-    version = code_version(template, get_urlconf())
-    page = _page_values(kind, context)
-    keys = {
-        i: _key(kind, version, page, kind.item_values(item))
-        for i, item in enumerate(items)
-        if kind.may_keep(item)
-    }
+    key_of = _Keys(
+        kind, code_version(template, get_urlconf()), _page_values(kind, context)
+    )
+    keys = {i: key_of(item) for i, item in enumerate(items) if kind.may_keep(item)}
     store = caches[ALIAS]
     found = store.get_many(keys.values()) if keys else {}
     # What the rows to draw still lack, read at once; a row found reads none.
@@ -473,33 +505,24 @@ def render_rows(kind: RowKind, partial, context, items, template: str) -> SafeSt
             for name, stand_in in names.items():
                 value = getattr(obj, name)
                 stand_ins[stand_in] = render_value_in_context(value, context)
-    parts = late_parts(partial)
-    with context.push(late):
+    with context.push(late), drawing_rows():
         for i, item in enumerate(items):
             key = keys.get(i)
             markup = found.get(key) if key else None
             if markup is None:
-                with context.push({kind.var: item}), drawing_rows():
+                with context.push({kind.var: item}):
                     markup = partial.render(context)
                 # Kept under its key only if what it is made from did not
                 # change while it was read (a file gone between its stat and
                 # its read): else drawn, and looked up again next time.
-                if (
-                    key
-                    and kind.kept(item)
-                    and key == _key(kind, version, page, kind.item_values(item))
-                ):
+                if key and kind.kept(item) and key == key_of(item):
                     fresh[key] = str(markup)
-            if parts:
-                with context.push({kind.var: item}):
-                    for part in parts:
-                        markup = markup.replace(
-                            part.stand_in, part.nodelist.render(context)
-                        )
             drawn.append(markup)
     if fresh:
         store.set_many(fresh)
     out = "".join(drawn)
+    for part in late_parts(partial):  # each condition read once for the list
+        out = part.show(out, part.holds(context))
     for stand_in, value in stand_ins.items():
         out = out.replace(stand_in, value)
     return SafeString(out)

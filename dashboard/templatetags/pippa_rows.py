@@ -48,14 +48,22 @@ def kept_rows(parser, token):
 
 @register.tag
 def late(parser, token):
-    """``{% late %}…{% endlate %}`` in a row's partial: a part drawn for its
-    row at every draw and never kept (``dashboard.rowcache.LatePart``), so
-    what it reads is not in the row's key. It reads only the row and the
-    page's names (not a ``{% with %}`` name around it)."""
-    if len(token.split_contents()) != 1:
-        raise template.TemplateSyntaxError("usage: {% late %}…{% endlate %}")
+    """``{% late if CONDITION %}…{% endlate %}`` in a row's partial: a part
+    shown when ``CONDITION`` (one variable of the page, with filters) holds,
+    read once a list at every draw; the part itself is kept with its row
+    (``dashboard.rowcache.LatePart``). The condition reads only the page's
+    names (not the row, not a ``{% with %}`` name around it); no part is
+    inside another."""
+    bits = token.split_contents()
+    if len(bits) != 3 or bits[1] != "if":
+        raise template.TemplateSyntaxError(
+            "usage: {% late if CONDITION %}…{% endlate %}"
+        )
+    condition = parser.compile_filter(bits[2])
     nodelist = parser.parse(("endlate",))
     parser.delete_first_token()
+    if nodelist.get_nodes_by_type(LatePart):
+        raise template.TemplateSyntaxError("a {% late %} part is inside another")
     number = parser.extra_data.get("pippa_late_parts", 0) + 1  # in this template
     parser.extra_data["pippa_late_parts"] = number
-    return LatePart(nodelist, number)
+    return LatePart(condition, nodelist, number)

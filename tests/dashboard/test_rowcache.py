@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from django.core.cache import caches
-from django.template import Context
+from django.template import Context, TemplateSyntaxError
 from django.template.base import PartialTemplate
 from django.template.loader import get_template
 from django.test import Client
@@ -495,13 +495,14 @@ def test_a_page_of_kept_rows_reads_none_of_their_files_or_events(
     assert sorted(read) == sorted(row.step.pk for row in rows)
 
 
-def test_the_late_parts_read_only_the_row_and_the_page_and_come_once_a_row(
+def test_the_late_parts_conditions_read_only_the_page_and_each_part_is_held_whole(
     fetch_task,
 ):
     task, rows, clock = _rows_of_every_kind(fetch_task)
     partial = get_template("dashboard/task_detail.html#step-row").template
     parts = rowcache.late_parts(partial)
     assert len(parts) == 2  # the live update's hx-swap-oob, the branch link
+    done = [row for row in rows if row.step.status == Step.Status.DONE]
     for row in rows:
         for oob in (False, True):
             values = {"row": row, "task": task, "clock": clock, "oob": oob}
@@ -511,11 +512,52 @@ def test_the_late_parts_read_only_the_row_and_the_page_and_come_once_a_row(
                 reads,
             )
             for part in parts:
-                part.nodelist.render(context)
-            assert reads.missing == set()  # no {% with %} name from around it
+                part.holds(context)
+            # Read once for the list: nothing of the row, no {% with %} name.
+            assert {path.split(".")[0] for path in reads.paths} <= {"task", "oob"}
+            assert reads.missing == set()
             with rowcache.drawing_rows():
                 kept = partial.render(Context(values))
-            assert [kept.count(part.stand_in) for part in parts] == [1, 1]
+            # A kept row holds its parts drawn, whatever their conditions.
+            assert kept.count(parts[0].opener) == kept.count(parts[0].closer) == 1
+            branch = row in done and row.step.position < task.steps_total
+            assert kept.count(parts[1].opener) == kept.count(parts[1].closer) == branch
+            if branch:
+                assert f"Change course after step {row.step.position}…" in kept
+    assert any(row.step.position < task.steps_total for row in done)
+
+
+@pytest.mark.parametrize("oob", [False, True])
+@pytest.mark.parametrize("idle", [False, True])
+def test_a_kept_rows_late_parts_show_as_the_partial_alone_draws_them(
+    fetch_task, oob, idle
+):
+    task, rows, clock = _rows_of_every_kind(fetch_task)
+    if not idle:
+        task.status = Task.Status.RUNNING
+    partial = get_template("dashboard/task_detail.html#step-row").template
+    values = {"task": task, "clock": clock, "oob": oob}
+    alone = "".join(partial.render(Context({**values, "row": row})) for row in rows)
+    with rowcache.drawing_rows():
+        kept = "".join(partial.render(Context({**values, "row": row})) for row in rows)
+    for part in rowcache.late_parts(partial):
+        kept = part.show(kept, part.holds(Context(values)))
+    assert "pippa-part" not in kept
+    assert kept == alone
+    assert ('hx-swap-oob="true"' in kept) == oob
+    assert ("Change course after step" in kept) == idle
+
+
+def test_a_late_part_needs_a_condition_and_stands_alone():
+    engine = get_template("dashboard/task_detail.html").template.engine
+    for source in (
+        "{% load pippa_rows %}{% late %}x{% endlate %}",
+        "{% load pippa_rows %}{% late oob %}x{% endlate %}",
+        "{% load pippa_rows %}{% late if oob %}{% late if oob %}x{% endlate %}"
+        "{% endlate %}",
+    ):
+        with pytest.raises(TemplateSyntaxError):
+            engine.from_string(source)
 
 
 def test_a_row_drawn_while_the_task_ran_is_served_once_it_stops_with_its_branch_link(
