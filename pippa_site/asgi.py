@@ -10,7 +10,9 @@ and the pool of threads Django's synchronous code runs on
 
 Under Django (``PippaASGIHandler``): a request's body is read on the event loop,
 then the request borrows a pool thread for its middleware, view and signals,
-and gives it back before its answer is sent; a streamed answer (a blob
+and gives it back before its answer is sent (the middleware chain is loaded in
+its synchronous mode, as under WSGI, and runs with the view in one go on that
+thread); a streamed answer (a blob
 download) is read chunk by chunk from a thread instead of whole into memory,
 as Django's own handler does with a synchronous iterator. A body larger than a
 form may be (``DATA_UPLOAD_MAX_MEMORY_SIZE``) is read only for the API's
@@ -66,7 +68,17 @@ class PippaASGIHandler(ASGIHandler):
 
     def __init__(self, site: Site) -> None:
         super().__init__()
+        # Every middleware and view here is synchronous. Django's async chain
+        # would hop between the event loop and the request's thread three
+        # times a request (into the outer middleware, back out for the
+        # async-capable inner one, in again for the view); loaded in its
+        # synchronous mode, as the WSGI handler loads it, the chain runs whole
+        # on the request's pool thread: one hop (get_response_async).
+        self.load_middleware(is_async=False)
         self.site = site
+
+    async def get_response_async(self, request):
+        return await sync_to_async(self.get_response, thread_sensitive=True)(request)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

@@ -10,6 +10,7 @@ import json
 import re
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -373,3 +374,45 @@ def test_a_large_upload_and_its_download_go_through_the_asgi_server_whole(
     assert artifact["size"] == len(payload)
     assert content[0] == 200
     assert content[2] == payload
+
+
+@pytest.mark.slow
+def test_a_pages_middleware_and_view_run_whole_on_one_pool_thread(
+    asgi_server, monkeypatch
+):
+    """One hop from the event loop a request: the outer middleware, the
+    innermost (django-axes, which could run on the loop) and the view all run
+    on the request's pool thread."""
+    from axes.middleware import AxesMiddleware
+    from django.contrib.auth.views import LoginView
+    from django.contrib.sessions.middleware import SessionMiddleware
+
+    seen: list[tuple[str, str]] = []
+
+    def spy(cls, name: str) -> None:
+        original = getattr(cls, name)
+
+        def recording(self, *args, **kwargs):
+            seen.append((cls.__name__, threading.current_thread().name))
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, name, recording)
+
+    spy(SessionMiddleware, "process_request")
+    spy(AxesMiddleware, "__call__")
+    spy(LoginView, "get_context_data")
+
+    for _ in range(3):
+        status, _, body = _request(f"{asgi_server.url}/login/", "GET")
+        assert status == 200
+        assert b"csrfmiddlewaretoken" in body
+
+    assert [cls for cls, _ in seen] == [
+        "SessionMiddleware",
+        "AxesMiddleware",
+        "LoginView",
+    ] * 3
+    for n in range(3):
+        threads = {thread for _, thread in seen[3 * n : 3 * n + 3]}
+        assert len(threads) == 1, seen
+        assert threads.pop().startswith("pippa-web"), seen
