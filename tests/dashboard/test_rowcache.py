@@ -754,7 +754,7 @@ def _record_partial(name: str, values: dict, whole=frozenset()) -> Reads:
         {key: _wrap(value, key, reads) for key, value in values.items()}, reads
     )
     partial = get_template(f"dashboard/task_detail.html#{name}").template
-    with rowcache.drawing_rows():  # what a kept row holds: {% late %} parts out
+    with rowcache.drawing_rows():  # what a kept row holds: each {% late %} part drawn
         partial.render(context)
     return reads
 
