@@ -24,6 +24,7 @@ from operator import attrgetter
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import caches
 from django.core.paginator import Page, Paginator
 from django.db import connection
 from django.db.models import (
@@ -73,7 +74,6 @@ MAX_ADVICE_PER_PAGE = 5
 EXCERPT_BYTES = 800
 
 ACTIVE = (Task.Status.QUEUED, Task.Status.RUNNING)
-ATTENTION = (Task.Status.NEEDS_REVIEW, Task.Status.FAILED)
 TEXT_TYPES = (
     "application/json",
     "application/xml",
@@ -146,7 +146,6 @@ def conversation_list(
         .annotate(
             task_count=Count("tasks"),
             active_count=Count("tasks", filter=Q(tasks__status__in=ACTIVE)),
-            attention_count=Count("tasks", filter=Q(tasks__status__in=ATTENTION)),
             done_count=Count("tasks", filter=Q(tasks__status=Task.Status.DONE)),
             paused_count=Count("tasks", filter=Q(tasks__status=Task.Status.PAUSED)),
             steps_total_sum=Coalesce(Sum("tasks__steps_total"), 0),
@@ -200,16 +199,18 @@ def conversation_page(
     totals: Totals | None = None,
 ) -> Page:
     """One page of ``conversation_list``. With the page's ``totals``, the
-    unfiltered list takes its count from them instead of counting again."""
+    unfiltered list takes its count from them instead of counting again; a
+    filtered first page that is not full is its own count."""
+    rows = conversation_list(user=user, query=query, needs_you=needs_you)
     if totals is not None and not query.strip() and not needs_you:
         counted = totals.conversations
     else:
         counted = _conversations_shown(user=user, query=query, needs_you=needs_you)
-    paginator = CountedPaginator(
-        conversation_list(user=user, query=query, needs_you=needs_you),
-        CONVERSATIONS_PER_PAGE,
-        counted=counted,
-    )
+        if page in (None, "", 1, "1"):
+            rows = list(rows[:CONVERSATIONS_PER_PAGE])  # the first page's rows
+            if len(rows) < CONVERSATIONS_PER_PAGE:
+                counted = len(rows)
+    paginator = CountedPaginator(rows, CONVERSATIONS_PER_PAGE, counted=counted)
     return paginator.get_page(page)
 
 
@@ -301,22 +302,65 @@ def next_decision_for_user(*, user, after: Task) -> Step | None:
     )
 
 
-@dataclass(frozen=True)
-class Totals:
-    """What one aggregate query knows of ``user``'s home page (or of one
-    conversation's page, which reads only its version): the fingerprint a
-    refresh compares, and the counts the home page shows, so that it does not
-    count them again."""
+# How long a page's counts are kept for its version (``Totals``): a guard, not
+# the rule. The version changes with everything the counts read.
+TOTALS_CACHE_SECONDS = 60
 
-    version: str  # changes when anything the page shows changes
-    conversations: int  # the conversations the page may list (unfiltered)
-    working: int  # the user's own tasks queued or running (ToDo.working)
-    needing_you: int = 0  # conversations with a step waiting for a person
-    # 0 only when the to-do list is empty: ``needing_you`` (a decision of the
-    # user's own waits in a conversation they see) plus the user's paused
-    # tasks. Not the list's length (a conversation may hold several decisions,
-    # and a paused task with a decision in it is not listed as a resume).
-    waiting: int = 0
+
+class Totals:
+    """What ``user``'s home page (or one conversation's page, which reads only
+    its version) knows of itself: the fingerprint a refresh compares, and the
+    counts the home page shows, so that it does not count them again.
+
+    The version and the number of conversations come from one aggregate query
+    (``dashboard_totals``). The to-do counts are read only when a page shows
+    them (a refresh answered 204 never does), once a version: the version
+    changes with everything they read, so a page drawn again at the same
+    version (a search, the next page, a reload) takes them from the cache.
+    """
+
+    def __init__(self, *, user, version: str, conversations: int) -> None:
+        self.user = user
+        self.version = version  # changes when anything the page shows changes
+        self.conversations = conversations  # the conversations the page may list
+
+    @cached_property
+    def _counts(self) -> dict[str, int]:
+        staff = sees_every_row(self.user, staff=True)
+        key = f"pippa:totals:{self.user.pk}:{int(staff)}:{self.version}"
+        return caches["default"].get_or_set(key, self._count_now, TOTALS_CACHE_SECONDS)
+
+    def _count_now(self) -> dict[str, int]:
+        # The needs-you count starts from the few steps of the partial index
+        # of attention steps, not from a question put to each conversation.
+        needing_you = Step.objects.for_user(self.user, staff=True).filter(
+            attention_steps_q(), needs_you_q()
+        )
+        mine = Q(owner=self.user)
+        return Conversation.objects.for_user(self.user, staff=True).aggregate(
+            needing_you=_count(needing_you, "task__conversation", distinct=True),
+            working=Count("tasks", filter=mine & Q(tasks__status__in=ACTIVE)),
+            paused=Count("tasks", filter=mine & Q(tasks__status=Task.Status.PAUSED)),
+        )
+
+    @property
+    def working(self) -> int:
+        """The user's own tasks queued or running (``ToDo.working``)."""
+        return self._counts["working"] or 0
+
+    @property
+    def needing_you(self) -> int:
+        """Conversations with a step waiting for a person."""
+        return self._counts["needing_you"] or 0
+
+    @property
+    def waiting(self) -> int:
+        """0 only when the to-do list is empty: ``needing_you`` (a decision of
+        the user's own waits in a conversation they see) plus the user's
+        paused tasks. Not the list's length (a conversation may hold several
+        decisions, and a paused task with a decision in it is not listed as a
+        resume)."""
+        return self.needing_you + (self._counts["paused"] or 0)
 
 
 def _count(rows: QuerySet, field: str = "pk", *, distinct: bool = False) -> Max:
@@ -335,55 +379,37 @@ def dashboard_totals(*, user, conversation: Conversation | None = None) -> Total
     conversation comes or goes, a council round gets a turn, or a worker's
     lease runs out (which writes nothing, and can put a decision on the to-do
     list); a page's refresh sends it back, and the same answer is a 204. One
-    query: the council's turns and the needs-you count are subqueries that the
-    database reads once (``_count``).
+    query (the council's turns are a subquery the database reads once,
+    ``_count``); the to-do counts are read later, if the page shows them.
     """
-    home_counts = {}
     if conversation is None:
         conversations = Conversation.objects.for_user(user, staff=True)
-        # The needs-you count starts from the few steps of the partial index
-        # of attention steps, not from a question put to each conversation.
-        needing_you = Step.objects.for_user(user, staff=True).filter(
-            attention_steps_q(), needs_you_q()
-        )
-        home_counts = {
-            "needing_you": _count(needing_you, "task__conversation", distinct=True),
-            "paused": Count(
-                "tasks",
-                distinct=True,
-                filter=Q(owner=user, tasks__status=Task.Status.PAUSED),
-            ),
-        }
     else:
         conversations = Conversation.objects.filter(pk=conversation.pk)
+    # One join (conversation to its tasks): a task row comes once, so only the
+    # conversations are counted distinct.
     totals = conversations.aggregate(
         v_n=Count("pk", distinct=True),
         v_changed=Max("updated_at"),
-        v_tasks=Count("tasks", distinct=True),
+        v_tasks=Count("tasks"),
         v_seqs=Coalesce(Sum("tasks__last_seq"), 0),
         v_task_changed=Max("tasks__updated_at"),
         v_rounds=_count(Turn.objects.filter(round__conversation__in=conversations)),
         # A worker that stops answering writes nothing, but its lease runs
         # out: a step it held becomes a decision, so the page must change.
-        v_leases=Count("tasks", distinct=True, filter=_lease_live_q("tasks__")),
-        working=Count(
-            "tasks", distinct=True, filter=Q(owner=user, tasks__status__in=ACTIVE)
-        ),
-        **home_counts,
+        v_leases=Count("tasks", filter=_lease_live_q("tasks__")),
     )
     stamp = max(
         (t.timestamp() for t in (totals["v_changed"], totals["v_task_changed"]) if t),
         default=0,
     )
     return Totals(
+        user=user,
         version=(
             f"{totals['v_n']}.{totals['v_tasks']}.{totals['v_seqs']}."
             f"{totals['v_rounds'] or 0}.{totals['v_leases']}.{stamp:.6f}"
         ),
         conversations=totals["v_n"],
-        working=totals["working"],
-        needing_you=totals.get("needing_you") or 0,
-        waiting=(totals.get("needing_you") or 0) + (totals.get("paused") or 0),
     )
 
 

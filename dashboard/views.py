@@ -182,9 +182,9 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         "page": page,
         "query": query,
         "needs_you": needs_you,
-        "needing_you": totals.needing_you,
-        # Read when the template shows it (once): search-as-you-type asks for
-        # the results alone, which do not show it.
+        # Read when the template shows them (once): search-as-you-type asks for
+        # the results alone, which show neither.
+        "totals": totals,
         "todo": cache(
             partial(selectors.todo_for_user, user=request.user, totals=totals)
         ),

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.core.cache import caches
 from django.db import connection
 from django.test import override_settings
 
@@ -117,6 +118,13 @@ def _fast_password_hasher():
     """
     with override_settings(PASSWORD_HASHERS=FAST_PASSWORD_HASHERS):
         yield
+
+
+@pytest.fixture(autouse=True)
+def _empty_default_cache():
+    """Every test starts with an empty default cache: a page's counts are kept
+    there by user id and version, and a new test database reuses both."""
+    caches["default"].clear()
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ from dashboard.templatetags.pippa_words import (
     json_long,
     json_summary,
 )
-from tasks.models import Event, Task
+from tasks.models import Conversation, Event, Task
 from tests.tasks.dashboard_data import add_events, add_steps
 
 pytestmark = pytest.mark.django_db
@@ -31,7 +31,6 @@ def test_conversation_list_counts_tasks_by_state_in_one_query(
         row = selectors.conversation_list(user=user).get()
     assert row.task_count == 6
     assert row.active_count == 2
-    assert row.attention_count == 2
     assert row.done_count == 1
     assert row.paused_count == 1
     assert (row.steps_done_sum, row.steps_total_sum) == (6, 12)
@@ -269,6 +268,73 @@ def test_the_unfiltered_list_counts_from_the_totals_and_a_filtered_one_counts_it
     found = selectors.conversation_page(user=user, query="tomato", totals=totals)
     assert found.paginator.count == 1
     assert [c.title for c in found] == ["tomato"]
+
+
+def test_a_filtered_first_page_that_is_not_full_is_its_own_count(
+    user, make_conversation, make_task, django_assert_num_queries
+):
+    per_page = selectors.CONVERSATIONS_PER_PAGE
+    for i in range(per_page + 2):
+        make_task(conversation=make_conversation(owner=user, title=f"pear {i}"))
+    make_task(conversation=make_conversation(owner=user, title="tomato"))
+
+    with django_assert_num_queries(1):  # the rows, no count
+        found = selectors.conversation_page(user=user, query="tomato")
+        assert (found.paginator.count, found.paginator.num_pages) == (1, 1)
+        assert [c.title for c in found] == ["tomato"]
+    # A full first page still counts: there may be more.
+    with django_assert_num_queries(2):
+        full = selectors.conversation_page(user=user, query="pear")
+        assert (full.paginator.count, full.paginator.num_pages) == (per_page + 2, 2)
+        assert len(full) == per_page and full.has_next()
+    second = selectors.conversation_page(user=user, query="pear", page="2")
+    assert len(second) == 2
+    assert {c.title for c in full} | {c.title for c in second} == {
+        f"pear {i}" for i in range(per_page + 2)
+    }
+    # Nothing found: an empty first page, counted as none.
+    nothing = selectors.conversation_page(user=user, query="plum", page="1")
+    assert (nothing.paginator.count, list(nothing)) == (0, [])
+
+
+def test_the_to_do_counts_are_read_once_a_version_and_only_when_shown(
+    user, make_conversation, make_task, django_assert_num_queries
+):
+    conversation = make_conversation(owner=user, title="mine")
+    make_task(conversation=conversation, status="running")
+    with django_assert_num_queries(1):  # the version alone: a refresh's 204
+        totals = selectors.dashboard_totals(user=user)
+    with django_assert_num_queries(1):
+        assert (totals.working, totals.needing_you, totals.waiting) == (1, 0, 0)
+    # The same version drawn again (a search, a reload): no second count.
+    again = selectors.dashboard_totals(user=user)
+    assert again.version == totals.version
+    with django_assert_num_queries(0):
+        assert (again.working, again.waiting) == (1, 0)
+    # A decision arrives: a new version, counted anew.
+    waits = make_task(conversation=conversation, status="needs_review")
+    waits.steps.create(position=1, title="a", tool="t", status="needs_review")
+    changed = selectors.dashboard_totals(user=user)
+    assert changed.version != totals.version
+    assert (changed.working, changed.needing_you, changed.waiting) == (1, 1, 1)
+
+
+def test_two_users_with_the_same_version_each_see_their_own_counts(
+    user, make_user, make_conversation, make_task
+):
+    # Task statuses are not in the version (their events are): two users whose
+    # pages have the same version can wait on different things.
+    other = make_user(username="other")
+    at = timezone.now()
+    for owner, status in ((user, "paused"), (other, "running")):
+        task = make_task(conversation=make_conversation(owner=owner), status=status)
+        Conversation.objects.filter(pk=task.conversation_id).update(updated_at=at)
+        Task.objects.filter(pk=task.pk).update(updated_at=at)
+    mine = selectors.dashboard_totals(user=user)
+    theirs = selectors.dashboard_totals(user=other)
+    assert mine.version == theirs.version
+    assert (mine.working, mine.waiting) == (0, 1)
+    assert (theirs.working, theirs.waiting) == (1, 0)
 
 
 def test_the_needs_you_count_agrees_with_the_needs_you_list_for_each_user(

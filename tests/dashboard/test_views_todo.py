@@ -114,10 +114,14 @@ def test_after_a_choice_the_task_page_offers_the_next_decision(
     assert f'href="{second.get_absolute_url()}#attention-1"' in body
 
 
-def test_the_home_page_refresh_is_204_until_something_changes(dad_client, conversation):
+def test_the_home_page_refresh_is_204_until_something_changes(
+    dad_client, conversation, django_assert_num_queries
+):
     body = dad_client.get(reverse("dashboard:conversations")).content.decode()
     url = _refresh_url(body)
-    assert dad_client.get(url, headers=REFRESH).status_code == 204
+    # The session, its user and the version: a 204 counts nothing else.
+    with django_assert_num_queries(3):
+        assert dad_client.get(url, headers=REFRESH).status_code == 204
     _interrupted(conversation, "Search one")
     response = dad_client.get(url, headers=REFRESH)
     text = response.content.decode()
