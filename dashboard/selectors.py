@@ -38,6 +38,7 @@ from django.db.models import (
     QuerySet,
     Subquery,
     Sum,
+    Value,
 )
 from django.db.models.functions import Coalesce, Greatest
 from django.http import Http404
@@ -131,15 +132,18 @@ def _conversations_shown(
 
 
 def conversation_list(
-    *, user, query: str = "", needs_you: bool = False
+    *, user, query: str = "", needs_you: bool = False, none_need_you: bool = False
 ) -> QuerySet[Conversation]:
     """Return the conversations ``user`` may see, newest activity first.
 
     Each row carries its tasks' totals as annotations (one grouped query), so
     the list never loads task rows one conversation at a time. "Activity" is
     the latest change of the conversation or any of its tasks. ``needs_you``
-    keeps only conversations with a step waiting for a person.
+    keeps only conversations with a step waiting for a person;
+    ``none_need_you`` says that none has one (the page's ``Totals``), so each
+    row's count is 0 without asking.
     """
+    needs_you_count = Value(0) if none_need_you else _needs_you_count("conversation")
     return (
         _conversations_shown(user=user, query=query, needs_you=needs_you)
         .select_related("owner")
@@ -162,7 +166,7 @@ def conversation_list(
                 ),
                 0,
             ),
-            needs_you_count=_needs_you_count("conversation"),
+            needs_you_count=needs_you_count,
             activity_at=Greatest(
                 "updated_at", Coalesce(Max("tasks__updated_at"), "updated_at")
             ),
@@ -199,9 +203,15 @@ def conversation_page(
     totals: Totals | None = None,
 ) -> Page:
     """One page of ``conversation_list``. With the page's ``totals``, the
-    unfiltered list takes its count from them instead of counting again; a
-    filtered first page that is not full is its own count."""
-    rows = conversation_list(user=user, query=query, needs_you=needs_you)
+    unfiltered list takes its count from them instead of counting again, and
+    the rows ask no needs-you count when nothing needs the user; a filtered
+    first page that is not full is its own count."""
+    rows = conversation_list(
+        user=user,
+        query=query,
+        needs_you=needs_you,
+        none_need_you=totals is not None and not totals.needing_you,
+    )
     if totals is not None and not query.strip() and not needs_you:
         counted = totals.conversations
     else:

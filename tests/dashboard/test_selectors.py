@@ -261,6 +261,7 @@ def test_the_unfiltered_list_counts_from_the_totals_and_a_filtered_one_counts_it
         make_task(conversation=make_conversation(owner=user, title=f"c{i}"))
     make_task(conversation=make_conversation(owner=user, title="tomato"))
     totals = selectors.dashboard_totals(user=user)
+    assert totals.needing_you == 0  # read once, as the page's to-do reads it
     with django_assert_num_queries(0):
         page = selectors.conversation_page(user=user, totals=totals)
         assert page.paginator.count == selectors.CONVERSATIONS_PER_PAGE + 4
@@ -295,6 +296,33 @@ def test_a_filtered_first_page_that_is_not_full_is_its_own_count(
     # Nothing found: an empty first page, counted as none.
     nothing = selectors.conversation_page(user=user, query="plum", page="1")
     assert (nothing.paginator.count, list(nothing)) == (0, [])
+
+
+def test_the_rows_ask_no_needs_you_count_when_the_totals_say_nothing_waits(
+    user, make_conversation, make_task
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    conversation = make_conversation(owner=user, title="mine")
+    make_task(conversation=conversation, status="running")
+
+    def row_and_sql() -> tuple[int, str]:
+        totals = selectors.dashboard_totals(user=user)
+        totals.waiting  # noqa: B018 - the page's to-do reads it first
+        with CaptureQueriesContext(connection) as ctx:
+            (row,) = selectors.conversation_page(user=user, totals=totals)
+        return row.needs_you_count, ctx.captured_queries[-1]["sql"]
+
+    count, sql = row_and_sql()
+    assert count == 0
+    assert "tasks_step" not in sql  # no step is read for the rows
+    waits = make_task(conversation=conversation, status="needs_review")
+    waits.steps.create(position=1, title="a", tool="t", status="needs_review")
+    waits.steps.create(position=2, title="b", tool="t", status="failed")
+    count, sql = row_and_sql()
+    assert count == 2
+    assert "tasks_step" in sql
 
 
 def test_the_to_do_counts_are_read_once_a_version_and_only_when_shown(
