@@ -182,8 +182,9 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         "page": page,
         "query": query,
         "needs_you": needs_you,
-        # Read when the template shows them (once): search-as-you-type asks for
-        # the results alone, which show neither.
+        # Read when the template shows them (once). Search-as-you-type asks
+        # for the results alone, which show neither; its rows read only the
+        # totals' needs-you count, kept once a version (conversation_page).
         "totals": totals,
         "todo": cache(
             partial(selectors.todo_for_user, user=request.user, totals=totals)
