@@ -68,11 +68,10 @@ from artifacts.models import Artifact, ArtifactSource, PendingUnlink
 from artifacts.store import BlobStore, default_store
 from pippa_site.private import loose_paths
 from tasks.lease import lease_release
-from tasks.models import Conversation, Event, Step, Task, TaskArtifact
+from tasks.models import LEASE_DEAD, Conversation, Event, Step, Task, TaskArtifact
 from tasks.notify import notify_step_waiting
 from tasks.resume import CLOSING_KINDS
 from tasks.services import event_append
-from tasks.statements import LEASE_DEAD
 
 DEFAULT_GRACE_SECONDS = 3600
 CHUNK = 20000

@@ -6,7 +6,7 @@ and the keeper thread renews it while a long tool call runs.
 
 **Dead.** A lease is dead when nobody holds it, or its holder has no expiry,
 or the expiry has passed: ``TaskQuerySet.lease_dead()`` for queries,
-``Task.lease_live`` for one row, and ``tasks.statements.LEASE_DEAD`` for the
+``Task.lease_live`` for one row, and ``tasks.models.LEASE_DEAD`` for the
 hot path's named statements. A holder with no expiry cannot be renewed by
 anybody (every renewal writes an expiry), so it is a dead worker's: any
 worker may take it over, and the doctor and the admin call it stale.

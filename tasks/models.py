@@ -9,6 +9,7 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 
 from artifacts.models import ArtifactClass
+from pippa_site.hotsql import db_datetime, utc_now
 from pippa_site.owners import OwnedQuerySet
 
 ERR_EVENT_IMMUTABLE = "events are append-only: an existing event cannot be changed"
@@ -100,6 +101,12 @@ class Conversation(models.Model):
     delete.alters_data = True
 
 
+# The dead-lease rule in SQL, on a task's columns (one parameter: now, as
+# ``pippa_site.hotsql.db_datetime`` gives it): the hot path's hand-written
+# statements (``tasks.statements``) and ``needs_you_sql``.
+LEASE_DEAD = "(lease_owner = '' OR lease_expires_at IS NULL OR lease_expires_at < %s)"
+
+
 def lease_dead_q(prefix: str = "") -> Q:
     """The dead-lease rule as a ``Q``, for a task reached as ``prefix`` (e.g. ``"task__"``)."""
     return (
@@ -116,7 +123,7 @@ class TaskQuerySet(OwnedQuerySet):
         """Tasks no worker holds live: no holder, no expiry, or past it.
 
         The one definition of a dead lease (``tasks.lease`` explains it;
-        ``Task.lease_live`` is the same rule for one row, ``tasks.statements.LEASE_DEAD``
+        ``Task.lease_live`` is the same rule for one row, ``LEASE_DEAD``
         for the hot path's hand-written statements).
         """
         return self.filter(lease_dead_q())
@@ -153,6 +160,8 @@ class TaskStatus(models.TextChoices):
 
 # Tasks a worker may still move or a person may still decide on.
 TASK_OPEN = ("queued", "running", "paused", "failed", "needs_review")
+# Open tasks no worker picks up by itself: a person resumes or decides.
+TASK_STOPPED = (TaskStatus.PAUSED, TaskStatus.FAILED, TaskStatus.NEEDS_REVIEW)
 
 
 class Task(models.Model):
@@ -287,44 +296,41 @@ class StepQuerySet(OwnedQuerySet):
         return self.filter(needs_you_q())
 
 
-def attention_steps_q() -> Q:
-    """A filter on ``Step``: among the steps of the partial index tasks_step_attention.
+def needs_you_sql() -> tuple[str, tuple]:
+    """The "needs you" rule's one home: a SELECT of the ids of the steps that
+    wait for a person's decision, and its one parameter (now, for the lease).
 
-    A filter with this beside ``needs_you_q()`` (which implies it) reads the
-    few running, failed or needs-review steps from the partial index first,
-    then only their tasks: without it SQLite starts from the user's
-    conversations and reads every step of every task they have, so a page
-    asking "does anything else need you?" grows with the user's history. The
-    statuses are written out, not bound: SQLite uses a partial index only when
-    the query's text implies the index's condition, and Django's
-    ``status__in`` sends bound parameters, which imply nothing. The raw part
-    names no outer table, so the filter holds in a subquery too (where Django
-    renames the outer ``Step`` table).
+    A failed or needs-review step, or a step left running (an open tool-call
+    envelope) in a task no worker will pick up by itself (paused, or stopped)
+    once no worker holds the task's lease: while it is live the call is still
+    in flight ("Pausing"), and the worker may yet finish it. A cancelled task
+    asks nothing of anyone.
+
+    ``needs_you_q`` wraps it for the ORM (every count, list and filter); a
+    hot read may name it in a statement of its own
+    (``dashboard.selectors.next_decision_for_user``), so the rule is written
+    once and the ORM never builds it per request. It starts from the partial
+    index tasks_step_attention (the few running, failed or needs-review
+    steps, not a user's whole history): the statuses are written out, not
+    bound, because SQLite uses a partial index only when the query's text
+    implies the index's condition. It names no outer table, so it holds
+    inside any query.
     """
-    listed = StepStatus.sql_list(StepStatus.attention())
-    return Q(
-        pk__in=RawSQL(
-            f'SELECT "id" FROM "{Step._meta.db_table}" WHERE "status" IN {listed}', ()
-        )
+    S, T = StepStatus, TaskStatus
+    sql = (
+        f"SELECT s.id FROM {Step._meta.db_table} s"
+        f" JOIN {Task._meta.db_table} t ON t.id = s.task_id"
+        f" WHERE s.status IN {S.sql_list(S.attention())}"
+        f" AND t.status <> '{T.CANCELLED.value}'"
+        f" AND (s.status <> '{S.RUNNING.value}'"
+        f" OR (t.status IN {S.sql_list(TASK_STOPPED)} AND {LEASE_DEAD}))"
     )
+    return sql, (db_datetime(utc_now()),)
 
 
-def needs_you_q(prefix: str = "") -> Q:
-    """The "needs you" condition on steps, optionally seen through a relation.
-
-    A step left running in a stopped task waits for a person only once no
-    worker holds the task's lease: while it is live the call is still in
-    flight ("Pausing"), and the worker may yet finish it.
-    """
-    left_running = Q(
-        **{
-            f"{prefix}status": "running",
-            f"{prefix}task__status__in": ["paused", "failed", "needs_review"],
-        }
-    ) & lease_dead_q(f"{prefix}task__")
-    return (
-        Q(**{f"{prefix}status__in": ["failed", "needs_review"]}) | left_running
-    ) & ~Q(**{f"{prefix}task__status": "cancelled"})
+def needs_you_q() -> Q:
+    """The "needs you" condition on ``Step`` (``needs_you_sql``) as a ``Q``."""
+    return Q(pk__in=RawSQL(*needs_you_sql()))
 
 
 class StepStatus(models.TextChoices):

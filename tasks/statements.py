@@ -45,7 +45,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from artifacts.models import Artifact
 from pippa_site.hotsql import db_datetime, db_is_postgresql, utc_now
-from tasks.models import Conversation, Event, Step, Task, TaskArtifact
+from tasks.models import LEASE_DEAD, Conversation, Event, Step, Task, TaskArtifact
 
 S = Step.Status
 T = Task.Status
@@ -217,8 +217,7 @@ LINK_PERSISTED = (
 )
 
 # The lease. A dead lease: nobody holds it, no expiry, or the expiry passed
-# (``TaskQuerySet.lease_dead``; one parameter: now).
-LEASE_DEAD = "(lease_owner = '' OR lease_expires_at IS NULL OR lease_expires_at < %s)"
+# (``tasks.models.LEASE_DEAD``; one parameter: now).
 LEASE_READ = f"SELECT status, lease_owner, lease_expires_at FROM {T_TASK} WHERE id = %s"
 # Take a dead or free lease; the previous holder and the deadness are re-checked.
 LEASE_TAKE = (

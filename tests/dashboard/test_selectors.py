@@ -14,7 +14,7 @@ from dashboard.templatetags.pippa_words import (
     json_long,
     json_summary,
 )
-from tasks.models import Conversation, Event, Task
+from tasks.models import Conversation, Event, Step, Task
 from tests.tasks.dashboard_data import add_events, add_steps
 
 pytestmark = pytest.mark.django_db
@@ -488,3 +488,68 @@ def test_the_step_in_flight_comes_from_the_page_rows_or_is_read_when_elsewhere(
     )
     task.refresh_from_db()
     assert selectors.step_in_flight(task=task, rows=current) is None  # worker gone
+
+
+def test_every_door_of_needs_you_agrees_with_the_rule_over_every_status_and_lease(
+    user, make_user, make_conversation, make_task, django_assert_num_queries
+):
+    """The rule (``needs_you_sql``) against its statement in words, over every
+    task status, every step status a step can hold alone and three leases:
+    the to-do list, the admin's shortcut (``Step.objects.needs_you()``) and
+    "Next decision →" (its own statement around the same SQL) find exactly the
+    steps it names, in the to-do's order, and never another user's."""
+    now = timezone.now()
+    leases = {
+        "none": {},
+        "live": {"lease_owner": "w", "lease_expires_at": now + timedelta(minutes=1)},
+        "dead": {"lease_owner": "w", "lease_expires_at": now - timedelta(seconds=1)},
+    }
+    stopped = {Task.Status.PAUSED, Task.Status.FAILED, Task.Status.NEEDS_REVIEW}
+    step_statuses = [s for s in Step.Status if s != Step.Status.DONE]  # needs an output
+    expected = []
+    other = make_user(username="other")
+    for task_status in Task.Status:
+        for lease, fields in leases.items():
+            for owner in (user, other):
+                task = make_task(
+                    conversation=make_conversation(owner=owner),
+                    title=f"{task_status} {lease}",
+                    status=task_status,
+                    **fields,
+                )
+                for position, step_status in enumerate(step_statuses, start=1):
+                    step = task.steps.create(
+                        position=position, title="s", tool="t", status=step_status
+                    )
+                    decision = step_status in {"failed", "needs_review"} or (
+                        step_status == "running"
+                        and task_status in stopped
+                        and lease != "live"
+                    )
+                    if owner == user and decision and task_status != "cancelled":
+                        expected.append(step.pk)
+
+    decisions = selectors.todo_for_user(user=user).decisions
+    assert [s.pk for s in decisions] == expected[: selectors.TODO_LIMIT]
+    mine = Step.objects.needs_you().filter(task__conversation__owner=user)
+    assert sorted(mine.values_list("pk", flat=True)) == sorted(expected)
+    assert Step.objects.needs_you().count() == 2 * len(expected)
+
+    first = Step.objects.get(pk=expected[0])
+    unrelated = make_task(conversation=make_conversation(owner=user))
+    with django_assert_num_queries(1):
+        found = selectors.next_decision_for_user(user=user, after=unrelated)
+    assert (found, found.position, found.task.title) == (
+        first,
+        first.position,
+        first.task.title,
+    )
+    assert found.task.get_absolute_url() == first.task.get_absolute_url()
+    # Outside the first decision's task, the first decision of another task.
+    after_first = selectors.next_decision_for_user(user=user, after=first.task)
+    assert after_first.pk == next(
+        pk for pk in expected if Step.objects.get(pk=pk).task_id != first.task_id
+    )
+    # Another user's decisions are theirs alone.
+    theirs = selectors.next_decision_for_user(user=other, after=unrelated)
+    assert Task.objects.get(pk=theirs.task_id).conversation.owner == other

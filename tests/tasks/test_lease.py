@@ -14,9 +14,8 @@ from django.utils import timezone
 from tasks.actions import step_resolve, step_resolve_options
 from tasks.executor import step
 from tasks.lease import lease_release
-from tasks.models import Event, Step, Task
+from tasks.models import LEASE_DEAD, Event, Step, Task
 from tasks.plan import task_create
-from tasks.statements import LEASE_DEAD
 from tests.support.executing import crash_at, expire_lease
 
 PLAN = [{"title": "Closes", "tool": "demo.closes", "args": {}}]
