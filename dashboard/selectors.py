@@ -32,7 +32,6 @@ from django.db.models import (
     Exists,
     Func,
     Max,
-    Min,
     OuterRef,
     Q,
     QuerySet,
@@ -49,6 +48,7 @@ from artifacts.models import Artifact
 from artifacts.preview import preview_status
 from artifacts.store import BlobError, default_store
 from council.models import CouncilRound, Turn
+from pippa_site.hotsql import value_from_db
 from pippa_site.owners import sees_every_row
 from tasks.actions import ATTENTION_STEPS, Choice, step_decision
 from tasks.models import (
@@ -1114,42 +1114,66 @@ class TaskClock:
         return max(1, round(elapsed.total_seconds() * 1000)) if elapsed else 1
 
 
+# The task's span and the pause marks inside it, in one statement (the
+# clock is read by every page and live update): the span is the first call
+# and the last finish of its steps after ``%(low)s`` (a branch's kept steps
+# ran in its parent's time); the marks are its pause and resume events from
+# the first call on, read from the (task, kind, seq) index
+# (tasks_event_task_kind) and sorted here: ordered by seq, SQLite would walk
+# every event of the task in seq order (100,000 of them: 15 ms). The span's
+# row is the one without a seq.
+CLOCK_SQL = """
+WITH span AS (
+    SELECT MIN(started_at) AS first, MAX(finished_at) AS last
+    FROM tasks_step WHERE task_id = %(task)s AND position > %(low)s
+)
+SELECT NULL, NULL, first, last FROM span
+UNION ALL
+SELECT e.seq, e.kind, e.created_at, NULL FROM tasks_event e, span
+WHERE e.task_id = %(task)s AND e.kind IN (%(paused)s, %(queued)s)
+    AND e.created_at >= span.first
+"""
+
+
 def task_clock(*, task: Task) -> TaskClock:
     """Return the task's span: from its own first call (a branch's kept steps
     ran in its parent's time) to its end (or now, while it runs), and the
-    time it spent paused within it. Two queries: an aggregate over the
-    task's steps, and its pause and resume events (index tasks_event_task_kind).
-    """
-    steps = Step.objects.filter(task=task)
-    if task.branched_from_id and task.branched_at:
-        steps = steps.filter(position__gt=task.branched_at)
-    span = steps.aggregate(first=Min("started_at"), last=Max("finished_at"))
-    clock = TaskClock(started_at=span["first"])
+    time it spent paused within it. One statement (``CLOCK_SQL``)."""
+    branched = task.branched_from_id and task.branched_at
+    with connection.cursor() as cursor:
+        cursor.execute(
+            CLOCK_SQL,
+            {
+                "task": task.pk,
+                "low": task.branched_at if branched else -1,
+                "paused": Event.Kind.TASK_PAUSED.value,
+                "queued": Event.Kind.TASK_QUEUED.value,
+            },
+        )
+        rows = cursor.fetchall()
+    marks = []
+    for seq, kind, at, last in rows:
+        at = value_from_db(Step, "started_at", at)
+        if seq is None:
+            first, last = at, value_from_db(Step, "finished_at", last)
+        else:
+            marks.append((seq, kind, at))
+    clock = TaskClock(started_at=first)
     if clock.started_at is None:
         return clock
     if task.is_idle:
-        clock.ended_at = task.finished_at or span["last"] or timezone.now()
+        clock.ended_at = task.finished_at or last or timezone.now()
     else:
         clock.ended_at = timezone.now()
     clock.ended_at = max(clock.ended_at, clock.started_at)
-    clock.paused = _paused_within(task, clock.started_at, clock.ended_at)
+    clock.paused = _paused_within(sorted(marks), clock.ended_at)
     return clock
 
 
-def _paused_within(task: Task, start, end):
-    """The time between each pause and the resume after it, inside start..end."""
-    # Sorted here, not by the SQL: ordered by seq, SQLite walks every event of
-    # the task in seq order (100,000 of them: 15 ms) rather than reading the
-    # few marks from the (task, kind, seq) index and sorting them (0.4 ms).
-    marks = sorted(
-        Event.objects.filter(
-            task=task,
-            kind__in=[Event.Kind.TASK_PAUSED, Event.Kind.TASK_QUEUED],
-            created_at__gte=start,
-        )
-        .order_by()
-        .values_list("seq", "kind", "created_at")
-    )
+def _paused_within(marks, end):
+    """The time between each pause and the resume after it, up to ``end``:
+    ``marks`` are (seq, kind, at) of the pause and resume events from the
+    first call on, in log order."""
     total = end - end
     since = None
     for _, kind, at in marks:

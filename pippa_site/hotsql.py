@@ -1,5 +1,6 @@
 """Small database helpers below the apps: datetimes as the driver takes
-them, the engine, and a row by id in one statement.
+them, the engine, a row by id in one statement, and a column's value from
+the driver as the ORM gives it.
 
 The executor's own statements (and the driver-cursor shortcut they run on)
 are ``tasks.statements``; transactions are Django's own
@@ -90,8 +91,29 @@ def _row_plan(db, model) -> tuple[str, list[str], list]:
     )
     converters = []
     for i, field in enumerate(fields):
-        column = field.get_col(meta.db_table)
-        functions = db.ops.get_db_converters(column) + column.get_db_converters(db)
+        column, functions = _converters(db, model, field)
         if functions:
             converters.append((i, functions, column))
     return sql, [f.attname for f in fields], converters
+
+
+def _converters(db, model, field) -> tuple[Any, list]:
+    """The column of ``model``'s ``field`` and the converters the ORM runs
+    on its values from the driver (the backend's, then the field's)."""
+    column = field.get_col(model._meta.db_table)
+    return column, db.ops.get_db_converters(column) + column.get_db_converters(db)
+
+
+def value_from_db(model, name: str, value: Any) -> Any:
+    """``value``, as the driver gave it for ``model``'s field ``name`` (or an
+    aggregate of it: ``MIN(started_at)``), as the ORM would give it: an
+    aware datetime for SQLite's text, JSON decoded, and so on."""
+    db = connections[DEFAULT_DB_ALIAS]
+    plans = db.__dict__.setdefault("_pippa_value_plans", {})
+    plan = plans.get((model, name))
+    if plan is None:
+        plan = plans[model, name] = _converters(db, model, model._meta.get_field(name))
+    column, functions = plan
+    for convert in functions:
+        value = convert(value, column, db)
+    return value

@@ -186,10 +186,19 @@ def test_the_list_pages_count_is_its_rows_for_every_filter_and_reads_no_annotati
 
 
 def test_paused_time_runs_from_each_pause_to_the_resume_after_it_in_log_order(
-    user, make_conversation, make_task
+    user, make_conversation, make_task, django_assert_num_queries
 ):
-    task = make_task(conversation=make_conversation(owner=user))
     start = timezone.now()
+    end = start + timedelta(seconds=10)
+    task = make_task(
+        conversation=make_conversation(owner=user),
+        status=Task.Status.DONE,
+        finished_at=end,
+    )
+    # The clock runs from the first call to the task's end: 10 s.
+    Step.objects.create(
+        task=task, position=1, title="s", tool="t", started_at=start, finished_at=end
+    )
     at = {seq: start + timedelta(seconds=s) for seq, s in enumerate(range(-4, 12))}
     marks = {
         1: "task_paused",  # before the window: its resume (2) is outside too
@@ -210,8 +219,11 @@ def test_paused_time_runs_from_each_pause_to_the_resume_after_it_in_log_order(
             if seq > 0
         ]
     )
-    end = start + timedelta(seconds=10)
-    assert selectors._paused_within(task, start, end) == timedelta(seconds=4)
+    with django_assert_num_queries(1):  # the span and the marks in one statement
+        clock = selectors.task_clock(task=task)
+    assert (clock.started_at, clock.ended_at) == (start, end)
+    assert clock.paused == timedelta(seconds=4)
+    assert clock.worked == timedelta(seconds=6)
 
 
 def test_the_home_totals_are_one_query_and_agree_with_the_counts_they_stand_for(
