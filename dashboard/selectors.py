@@ -1153,11 +1153,11 @@ def task_clock(*, task: Task) -> TaskClock:
         rows = cursor.fetchall()
     marks = []
     for seq, kind, at, last in rows:
-        at = value_from_db(Step, "started_at", at)
-        if seq is None:
-            first, last = at, value_from_db(Step, "finished_at", last)
-        else:
-            marks.append((seq, kind, at))
+        if seq is None:  # the span's row: its steps' times
+            first = value_from_db(Step, "started_at", at)
+            last = value_from_db(Step, "finished_at", last)
+        else:  # a mark: its event's time
+            marks.append((seq, kind, value_from_db(Event, "created_at", at)))
     clock = TaskClock(started_at=first)
     if clock.started_at is None:
         return clock

@@ -8,13 +8,12 @@ everything else to Django; the ASGI lifespan starts the SDK's session manager
 and the pool of threads Django's synchronous code runs on
 (``pippa_site.sync_pool``), and stops both.
 
-Under Django (``PippaASGIHandler``): a request's body is read on the event loop,
-then the request borrows a pool thread for its middleware, view and signals,
-and gives it back before its answer is sent (the middleware chain is loaded in
-its synchronous mode, as under WSGI, and runs with the view in one go on that
-thread); a streamed answer (a blob
-download) is read chunk by chunk from a thread instead of whole into memory,
-as Django's own handler does with a synchronous iterator. A body larger than a
+Under Django (``DjangoApp``): a request's body is read on the event loop, then
+the request borrows a pool thread, on which Django's synchronous handler runs
+whole, as under a threaded WSGI server (signals, middleware, view, the answer
+read and closed), and gives it back before its answer is sent; a streamed
+answer larger than ``SMALL_STREAM_BYTES`` (a blob download) is read chunk by
+chunk from a worker thread instead of whole into memory. A body larger than a
 form may be (``DATA_UPLOAD_MAX_MEMORY_SIZE``) is read only for the API's
 upload, and only once its bearer token has passed (``pippa_site.bearer``: the
 API's service and throttle; the view checks it again); anything else that
@@ -29,7 +28,9 @@ import json
 import math
 import os
 import re
-from contextvars import ContextVar
+import sys
+import tempfile
+from contextlib import closing
 from typing import Any
 
 import anyio.to_thread
@@ -40,12 +41,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pippa_site.settings")
 django.setup(set_prefix=False)
 
 from django.conf import settings  # noqa: E402
-from django.core.handlers.asgi import ASGIHandler  # noqa: E402
+from django.core.handlers.wsgi import WSGIHandler  # noqa: E402
+from django.http import FileResponse  # noqa: E402
 
 from pippa_mcp.asgi import MCPApp  # noqa: E402
 from pippa_site import throttle  # noqa: E402
 from pippa_site.bearer import bearer_token, bearer_user  # noqa: E402
-from pippa_site.sync_pool import Lease, SyncPool  # noqa: E402
+from pippa_site.sync_pool import SyncPool  # noqa: E402
 
 MCP_PATHS = frozenset({"/mcp", "/mcp/"})
 # The one door that takes a body past the form limit (api.api.task_artifact_upload).
@@ -60,42 +62,82 @@ _CHALLENGE = [(b"www-authenticate", b"Bearer")]
 _END = object()
 # A streamed answer up to this size is read from its file in one go.
 SMALL_STREAM_BYTES = 256 * 1024
-_lease: ContextVar[Lease] = ContextVar("pippa_lease")
+# A larger streamed answer is sent in chunks of this size.
+STREAM_CHUNK_BYTES = 2**16
 
 
-class PippaASGIHandler(ASGIHandler):
-    """Django's ASGI handler on a fixed pool of threads (see the module docstring)."""
+class DjangoApp:
+    """Django's synchronous handler, whole, on one pool thread a request.
+
+    The body is read here on the event loop (a client trickling it holds no
+    thread); then one hop to a pool thread runs Django's ``WSGIHandler`` as a
+    threaded WSGI server would (``request_started``, the middleware chain and
+    the view, the answer read and closed, ``request_finished``), and the
+    answer is sent from the loop (a slow reader holds no thread either).
+    Django's own ``ASGIHandler`` hops between the loop and a thread three times
+    a request (the ``request_started`` signal, the chain and view, the
+    answer's close); one hop costs the site about half a millisecond of CPU
+    less a request (docs/serving-and-bench.md).
+    """
 
     def __init__(self, site: Site) -> None:
-        super().__init__()
-        # Every middleware and view here is synchronous. Django's async chain
-        # would hop between the event loop and the request's thread three
-        # times a request (into the outer middleware, back out for the
-        # async-capable inner one, in again for the view); loaded in its
-        # synchronous mode, as the WSGI handler loads it, the chain runs whole
-        # on the request's pool thread: one hop (get_response_async).
-        self.load_middleware(is_async=False)
         self.site = site
-
-    async def get_response_async(self, request):
-        return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+        self.handler = WSGIHandler()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             raise ValueError(f"Django serves HTTP only, not {scope['type']}")
-        body = _body_kind(scope)
-        if body == TOO_LARGE:
+        kind = _body_kind(scope)
+        if kind == TOO_LARGE:
             await _refuse(send, 413, ERR_BODY_TOO_LARGE)
             return
-        if body == LARGE_UPLOAD and not await self._upload_allowed(scope, send):
+        if kind == LARGE_UPLOAD and not await self._upload_allowed(scope, send):
             return
-        lease = Lease(self.site.pool())
-        token = _lease.set(lease)
+        body = await _read_body(receive, _body_limit(kind))
+        if body is None:
+            return  # the client left before its body was in
+        if body is TOO_LARGE:  # sent in chunks, with no length to refuse it by
+            await _refuse(send, 413, ERR_BODY_TOO_LARGE)
+            return
+        with closing(body):
+            status, headers, content, stream = await self.site.pool().run(
+                self._respond, _environ(scope, body)
+            )
+            await send(
+                {"type": "http.response.start", "status": status, "headers": headers}
+            )
+            if stream is None:
+                await send({"type": "http.response.body", "body": content})
+            else:
+                await _send_stream(stream, receive, send)
+
+    def _respond(self, environ: dict[str, Any]):
+        """On the pool thread: (status, headers, content, None) or a stream.
+
+        A whole answer, or a streamed one small enough (a static file, a
+        preview), is read and closed here; a larger stream (a blob download)
+        comes back to be read a chunk at a time and closed once sent.
+        """
+        started: list[tuple[str, list[tuple[str, str]]]] = []
+        response = self.handler(
+            environ,
+            lambda status, headers, exc_info=None: started.append((status, headers)),
+        )
+        status, headers = started[0]
+        code = int(status[:3])
+        raw = [
+            (name.encode("latin-1"), value.encode("latin-1")) for name, value in headers
+        ]
+        if response.streaming:
+            length = _declared_length(response)
+            if length is None or length > SMALL_STREAM_BYTES:
+                if isinstance(response, FileResponse):
+                    response.block_size = STREAM_CHUNK_BYTES
+                return code, raw, None, response
         try:
-            await self.handle(scope, receive, send)
+            return code, raw, b"".join(response), None
         finally:
-            await lease.exit()
-            _lease.reset(token)
+            response.close()
 
     async def _upload_allowed(self, scope, send) -> bool:
         """Check a large upload's token before its body is read (the API checks again)."""
@@ -113,36 +155,96 @@ class PippaASGIHandler(ASGIHandler):
             await _refuse(send, 401, "Unauthorized", _CHALLENGE)
         return False
 
-    async def read_body(self, receive):
-        body = await super().read_body(receive)
-        # The body is in: from here to the answer, one pool thread.
-        await _lease.get().enter()
-        return body
 
-    async def send_response(self, response, send):
-        # The answer is made: sending it (to a slow reader too) needs no thread.
-        await _lease.get().exit()
-        if response.streaming and not response.is_async:
-            response.streaming_content = _chunks_from_thread(
-                response.streaming_content, _declared_length(response)
-            )
-        await super().send_response(response, send)
+async def _read_body(receive, limit: int):
+    """The request's body, in memory up to ``FILE_UPLOAD_MAX_MEMORY_SIZE``, then
+    in a temporary file written from a worker thread; None if the client left,
+    ``TOO_LARGE`` past ``limit`` (a body sent in chunks declares no length)."""
+    memory = settings.FILE_UPLOAD_MAX_MEMORY_SIZE
+    # Returned to the caller, which closes it.
+    body = tempfile.SpooledTemporaryFile(max_size=memory, mode="w+b")  # noqa: SIM115
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            body.close()
+            return None
+        if chunk := message.get("body"):
+            size += len(chunk)
+            if size > limit:
+                body.close()
+                return TOO_LARGE
+            if size > memory:  # on disk, or about to roll over to it
+                await asyncio.to_thread(body.write, chunk)
+            else:
+                body.write(chunk)
+        if not message.get("more_body", False):
+            body.seek(0)
+            return body
 
 
-async def _chunks_from_thread(iterator, length: int | None):
-    """Yield a synchronous iterator's chunks, read in a worker thread.
+def _body_limit(kind: str) -> int:
+    """The most a body of this kind may be: an admitted upload's, or a form's."""
+    if kind == LARGE_UPLOAD:
+        return settings.PIPPA_MAX_UPLOAD_BYTES
+    return settings.DATA_UPLOAD_MAX_MEMORY_SIZE
 
-    A small answer (a static file, a preview) is read in one go; a larger one a
-    chunk at a time, so a download is never gathered into memory.
+
+def _environ(scope: dict[str, Any], body) -> dict[str, Any]:
+    """The WSGI environ of an ASGI request whose body has been read (PEP 3333).
+
+    Strings are the bytes as latin-1, as PEP 3333 has them, and Django decodes
+    them back; ``CONTENT_LENGTH`` is the size of the body read, so a body sent
+    in chunks (no Content-Length) reaches the view too.
     """
-    loop = asyncio.get_running_loop()
-    if length is not None and length <= SMALL_STREAM_BYTES:
-        for chunk in await loop.run_in_executor(None, list, iterator):
-            yield chunk
-        return
-    chunks = iter(iterator)
-    while (chunk := await loop.run_in_executor(None, next, chunks, _END)) is not _END:
-        yield chunk
+    server = scope.get("server") or ("localhost", 80)
+    client = scope.get("client") or ("", 0)
+    script_name = scope.get("root_path", "").encode().decode("latin-1")
+    environ = {
+        "REQUEST_METHOD": scope["method"],
+        "SCRIPT_NAME": script_name,
+        "PATH_INFO": scope["path"].encode().decode("latin-1").removeprefix(script_name),
+        "QUERY_STRING": scope["query_string"].decode("latin-1"),
+        "SERVER_PROTOCOL": f"HTTP/{scope['http_version']}",
+        "SERVER_NAME": server[0],
+        "SERVER_PORT": str(server[1] or 0),
+        "REMOTE_ADDR": client[0],
+        "wsgi.version": (1, 0),
+        "wsgi.url_scheme": scope.get("scheme", "http"),
+        "wsgi.input": body,
+        "wsgi.errors": sys.stderr,
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": True,
+        "wsgi.run_once": False,
+    }
+    for name, value in scope.get("headers", []):
+        key = name.decode("latin-1").upper().replace("-", "_")
+        if key not in ("CONTENT_LENGTH", "CONTENT_TYPE"):
+            key = f"HTTP_{key}"
+        value = value.decode("latin-1")
+        # Repeated fields are joined, as a WSGI server and Django's ASGIRequest do.
+        environ[key] = f"{environ[key]},{value}" if key in environ else value
+    size = body.seek(0, os.SEEK_END)
+    body.seek(0)
+    if size or "CONTENT_LENGTH" in environ:
+        environ["CONTENT_LENGTH"] = str(size)
+    return environ
+
+
+async def _send_stream(response, receive, send) -> None:
+    """Send a large streamed answer a chunk at a time, read in a worker thread;
+    stop when the client leaves; close the answer (``request_finished``) last."""
+    left = asyncio.ensure_future(receive())  # after the body, only a disconnect
+    try:
+        chunks = iter(response)
+        while (chunk := await asyncio.to_thread(next, chunks, _END)) is not _END:
+            if left.done():
+                return
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body"})
+    finally:
+        left.cancel()
+        await asyncio.to_thread(response.close)
 
 
 def _declared_length(response) -> int | None:
@@ -211,7 +313,7 @@ class Site:
 
     def __init__(self) -> None:
         self._pool: SyncPool | None = None
-        self.django = PippaASGIHandler(self)
+        self.django = DjangoApp(self)
         self.mcp = MCPApp(run_sync=lambda fn, *args: self.pool().run(fn, *args))
 
     def pool(self) -> SyncPool:

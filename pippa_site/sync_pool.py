@@ -1,26 +1,24 @@
 """A fixed pool of threads for Django's synchronous code under the ASGI server.
 
-Django's ASGI handler runs a request's middleware and view (and the signals
-around them) in one thread per request: by default a thread of its own, made
-and dropped per request, with a database connection opened and left behind
-each time. This pool keeps ``PIPPA_WEB_THREADS`` single-thread executors
-instead. A request borrows one only once its body is in (a client trickling a
-body holds no thread) and gives it back before its answer is sent (a client
-reading slowly holds none either); meanwhile every thread-sensitive call of the
-request runs on that one thread (``asgiref.sync.ThreadSensitiveContext`` with an
-executor). Each thread keeps its database connection between requests
-(``CONN_MAX_AGE``), as the threaded WSGI server did. A request waiting for a
-thread is a coroutine, not a thread.
+Each of ``PIPPA_WEB_THREADS`` threads is a single-thread executor, lent to one
+call at a time: a Django request (``pippa_site.asgi.DjangoApp``, its whole
+handler in one hop, once its body is in and until its answer is made), the MCP
+door's token check, or a large upload's. A client trickling a body, or reading
+an answer slowly, holds no thread; a call waiting for one is a coroutine, not a
+thread. Each thread keeps its database connection between calls
+(``CONN_MAX_AGE``), as a threaded WSGI server's threads do (Django's own ASGI
+handler would run each request's code on a thread made for it and leave a
+connection behind each time).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.db import close_old_connections, connections
 
 
@@ -49,13 +47,14 @@ class SyncPool:
         self._queue().put_nowait(executor)
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` on a borrowed thread, as one request would."""
-        lease = Lease(self)
+        """Run ``fn(*args)`` on a borrowed thread, as one request would: one hop."""
+        executor = await self.acquire()
         try:
-            await lease.enter()
-            return await sync_to_async(_as_request(fn), thread_sensitive=True)(*args)
+            return await asyncio.get_running_loop().run_in_executor(
+                executor, contextvars.copy_context().run, _as_request(fn), *args
+            )
         finally:
-            await lease.exit()
+            self.release(executor)
 
     def shutdown(self) -> None:
         """Close each thread's database connections and stop the threads."""
@@ -67,30 +66,12 @@ class SyncPool:
             executor.shutdown(wait=False)
 
 
-class Lease:
-    """One request's hold on a pool thread: entered once, left once."""
-
-    def __init__(self, pool: SyncPool) -> None:
-        self.pool = pool
-        self.executor: ThreadPoolExecutor | None = None
-        self.context: ThreadSensitiveContext | None = None
-
-    async def enter(self) -> None:
-        self.executor = await self.pool.acquire()
-        self.context = ThreadSensitiveContext(executor=self.executor)
-        await self.context.__aenter__()
-
-    async def exit(self) -> None:
-        context, executor = self.context, self.executor
-        self.context = self.executor = None
-        if context is not None:
-            await context.__aexit__(None, None, None)
-        if executor is not None:
-            self.pool.release(executor)
-
-
 def _as_request(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap ``fn`` like a request: drop stale connections before and after."""
+    """Wrap ``fn`` like a request: drop stale connections before and after.
+
+    Django's handler does the same through its request signals; for the other
+    calls (the token checks) this is what does it.
+    """
 
     def call(*args: Any) -> Any:
         close_old_connections()

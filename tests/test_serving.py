@@ -376,6 +376,106 @@ def test_a_large_upload_and_its_download_go_through_the_asgi_server_whole(
     assert content[2] == payload
 
 
+def _chunked_post(port: int, path: str, body: bytes, **headers) -> tuple[int, bytes]:
+    """POST ``body`` in 64 KiB chunks (Transfer-Encoding: chunked, no length)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    pieces = (body[i : i + 65536] for i in range(0, len(body), 65536))
+    try:
+        conn.request("POST", path, body=pieces, headers=headers, encode_chunked=True)
+        response = conn.getresponse()
+        return response.status, response.read()
+    except OSError:
+        return 0, b""  # the server answered early and closed
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+def test_a_body_sent_in_chunks_reaches_the_view_and_past_a_forms_size_is_refused(
+    asgi_server, make_user
+):
+    """A body with no Content-Length is read whole for the view, and bounded
+    like a declared one: past the form limit, 413 and nothing stored."""
+    from api.services import token_create
+    from tasks.models import Conversation
+
+    user = make_user()
+    token = token_create(user=user, name="chunks").raw
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+    # 200 KB of JSON whitespace: the body spans several chunks.
+    created = _chunked_post(
+        asgi_server.port,
+        "/api/v1/conversations",
+        b'{"title": "Sent in chunks"' + b" " * 200_000 + b"}",
+        **headers,
+    )
+    huge = _chunked_post(
+        asgi_server.port,
+        "/api/v1/conversations",
+        b'{"title": "Too large"' + b" " * (3 * 1024 * 1024) + b"}",
+        **headers,
+    )
+
+    assert created[0] == 201, created
+    assert json.loads(created[1])["title"] == "Sent in chunks"
+    assert huge[0] in {413, 0}, huge  # 0: it closed while the client still sent
+    if huge[0]:
+        assert json.loads(huge[1]) == {"detail": "request body too large"}
+    titles = Conversation.objects.filter(owner=user).values_list("title", flat=True)
+    assert list(titles) == ["Sent in chunks"]
+    assert _request(f"{asgi_server.url}/login/", "GET")[0] == 200
+
+
+@pytest.mark.slow
+def test_a_download_stops_being_read_once_its_client_leaves(
+    asgi_server, make_user, monkeypatch
+):
+    """The server reads a blob a chunk at a time as it sends it; a client that
+    leaves after the first bytes ends the reading, and the answer is closed."""
+    from api.services import token_create
+    from artifacts.models import ArtifactClass
+    from artifacts.services import artifact_store
+    from artifacts.store import BlobStore
+
+    user = make_user()
+    token = token_create(user=user, name="reader").raw
+    size = 64 * 1024 * 1024
+    artifact = artifact_store(
+        owner=user,
+        stream=(bytes([n]) * (1024 * 1024) for n in range(64)),
+        media_type="application/octet-stream",
+        artifact_class=ArtifactClass.SNAPSHOT,
+    )
+    chunks_read: list[int] = []
+    closed = threading.Event()
+    original = BlobStore.iter_chunks
+
+    def counting(self, sha, chunk_size=64 * 1024):
+        try:
+            for chunk in original(self, sha, chunk_size):
+                chunks_read.append(len(chunk))
+                yield chunk
+        finally:
+            closed.set()
+
+    monkeypatch.setattr(BlobStore, "iter_chunks", counting)
+
+    sock = socket.create_connection(("127.0.0.1", asgi_server.port), timeout=10)
+    sock.sendall(
+        f"GET /api/v1/artifacts/{artifact.pk}/content HTTP/1.1\r\n"
+        f"Host: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+    )
+    received = b""
+    while len(received) < 256 * 1024:
+        received += sock.recv(65536)
+    sock.close()
+
+    assert received.startswith(b"HTTP/1.1 200"), received[:200]
+    assert closed.wait(10), "the download was not closed after its client left"
+    assert sum(chunks_read) < size // 2, sum(chunks_read)
+
+
 @pytest.mark.slow
 def test_a_pages_middleware_and_view_run_whole_on_one_pool_thread(
     asgi_server, monkeypatch
