@@ -218,6 +218,10 @@ def _environ(scope: dict[str, Any], body) -> dict[str, Any]:
         "wsgi.run_once": False,
     }
     for name, value in scope.get("headers", []):
+        if b"_" in name:
+            # X_Forwarded_For would land where X-Forwarded-For does: dropped,
+            # as WSGI servers (gunicorn, Django's runserver) drop it.
+            continue
         key = name.decode("latin-1").upper().replace("-", "_")
         if key not in ("CONTENT_LENGTH", "CONTENT_TYPE"):
             key = f"HTTP_{key}"

@@ -91,6 +91,49 @@ def test_mcp_under_a_wsgi_server_says_it_is_served_by_the_asgi_app(client):
     assert "served by the ASGI application" in response.json()["error"]["message"]
 
 
+def test_a_request_reaches_django_as_a_wsgi_server_would_hand_it_over():
+    """The environ DjangoApp builds: the path and query as sent, repeated fields
+    joined, the body's own length, and no field with an underscore in its name
+    (X_Forwarded_For would stand in for X-Forwarded-For behind a proxy)."""
+    import io
+
+    from django.core.handlers.wsgi import WSGIRequest
+
+    from pippa_site.asgi import _environ
+
+    body = io.BytesIO(b"title=caf%C3%A9")
+    scope = {
+        "type": "http",
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/tasks/ünïcode/",
+        "raw_path": b"/tasks/%C3%BCn%C3%AFcode/",
+        "query_string": b"q=a%20b&page=2",
+        "root_path": "",
+        "headers": [
+            (b"host", b"pippa.example"),
+            (b"content-type", b"application/x-www-form-urlencoded"),
+            (b"accept", b"text/html"),
+            (b"accept", b"application/json"),
+            (b"x-forwarded-for", b"203.0.113.7"),
+            (b"x_forwarded_for", b"198.51.100.1"),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+
+    request = WSGIRequest(_environ(scope, body))
+
+    assert request.path == "/tasks/ünïcode/"
+    assert request.GET.dict() == {"q": "a b", "page": "2"}
+    assert request.META["HTTP_ACCEPT"] == "text/html,application/json"
+    assert request.META["HTTP_X_FORWARDED_FOR"] == "203.0.113.7"
+    assert request.META["CONTENT_LENGTH"] == str(len(b"title=caf%C3%A9"))
+    assert request.META["REMOTE_ADDR"] == "127.0.0.1"
+    assert request.POST.dict() == {"title": "café"}
+
+
 # --- The production server: gunicorn + uvicorn with pippa_site/gunicorn_conf.py ---
 
 
