@@ -12,6 +12,7 @@ borrowed only while a view runs. docs/serving-and-bench.md says why.
 
 from __future__ import annotations
 
+import gc
 import os
 
 from uvicorn_worker import UvicornWorker
@@ -65,3 +66,17 @@ control_socket_disable = True
 accesslog = os.environ.get("PIPPA_ACCESS_LOG") or None
 errorlog = "-"
 loglevel = os.environ.get("PIPPA_WEB_LOG_LEVEL", "warning")
+
+
+def post_worker_init(worker) -> None:
+    """Take what the worker has loaded (Django, the site's modules, settings)
+    out of the garbage collector's sight once, before the first request.
+
+    Left in, the collector walks it again and again: in one paced load run
+    the worker's two full collections took 89 and 116 ms and its 30-odd
+    middle ones 4-9 ms each, a request waiting behind each; frozen, the task
+    page's p95 under that load went from 70-82 ms to 52-56
+    (docs/serving-and-bench.md).
+    """
+    gc.collect()
+    gc.freeze()

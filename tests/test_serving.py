@@ -4,6 +4,7 @@ application) bounding what a client may send, and slow clients costing nothing."
 
 from __future__ import annotations
 
+import gc
 import gzip
 import http.client
 import json
@@ -135,6 +136,23 @@ def test_a_request_reaches_django_as_a_wsgi_server_would_hand_it_over():
 
 
 # --- The production server: gunicorn + uvicorn with pippa_site/gunicorn_conf.py ---
+
+
+def test_a_server_worker_takes_what_it_loaded_out_of_the_collectors_sight():
+    """What a worker loaded before its first request (Django, the site's
+    modules, their classes) is frozen: no collection walks it again, where a
+    full one took 89-116 ms under load (docs/serving-and-bench.md)."""
+    from pippa_site import gunicorn_conf
+
+    loaded = gunicorn_conf.PippaUvicornWorker
+    assert any(obj is loaded for obj in gc.get_objects())
+    try:
+        gunicorn_conf.post_worker_init(worker=None)
+        assert gc.get_freeze_count() > 0
+        assert not any(obj is loaded for obj in gc.get_objects())
+    finally:
+        gc.unfreeze()
+    assert gc.get_freeze_count() == 0
 
 
 def _free_port() -> int:
