@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from django.urls import reverse
 
+from pippa_site import gunicorn_conf
 from tasks.models import Task
 from tests.conftest import REPO
 from tests.support.promptness import assert_answered_promptly
@@ -142,8 +143,6 @@ def test_a_server_worker_takes_what_it_loaded_out_of_the_collectors_sight():
     """What a worker loaded before its first request (Django, the site's
     modules, their classes) is frozen: no collection walks it again, where a
     full one took 89-116 ms under load (docs/serving-and-bench.md)."""
-    from pippa_site import gunicorn_conf
-
     loaded = gunicorn_conf.PippaUvicornWorker
     assert any(obj is loaded for obj in gc.get_objects())
     try:
