@@ -7,6 +7,11 @@ CSP, htmx) and the number of queries. The baseline is a view that returns a
 constant through the same stack, so the ratio is the dashboard's own cost.
 
 The timeline is paginated (100 steps a page, opening at the current step).
+Its settled rows are drawn once per server process and then kept
+(``dashboard.rowcache``): the medians above are of pages whose rows are kept.
+The "first open" row draws a running task's page with none kept yet, as the
+first tab to open a task in a process does (the task page's tail under the
+load run's viewers, ``bench_load``, is those opens).
 The "whole timeline on one page" row shows why: rendering every row scales
 with the plan's length, while a page costs the same at step 10 or 10,000.
 
@@ -32,9 +37,12 @@ from django.utils import timezone
 
 from artifacts.models import ArtifactClass
 from artifacts.services import artifact_store
-from bench.harness import Report, median_ms
-from dashboard import selectors
+from bench.bench_executor import tool_setup
+from bench.harness import Report, interleaved_ms, median_ms
+from dashboard import rowcache, selectors
+from tasks.executor import step
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
+from tasks.plan import task_create
 
 
 def trivial(request):
@@ -123,6 +131,23 @@ def _task_with(conversation, *, steps: int, events: int, outputs: int) -> Task:
     return task
 
 
+def _running_task(conversation, *, steps: int, done: int) -> Task:
+    """A task the executor has stepped ``done`` times: real events, outputs
+    in files, a live lease."""
+    tool_setup()
+    task = task_create(
+        conversation=conversation,
+        title=f"Bench task, {done} of {steps} steps done",
+        steps=[
+            {"title": f"s{i}", "tool": "bench.payload", "args": {}}
+            for i in range(steps)
+        ],
+    )
+    for _ in range(done):
+        step(task_id=task.pk, worker_id="bench:dashboard")
+    return task
+
+
 def _conversations(owner, count: int) -> None:
     rows = Conversation.objects.bulk_create(
         [Conversation(owner=owner, title=f"Conversation {i}") for i in range(count)],
@@ -203,6 +228,30 @@ def run(report: Report) -> None:
             unit="queries",
             higher_is_better=False,
             target="= baseline",
+        )
+        # A running task's page opened first in this process (no row kept
+        # yet), beside the same page opened again, in turns.
+        running = _running_task(home, steps=200, done=60)
+        url = running.get_absolute_url()
+        assert client.get(url).status_code == 200
+        first = interleaved_ms(
+            {
+                "first": lambda: (rowcache.clear(), client.get(url)),
+                "again": lambda: client.get(url),
+            },
+            repeat * 2,
+            warmup=1,
+        )
+        report.add(
+            group="dashboard",
+            figure="task page of a running task, first open in the process "
+            "(200 steps, 60 done by the executor: no row drawn yet)",
+            value=first["first"],
+            baseline_name="the same page again (its settled rows kept)",
+            baseline=first["again"],
+            unit="ms",
+            higher_is_better=False,
+            target="(diagnostic)",
         )
         poll_ms, poll_q = _measure(
             client,

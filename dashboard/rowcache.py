@@ -471,16 +471,15 @@ def code_version(template: str, urlconf: str | None = None) -> str:
 
 class _Keys:
     """The keys of one list's rows: the code's version and the page's values,
-    hashed once, then each row's values."""
+    hashed once, then each row's values (``kind.item_values``)."""
 
     def __init__(self, kind: RowKind, version: str, page: tuple):
-        self.kind = kind
         self.prefix = f"{kind.partial}:{version}:"
         self.page = hashlib.blake2b(f"{page!r}|".encode(), digest_size=20)
 
-    def __call__(self, item) -> str:
+    def __call__(self, values: tuple) -> str:
         digest = self.page.copy()
-        digest.update(repr(self.kind.item_values(item)).encode())
+        digest.update(repr(values).encode())
         return self.prefix + digest.hexdigest()
 
 
@@ -491,7 +490,10 @@ def render_rows(kind: RowKind, partial, context, items, template: str) -> SafeSt
     key_of = _Keys(
         kind, code_version(template, get_urlconf()), _page_values(kind, context)
     )
-    keys = {i: key_of(item) for i, item in enumerate(items) if kind.may_keep(item)}
+    values = {
+        i: kind.item_values(item) for i, item in enumerate(items) if kind.may_keep(item)
+    }
+    keys = {i: key_of(v) for i, v in values.items()}
     store = caches[ALIAS]
     found = store.get_many(keys.values()) if keys else {}
     # What the rows to draw still lack, read at once; a row found reads none.
@@ -514,8 +516,10 @@ def render_rows(kind: RowKind, partial, context, items, template: str) -> SafeSt
                     markup = partial.render(context)
                 # Kept under its key only if what it is made from did not
                 # change while it was read (a file gone between its stat and
-                # its read): else drawn, and looked up again next time.
-                if key and kind.kept(item) and key == key_of(item):
+                # its read): else drawn, and looked up again next time. The
+                # values are compared, not hashed again: only this request
+                # changes the objects it holds, never a value's type.
+                if key and kind.kept(item) and kind.item_values(item) == values[i]:
                     fresh[key] = str(markup)
             drawn.append(markup)
     if fresh:
