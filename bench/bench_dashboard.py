@@ -7,13 +7,14 @@ CSP, htmx) and the number of queries. The baseline is a view that returns a
 constant through the same stack, so the ratio is the dashboard's own cost.
 
 The timeline is paginated (100 steps a page, opening at the current step).
-Its settled rows are drawn once per server process and then kept
-(``dashboard.rowcache``): the medians above are of pages whose rows are kept.
-The "first open" row draws a running task's page with none kept yet, as the
-first tab to open a task in a process does (the task page's tail under the
-load run's viewers, ``bench_load``, is those opens).
 The "whole timeline on one page" row shows why: rendering every row scales
 with the plan's length, while a page costs the same at step 10 or 10,000.
+
+A page's settled rows are drawn once per server process and then kept
+(``dashboard.rowcache``), so the other task page rows time pages whose rows
+are kept. The "first open" row draws a running task's page with none kept
+yet, as the first tab to open a task in a process does (the task page's
+tail under the load run's viewers, ``bench_load``, is those opens).
 
 This module doubles as the URLconf of the run (the site's URLs plus the
 trivial view), so the baseline goes through exactly the same middleware.
