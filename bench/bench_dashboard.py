@@ -38,12 +38,11 @@ from django.utils import timezone
 
 from artifacts.models import ArtifactClass
 from artifacts.services import artifact_store
-from bench.bench_executor import tool_setup
+from bench.bench_executor import _make_tasks, tool_setup
 from bench.harness import Report, interleaved_ms, median_ms
 from dashboard import rowcache, selectors
 from tasks.executor import step
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
-from tasks.plan import task_create
 
 
 def trivial(request):
@@ -136,17 +135,10 @@ def _running_task(conversation, *, steps: int, done: int) -> Task:
     """A task the executor has stepped ``done`` times: real events, outputs
     in files, a live lease."""
     tool_setup()
-    task = task_create(
-        conversation=conversation,
-        title=f"Bench task, {done} of {steps} steps done",
-        steps=[
-            {"title": f"s{i}", "tool": "bench.payload", "args": {}}
-            for i in range(steps)
-        ],
-    )
+    [task_id] = _make_tasks(conversation, steps)
     for _ in range(done):
-        step(task_id=task.pk, worker_id="bench:dashboard")
-    return task
+        step(task_id=task_id, worker_id="bench:dashboard")
+    return Task.objects.get(pk=task_id)
 
 
 def _conversations(owner, count: int) -> None:
