@@ -16,7 +16,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST, require_safe
 
 from artifacts.caching import immutable, not_modified
-from artifacts.lineage_graph import lineage_svg
+from artifacts.lineage_graph import lineage_graph
 from artifacts.models import Artifact
 from artifacts.preview import preview_artifact_for, preview_sha_for, preview_status
 from artifacts.selectors import (
@@ -154,7 +154,7 @@ def artifact_detail(request: HttpRequest, artifact_id: int) -> HttpResponse:
             "preview": preview_artifact_for(artifact),
             "preview_state": preview_status(artifact),
             "lineage": lineage,
-            "lineage_svg": lineage_svg(artifact=artifact, lineage=lineage),
+            "lineage_graph": lineage_graph(artifact=artifact, lineage=lineage),
             "owners": owners,
             "is_text": artifact.media_type.startswith(TEXT_MEDIA_PREFIXES),
             "excerpt": _head_text(artifact)

@@ -1,4 +1,5 @@
-"""The architecture is a contract: import-linter checks it (`make lint`, `make test-all`)."""
+"""The architecture is a contract: import-linter checks the imports (`make lint`,
+`make test-all`), and markup lives in templates, never in a Python module."""
 
 from __future__ import annotations
 
@@ -27,3 +28,54 @@ def test_every_import_points_down_and_no_app_imports_in_a_circle():
 
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "0 broken" in proc.stdout
+
+
+# What may make markup safe outside the templates: the admin's small columns
+# and template tags (a link, a badge), and the rows cache, which only joins what
+# the partials drew and marks its stand-ins. Nothing else draws page markup.
+SAFE_MARKUP_ALLOWED = {"dashboard/rowcache.py"}
+SAFE_MARKUP_NAMES = {"format_html", "format_html_join", "mark_safe", "SafeString"}
+APPS = (
+    "api",
+    "artifacts",
+    "brains",
+    "council",
+    "dashboard",
+    "pippa_mcp",
+    "pippa_site",
+    "tasks",
+)
+
+
+def _draws_markup(path: Path) -> set[str]:
+    import ast
+
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in (
+            "django.utils.html",
+            "django.utils.safestring",
+        ):
+            names |= {a.name for a in node.names} & SAFE_MARKUP_NAMES
+        elif isinstance(node, ast.Attribute) and node.attr in SAFE_MARKUP_NAMES:
+            names.add(node.attr)
+    return names
+
+
+def test_no_python_module_draws_page_markup_outside_admin_columns_and_tags():
+    drawn = {}
+    for app in APPS:
+        for path in sorted((REPO / app).rglob("*.py")):
+            rel = path.relative_to(REPO).as_posix()
+            if (
+                "/migrations/" in rel
+                or path.name == "admin.py"
+                or "/templatetags/" in rel
+                or rel in SAFE_MARKUP_ALLOWED
+            ):
+                continue
+            if names := _draws_markup(path):
+                drawn[rel] = sorted(names)
+
+    assert drawn == {}, "markup belongs in templates/: " + repr(drawn)

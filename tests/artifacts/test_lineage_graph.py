@@ -125,3 +125,23 @@ def test_a_wide_lineage_draws_a_few_boxes_and_says_how_many_more(user, kept):
     ]
     assert row[-1].artifact is None
     assert row[-1].more == 7
+
+
+def test_a_long_title_is_shortened_in_its_box_and_whole_in_the_list_under_it(
+    dad_client, kept
+):
+    long_title = "Quarterly closes of every fund, revised"
+    source = kept(title=long_title)
+    untitled = kept(title="", source_ids=[source.pk])
+    page = dad_client.get(
+        reverse("artifacts:detail", args=[untitled.pk])
+    ).content.decode()
+    svg = _svg(page)
+    names = re.findall(r'<text class="name" x="\d+" y="\d+">([^<]+)</text>', svg)
+    # 22 characters, the ellipsis included; an untitled artifact is named by id.
+    assert names == ["Quarterly closes of e…", f"Artifact {untitled.pk}"]
+    assert (
+        f'aria-label="snapshot · artifact {untitled.pk}: Artifact {untitled.pk} '
+        '(this artifact)"' in svg
+    )
+    assert f"<bdi>{long_title}</bdi>" in page.split("</svg>")[1]
