@@ -272,7 +272,8 @@ def todo_for_user(
     if totals is not None and not totals.waiting:
         return ToDo(decisions=[], paused=[], working=totals.working)
     steps = (
-        Step.objects.filter(needs_you_q(), task__conversation__owner=user)
+        Step.objects.for_user(user)
+        .filter(needs_you_q())
         .select_related("task", "task__conversation")
         .order_by("task__created_at", "task_id", "position")
     )
@@ -280,7 +281,8 @@ def todo_for_user(
         steps = steps.exclude(task=exclude_task)
     decisions = list(steps[: TODO_LIMIT + 1])
     paused = list(
-        Task.objects.filter(conversation__owner=user, status=Task.Status.PAUSED)
+        Task.objects.for_user(user)
+        .filter(status=Task.Status.PAUSED)
         .exclude(_lease_live_q())
         .exclude(Exists(Step.objects.filter(needs_you_q(), task=OuterRef("pk"))))
         .select_related("conversation")
@@ -292,9 +294,7 @@ def todo_for_user(
     if totals is not None:
         working = totals.working
     else:
-        working = Task.objects.filter(
-            conversation__owner=user, status__in=ACTIVE
-        ).count()
+        working = Task.objects.for_user(user).filter(status__in=ACTIVE).count()
     return ToDo(decisions=decisions, paused=paused, working=working, more=more)
 
 

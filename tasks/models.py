@@ -54,11 +54,6 @@ class Brain(models.TextChoices):
 
 
 class ConversationQuerySet(OwnedQuerySet):
-    def owned_by(self, user) -> ConversationQuerySet:
-        """The user's own conversations: ``for_user(user)``, under its old name
-        for ``pippa_mcp`` until it calls ``for_user``."""
-        return self.for_user(user)
-
     def delete(self):
         raise DeleteRefused(ERR_CONVERSATION_DELETE)
 

@@ -168,8 +168,9 @@ def parse_dt(value):
 # -- statements --------------------------------------------------------------------
 
 _STEP_COLS = ", ".join(STEP_COLUMNS)
-_NOT_FINISHED = "status NOT IN (%s, %s)"  # S.DONE, S.SKIPPED
-FINISHED = (S.DONE, S.SKIPPED)
+# What "finished" means is Step.Status's; a statement binds FINISHED's values.
+FINISHED = S.finished()
+_NOT_FINISHED = f"status NOT IN ({', '.join(['%s'] * len(FINISHED))})"
 
 # The first step of a task that is not done or skipped, with its owner.
 STEP_NEXT = (
