@@ -11,7 +11,6 @@ service's typed refusal adds its ``code``).
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from django.conf import settings
@@ -53,6 +52,12 @@ from tasks.documents import (
 )
 from tasks.models import Brain, Conversation
 from tasks.resume import resume_context
+from tasks.shapes import (
+    ArtifactOut,
+    ConversationOut,
+    StepRunOut,
+    TaskOut,
+)
 from tasks.usage import (
     MAX_NAME,
     MAX_TOKENS,
@@ -254,64 +259,6 @@ class WorkerIn(InSchema):
     ]
 
 
-# The response shapes mirror tasks.documents (artifact_ref, step_payload,
-# task_summary, task_payload), which builds them for every door; a test holds
-# the two to the same keys.
-
-
-class ArtifactRefOut(Schema):
-    id: int
-    sha256: str
-    artifact_class: int
-    class_label: str
-    media_type: str
-    title: str
-    size: int
-
-
-class ArtifactOut(ArtifactRefOut):
-    source_refs: list[int]
-    created_at: datetime
-    content_url: str
-
-
-class StepOut(Schema):
-    id: int
-    position: int
-    title: str
-    status: str
-    tool: str
-    args: dict[str, Any]
-    artifact_class: int
-    side_effects: bool
-    attempts: int
-    max_attempts: int
-    error: str
-    output: ArtifactRefOut | None
-
-
-class TaskSummaryOut(Schema):
-    id: int
-    conversation_id: int
-    title: str
-    status: str
-    brain: str
-    steps_total: int
-    steps_done: int
-    lease_owner: str
-
-
-class TaskOut(TaskSummaryOut):
-    steps: list[StepOut]
-
-
-class ConversationOut(Schema):
-    id: int
-    title: str
-    created_at: datetime
-    task_ids: list[int]
-
-
 class TokenUsageOut(Schema):
     """Brain turns recorded on a task (or a conversation's tasks) and their tokens."""
 
@@ -349,15 +296,6 @@ class BrainTurnIn(InSchema):
     tokens: TokensIn | None = Field(
         default=None, description="The vendor's counts; null when it sent none."
     )
-
-
-class StepRunOut(Schema):
-    ran: bool
-    detail: str
-    invoked: bool
-    rule: str
-    step: StepOut | None
-    task: TaskOut
 
 
 def _steps_in(steps: list) -> list[dict]:

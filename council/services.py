@@ -2,9 +2,9 @@
 
 The horizontal axis (docs/design.md, "The council and its refs"): when a
 participant renders a widget, the next speakers receive a *ref* to it in
-``artifact_refs[]`` (``tasks.documents.artifact_ref``: id, sha256,
-artifact_class, class_label, media type, title, size; plus source URL,
-preview URL, source_refs), never the payload. A receiver chooses to read the
+``artifact_refs[]`` (``participant_ref``: ``tasks.documents.artifact_ref``'s
+id, sha256, artifact_class, class_label, media type, title, size; plus source
+URL, preview URL, source_refs), never the payload. A receiver chooses to read the
 SVG source or the PNG preview through the artifact endpoints. Reading is read-only: no lease, no state change.
 """
 
@@ -30,7 +30,7 @@ from artifacts.services import artifact_store
 from council.models import CouncilRound, Participant, Turn, TurnArtifact
 from pippa_site.errors import Invalid
 from pippa_site.text import TextError, bidi_strip, text_check, title_clean
-from tasks.documents import artifact_ref as brain_ref
+from tasks.documents import artifact_ref
 from tasks.models import Brain, Conversation
 
 CONTEXT_SCHEMA = "pippa.council.context/1"
@@ -113,7 +113,7 @@ def round_start(
 # -- artifact refs and the branch context -------------------------------------
 
 
-def artifact_ref(artifact: Artifact, *, role: str | None = None) -> dict:
+def participant_ref(artifact: Artifact, *, role: str | None = None) -> dict:
     """Return the ref a participant receives for ``artifact``: metadata and URLs only.
 
     The ref of ``tasks.documents.artifact_ref``, plus where to read
@@ -135,7 +135,7 @@ def artifact_ref(artifact: Artifact, *, role: str | None = None) -> dict:
         elif status:
             preview = {"status": status.get("status"), "reason": status.get("reason")}
     ref = {
-        **brain_ref(artifact),
+        **artifact_ref(artifact),
         "source_url": reverse("artifacts:source", args=[artifact.pk]),
         "preview_url": preview_url,
         "source_refs": [
@@ -168,7 +168,7 @@ def _turn_refs(turn: Turn) -> list[dict]:
             shown_previews - {None}
         ):
             continue  # reachable through its widget's preview_url
-        refs.append(artifact_ref(link.artifact, role=link.role))
+        refs.append(participant_ref(link.artifact, role=link.role))
     return refs
 
 

@@ -3,9 +3,10 @@
 Every tool is a plain module-level function, a thin door onto the services
 the JSON API and the dashboard call (``tasks.plan``, ``tasks.actions``,
 ``tasks.resume``, ``artifacts``, ``council``); none carries a rule of its own.
-``tool`` registers each one on the module's ``server`` and returns it as it
-is, so a test calls ``get_task(task_id=1)`` inside ``acting_as(user)`` without
-the protocol.
+``tool`` registers each one on the module's ``server`` and returns it
+wrapped by ``guarded`` (the text rule on its arguments, a refusal as a tool
+error), so a test calls ``get_task(task_id=1)`` inside ``acting_as(user)``
+without the protocol and meets the errors a client would.
 
 The user a call acts as comes from the door that received it (``--user`` or a
 token for stdio, the bearer token for HTTP) through ``acting_as``; every read
@@ -68,7 +69,7 @@ from council.selectors import (
     round_payload,
     rounds_payload,
 )
-from council.services import artifact_ref
+from council.services import participant_ref
 from council.services import round_start as council_round_create
 from council.services import turn_add as council_turn_create
 from pippa_site.errors import PippaError
@@ -448,7 +449,8 @@ ArtifactClassValue = Annotated[
     int,
     Field(strict=True, ge=1, le=4, description="1 file, 2 fetch, 3 snapshot, 4 render"),
 ]
-StepStatus = Literal["pending", "running", "done", "failed", "needs_review", "skipped"]
+# The statuses are Step.Status's, written out for the tool's JSON schema.
+StepStatus = Literal[tuple(Step.Status.values)]
 DecisionAction = Literal["adopt", "rerun", "retry", "skip", "fail"]
 
 
@@ -559,7 +561,7 @@ def list_conversations() -> list[dict[str, Any]]:
     A conversation holds tasks and council rounds; a task's plan lives here,
     keyed by conversation, so it survives your session ending.
     """
-    rows = Conversation.objects.owned_by(current_user()).order_by("-updated_at")
+    rows = Conversation.objects.for_user(current_user()).order_by("-updated_at")
     return _plain_json([conversation_payload(c) for c in rows[:200]])
 
 
@@ -1109,8 +1111,9 @@ def council_rounds(conversation_id: Id) -> list[dict[str, Any]]:
 def council_context(round_id: Id, participant_id: Id | None = None) -> dict[str, Any]:
     """Return the context the next speaker of a council round receives.
 
-    Earlier turns' text and artifact_refs[] (id, sha256, class, media type,
-    title, size, preview state, source_refs): refs, never payloads. To see a
+    Earlier turns' text and artifact_refs[] (id, sha256, artifact_class,
+    class_label, media_type, title, size, source_url, preview_url, preview
+    state, source_refs): refs, never payloads. To see a
     widget, call artifact_read with its id: view='source' for the SVG
     markup, view='preview' for the PNG. Read-only.
     """
@@ -1155,7 +1158,7 @@ def council_turn_add(
         cites=[c.pk for c in cited],
     )
     produced = [
-        artifact_ref(link.artifact, role=link.role)
+        participant_ref(link.artifact, role=link.role)
         for link in turn.artifact_links.filter(
             role=TurnArtifact.Role.PRODUCED
         ).select_related("artifact")

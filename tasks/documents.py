@@ -1,4 +1,5 @@
-"""The documents a program reads: owner-checked reads and their JSON shapes.
+"""The documents a program reads: owner-checked reads, built in the shapes of
+``tasks.shapes``.
 
 The doors for programs (the JSON API, the MCP server, the brain runner's
 in-process backend) all use these, so a brain sees the same documents
@@ -19,6 +20,15 @@ from artifacts.selectors import artifact_get_for_user
 from pippa_site.hotsql import row_get
 from pippa_site.owners import user_sees_row
 from tasks.models import Conversation, Step, Task
+from tasks.shapes import (
+    ArtifactOut,
+    ArtifactRefOut,
+    ConversationOut,
+    StepOut,
+    StepRunOut,
+    TaskOut,
+    TaskSummaryOut,
+)
 
 ERR_NO_CONVERSATION = "conversation {id} not found (or not yours)"
 ERR_NO_TASK = "task {id} not found (or not yours)"
@@ -79,24 +89,15 @@ def artifacts_get(*, user, artifact_ids) -> list[Artifact]:
 
 
 # -- the shapes: one artifact ref, one step, one task --------------------------
-# Every door that shows a program these rows builds them here: the task
+# Defined once, in tasks.shapes (the API's response schemas). Every door that
+# shows a program these rows builds them here, through those classes: the task
 # document (the API, MCP's get_task), the resume context (tasks.resume), the
-# council's refs (council.services) and MCP's task list. The API's response
-# schemas (api.api: ArtifactRefOut, StepOut, TaskSummaryOut, TaskOut) mirror
-# them, and tests/api/test_shapes.py holds the two to the same keys.
+# council's refs (council.services) and MCP's task list.
 
 
 def artifact_ref(artifact: Artifact) -> dict[str, Any]:
-    """The ref of an artifact a program reads: metadata and sha, never the payload."""
-    return {
-        "id": artifact.pk,
-        "sha256": artifact.sha256,
-        "artifact_class": artifact.artifact_class,
-        "class_label": artifact.class_label,
-        "media_type": artifact.media_type,
-        "title": artifact.title,
-        "size": artifact.size,
-    }
+    """The ref of an artifact a program reads (``ArtifactRefOut``)."""
+    return ArtifactRefOut.model_validate(artifact).model_dump()
 
 
 def artifact_ref_payload(artifact: Artifact | None) -> dict[str, Any] | None:
@@ -104,48 +105,27 @@ def artifact_ref_payload(artifact: Artifact | None) -> dict[str, Any] | None:
 
 
 def artifact_payload(artifact: Artifact) -> dict[str, Any]:
-    return {
+    """An artifact's ref, its sources' ids and where its bytes are (``ArtifactOut``)."""
+    return ArtifactOut(
         **artifact_ref(artifact),
-        "source_refs": list(
+        source_refs=list(
             artifact.source_links.order_by("position", "id").values_list(
                 "source_id", flat=True
             )
         ),
-        "created_at": artifact.created_at,
-        "content_url": f"/api/v1/artifacts/{artifact.pk}/content",
-    }
+        created_at=artifact.created_at,
+        content_url=f"/api/v1/artifacts/{artifact.pk}/content",
+    ).model_dump()
 
 
 def step_payload(step: Step) -> dict[str, Any]:
     """A step of a plan: what it runs, its class, where it stands, its output's ref."""
-    return {
-        "id": step.pk,
-        "position": step.position,
-        "title": step.title,
-        "status": step.status,
-        "tool": step.tool,
-        "args": step.args,
-        "artifact_class": step.artifact_class,
-        "side_effects": step.side_effects,
-        "attempts": step.attempts,
-        "max_attempts": step.max_attempts,
-        "error": step.error,
-        "output": artifact_ref_payload(step.output),
-    }
+    return StepOut.model_validate(step).model_dump()
 
 
 def task_summary(task: Task) -> dict[str, Any]:
     """A task without its steps: status and progress (a task list's row)."""
-    return {
-        "id": task.pk,
-        "conversation_id": task.conversation_id,
-        "title": task.title,
-        "status": task.status,
-        "brain": task.brain,
-        "steps_total": task.steps_total,
-        "steps_done": task.steps_done,
-        "lease_owner": task.lease_owner,
-    }
+    return TaskSummaryOut.model_validate(task).model_dump()
 
 
 def task_steps(task: Task) -> list[Step]:
@@ -153,33 +133,39 @@ def task_steps(task: Task) -> list[Step]:
     return list(task.steps.select_related("output").order_by("position"))
 
 
+def _task_out(task: Task) -> TaskOut:
+    return TaskOut(
+        **task_summary(task),
+        steps=[StepOut.model_validate(s) for s in task_steps(task)],
+    )
+
+
 def task_payload(task: Task) -> dict[str, Any]:
     """The task as it is in the database now, with its steps in order."""
     task.refresh_from_db()
-    return {
-        **task_summary(task),
-        "steps": [step_payload(s) for s in task_steps(task)],
-    }
+    return _task_out(task).model_dump()
 
 
 def step_run_payload(run, task: Task) -> dict[str, Any]:
     """What a runner is told after asking for a step (``tasks.actions.StepRun``)."""
-    return {
-        "ran": run.ran,
-        "detail": run.detail,
-        "invoked": run.invoked,
-        "rule": run.rule,
-        "step": step_payload(run.step) if run.step is not None else None,
-        "task": task_payload(task),
-    }
+    task.refresh_from_db()
+    return StepRunOut(
+        ran=run.ran,
+        detail=run.detail,
+        invoked=run.invoked,
+        rule=run.rule,
+        step=None if run.step is None else StepOut.model_validate(run.step),
+        task=_task_out(task),
+    ).model_dump()
 
 
 def conversation_payload(conversation: Conversation) -> dict[str, Any]:
-    return {
-        "id": conversation.pk,
-        "title": conversation.title,
-        "created_at": conversation.created_at,
-        "task_ids": list(
+    """A conversation and its tasks' ids, oldest first (``ConversationOut``)."""
+    return ConversationOut(
+        id=conversation.pk,
+        title=conversation.title,
+        created_at=conversation.created_at,
+        task_ids=list(
             conversation.tasks.order_by("created_at", "id").values_list("id", flat=True)
         ),
-    }
+    ).model_dump()

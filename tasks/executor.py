@@ -694,10 +694,11 @@ def _finish(
         status=S.DONE,
         invoked=invoked,
         rule=rule,
+        # The keys of tasks.documents.artifact_ref, from the values in hand.
         artifact={
             "id": artifact_id,
             "sha256": payload["sha"],
-            "class": row.artifact_class,
+            "artifact_class": row.artifact_class,
             "media_type": payload.get("media_type"),
             "size": payload["size"],
             "title": payload.get("title", ""),
@@ -779,7 +780,8 @@ def outcome_preview(outcome: StepOutcome) -> None:
 
 
 def _resolve_uncertain(row: StepRow, worker_id: str) -> StepOutcome:
-    """Resolve an open envelope by the step's class (DESIGN.md's table)."""
+    """Resolve an open envelope by the step's class (docs/design.md, "Four
+    artifact classes, four resume rules")."""
     env = envelope_read(row.id)
     advice = uncertain_decide(row.as_step(), env)
     note = _note(advice, env, worker_id)

@@ -1,6 +1,7 @@
 """One artifact-ref shape and one task/step shape, for every door.
 
-``tasks.documents`` builds them; the API's response schemas mirror them; the
+``tasks.shapes`` defines them; the API declares them as its response schemas
+and ``tasks.documents`` builds every other door's dicts through them; the
 resume context and the council's refs extend them without renaming a key.
 """
 
@@ -8,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from api.api import ArtifactOut, ArtifactRefOut, StepOut, TaskOut, TaskSummaryOut
-from council.services import artifact_ref as council_ref
+from api.api import api
+from council.services import participant_ref
 from tasks.documents import (
     artifact_payload,
     artifact_ref,
@@ -20,6 +21,15 @@ from tasks.documents import (
 from tasks.models import Step
 from tasks.plan import task_create
 from tasks.resume import resume_context
+from tasks.shapes import (
+    ArtifactOut,
+    ArtifactRefOut,
+    ConversationOut,
+    StepOut,
+    StepRunOut,
+    TaskOut,
+    TaskSummaryOut,
+)
 from tests.support.executing import crash_at, expire_lease
 from tests.support.plans import DEMO_PLAN
 
@@ -35,6 +45,34 @@ def half_done(make_conversation):
     crash_at(task.pk, "after_payload:3")
     expire_lease(task.pk)
     return task
+
+
+def test_the_api_declares_the_shapes_themselves_not_copies():
+    import api.api as module
+
+    components = api.get_openapi_schema()["components"]["schemas"]
+    for shape in (ArtifactOut, ArtifactRefOut, ConversationOut, StepOut, StepRunOut):
+        assert set(components[shape.__name__]["properties"]) == _fields(shape)
+    # TaskOut is TaskSummaryOut's fields and the steps.
+    assert set(components["TaskOut"]["properties"]) == _fields(TaskSummaryOut) | {
+        "steps"
+    }
+    for shape in (ArtifactOut, ConversationOut, StepRunOut, TaskOut):
+        assert getattr(module, shape.__name__) is shape
+
+
+def test_a_key_no_shape_declares_is_refused_not_dropped():
+    with pytest.raises(ValueError, match="class"):
+        ArtifactRefOut(
+            id=1,
+            sha256="0" * 64,
+            artifact_class=2,
+            **{"class": 2},
+            class_label="fetch",
+            media_type="text/plain",
+            title="",
+            size=0,
+        )
 
 
 @pytest.mark.django_db
@@ -65,6 +103,6 @@ def test_the_resume_context_and_a_council_ref_extend_the_same_shapes(half_done):
         assert {k: entry[k] for k in step} == step
     assert set(done["output"]) == _fields(ArtifactRefOut)
     assert "class" not in done["output"]
-    ref = council_ref(artifact)
+    ref = participant_ref(artifact)
     assert {k: ref[k] for k in _fields(ArtifactRefOut)} == artifact_ref(artifact)
     assert step_payload(Step.objects.get(pk=done["id"])) == document["steps"][0]
