@@ -49,6 +49,7 @@ from mcp.server.transport_security import (
 from starlette.requests import Request
 
 from pippa_mcp.server import acting_as, build_server
+from pippa_site import throttle
 from pippa_site.bearer import bearer_token, bearer_user
 
 log = logging.getLogger("pippa.mcp")
@@ -197,8 +198,6 @@ def _retry(seconds: int) -> list[tuple[bytes, bytes]]:
 
 
 def _locked_message(seconds: int) -> str:
-    from pippa_site import throttle
-
     return throttle.ERR_API_LOCKED.format(minutes=max(1, math.ceil(seconds / 60)))
 
 

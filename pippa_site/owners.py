@@ -7,9 +7,11 @@ rule, written once here:
 
 - a user sees the rows they own;
 - staff see every row only where the caller passes ``staff=True``: the
-  dashboard's and the admin's staff views do; the JSON API, the MCP server,
-  the brain runner and every write that names a row never do (a token acts
-  as its own user, staff or not);
+  dashboard's pages do; the JSON API, the MCP server, the brain runner and
+  every write that names a row never do (a token acts as its own user, staff
+  or not). The Django admin, which only staff enter, is the repair room: it
+  lists every row, with Django's model permissions deciding who may change
+  what;
 - an anonymous user sees nothing.
 
 Another user's row is reported exactly like a missing one (a 404, never a

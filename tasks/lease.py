@@ -1,8 +1,11 @@
 """A task's lease: who may step it now. Take, renew, release, and when it is dead.
 
 One worker at a time steps a task. It holds the lease (``Task.lease_owner``
-until ``Task.lease_expires_at``); every write the executor makes renews it,
-and the keeper thread renews it while a long tool call runs.
+until ``Task.lease_expires_at``). Every write the executor makes checks it
+(``lease_take`` or ``lease_append``); a step's start renews it, the keeper
+thread renews it while a long tool call runs, and the result's commit checks
+it without moving its expiry (``renew=False``: a worker that moves on lets it
+run out from its last renewal).
 
 **Dead.** A lease is dead when nobody holds it, or its holder has no expiry,
 or the expiry has passed: ``TaskQuerySet.lease_dead()`` for queries,
