@@ -41,7 +41,7 @@ def notify_settings(request: HttpRequest) -> HttpResponse:
             )
         except NotifyError as exc:
             context.update(enabled=enabled, addresses=addresses, error=str(exc))
-            return render(request, "pippa_site/notifications.html", context, status=400)
+            return render(request, "api/notifications.html", context, status=400)
         messages.success(request, MSG_SAVED_ON if enabled else MSG_SAVED_OFF)
         return redirect("notify_settings")
-    return render(request, "pippa_site/notifications.html", context)
+    return render(request, "api/notifications.html", context)

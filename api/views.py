@@ -32,7 +32,7 @@ NEW_TOKEN_KEY = "pippa_new_token"
 def _page(request: HttpRequest, status: int = 200, **extra) -> HttpResponse:
     tokens = ApiToken.objects.for_user(request.user)[:200]
     return render(
-        request, "pippa_site/tokens.html", {"tokens": tokens, **extra}, status=status
+        request, "api/tokens.html", {"tokens": tokens, **extra}, status=status
     )
 
 
@@ -71,7 +71,7 @@ def token_revoke_view(request: HttpRequest, token_id: int) -> HttpResponse:
         if not token.is_active:
             messages.error(request, ERR_TOKEN_REVOKED)
             return redirect("tokens:list")
-        return render(request, "pippa_site/token_revoke.html", {"token": token})
+        return render(request, "api/token_revoke.html", {"token": token})
     try:
         token_revoke(token=token)
     except TokenError as exc:
