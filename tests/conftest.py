@@ -28,8 +28,10 @@ CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOT_DIR = REPO / "var" / "screenshots"
 
 # What a test may start only with a marker (the fast suite deselects them):
-# fixtures that start a server, a browser or a child process, or only exist
-# to hand one its environment.
+# fixtures that start our server (the site, the MCP server), a browser or a
+# child process, or only exist to hand one its environment. A stand-in for a
+# vendor or a mail server on loopback (tests.support.fake_vendors, .receivers)
+# is a thread of the test, not a server it starts (docs/contributing.md).
 STARTS_SOMETHING = {
     "live_server",  # Django's threaded server
     "subprocess_env",
