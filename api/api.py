@@ -28,6 +28,7 @@ from ninja.security import HttpBearer
 from pydantic import ConfigDict, field_validator
 
 from api.services import token_authenticate
+from artifacts.services import MAX_SOURCES
 from artifacts.store import BlobIncomplete, BlobMissing, BlobTooLarge, default_store
 from council.selectors import (
     context_for,
@@ -38,7 +39,7 @@ from council.selectors import (
 )
 from pippa_site import throttle
 from pippa_site.errors import LeaseConflict, PippaError
-from pippa_site.text import json_check, media_type_check
+from pippa_site.text import MAX_MEDIA_TYPE, TITLE_MAX, json_check, media_type_check
 from tasks import actions, lease, plan, services
 from tasks.documents import (
     artifact_get,
@@ -53,10 +54,14 @@ from tasks.documents import (
 from tasks.models import Brain, Conversation
 from tasks.resume import resume_context
 from tasks.shapes import (
+    ArtifactClassValue,
     ArtifactOut,
     ConversationOut,
+    StepCount,
     StepRunOut,
     TaskOut,
+    Title,
+    ToolName,
 )
 from tasks.usage import (
     MAX_NAME,
@@ -73,11 +78,6 @@ ERR_EMPTY_UPLOAD = "the upload is empty: send the artifact's bytes as the reques
 ERR_BLOB_MISSING = "artifact {id} has lost its payload (the blob is missing)"
 ERR_INVALID = "invalid request: {reasons}"
 
-# JSON bodies are small (plans, args); payloads go through the upload endpoint.
-MAX_STEPS = 200
-ArtifactClassValue = Annotated[
-    int, Field(ge=1, le=4, description="1 file, 2 fetch, 3 snapshot, 4 render")
-]
 BrainName = Literal[tuple(Brain.values)]  # type: ignore[valid-type]
 
 
@@ -210,8 +210,8 @@ class InSchema(Schema):
 
 
 class StepIn(InSchema):
-    title: Annotated[str, Field(min_length=1, max_length=300)]
-    tool: Annotated[str, Field(min_length=1, max_length=100)]
+    title: Title
+    tool: ToolName
     args: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -226,22 +226,22 @@ class PlanStepIn(StepIn):
 
 
 class ConversationIn(InSchema):
-    title: Annotated[str, Field(min_length=1, max_length=300)]
+    title: Title
 
 
 class TaskIn(InSchema):
-    title: Annotated[str, Field(min_length=1, max_length=300)]
-    steps: Annotated[list[StepIn], Field(min_length=1, max_length=MAX_STEPS)]
+    title: Title
+    steps: Annotated[list[StepIn], StepCount]
     brain: BrainName = "scripted"
     queue: bool = True
 
 
 class NewTaskIn(TaskIn):
-    conversation_title: Annotated[str, Field(min_length=1, max_length=300)]
+    conversation_title: Title
 
 
 class PlanIn(InSchema):
-    steps: Annotated[list[PlanStepIn], Field(min_length=1, max_length=MAX_STEPS)]
+    steps: Annotated[list[PlanStepIn], StepCount]
 
 
 class BrainIn(InSchema):
@@ -471,8 +471,8 @@ def task_artifact_upload(
     request: HttpRequest,
     task_id: int,
     artifact_class: Query[ArtifactClassValue],
-    title: Annotated[str, Query(max_length=300)] = "",
-    source_refs: Annotated[list[int], Query(max_length=50)] = [],  # noqa: B006
+    title: Annotated[str, Query(max_length=TITLE_MAX)] = "",
+    source_refs: Annotated[list[int], Query(max_length=MAX_SOURCES)] = [],  # noqa: B006
     step_id: int | None = None,
 ):
     """Upload an artifact's bytes as the raw request body (streamed to the blob store).
@@ -491,7 +491,7 @@ def task_artifact_upload(
     if declared <= 0:
         _fail(400, ERR_EMPTY_UPLOAD)
     sources = artifacts_get(user=request.user, artifact_ids=source_refs)
-    media_type = (request.content_type or "application/octet-stream")[:255]
+    media_type = (request.content_type or "application/octet-stream")[:MAX_MEDIA_TYPE]
     media_type_check(media_type, field="Content-Type")
     try:
         artifact = services.task_artifact_upload(

@@ -8,6 +8,7 @@ from django.db.models.lookups import Exact
 from django.urls import reverse
 
 from pippa_site.owners import OwnedQuerySet
+from pippa_site.text import TITLE_MAX
 
 
 class ArtifactClass(models.IntegerChoices):
@@ -56,7 +57,7 @@ class Artifact(models.Model):
     artifact_class = models.PositiveSmallIntegerField(
         choices=ArtifactClass, default=ArtifactClass.SNAPSHOT
     )
-    title = models.CharField(max_length=300, blank=True)
+    title = models.CharField(max_length=TITLE_MAX, blank=True)
     # Small metadata only (origin path, dimensions, preview status); never payload.
     meta = models.JSONField(default=dict, blank=True)
     integrity = models.CharField(

@@ -20,7 +20,7 @@ from artifacts.store import (
 )
 from pippa_site.errors import Invalid
 from pippa_site.hotsql import db_datetime, db_is_postgresql, utc_now
-from pippa_site.text import media_type_clean, title_clean
+from pippa_site.text import TITLE_MAX, media_type_clean, title_clean
 
 # Quoted the same way by both engines' quote_name.
 T_ARTIFACT = f'"{Artifact._meta.db_table}"'
@@ -31,6 +31,9 @@ ERR_UNKNOWN_SOURCE = "a source artifact does not exist"
 ERR_BLOB_VANISHED = "the payload was removed while it was being stored; send it again"
 ERR_META_TOO_LARGE = "artifact metadata must stay small (under 8 KiB of JSON)"
 MAX_META_CHARS = 8192
+# An artifact names at most this many sources: every door refuses more, and a
+# tool's result keeps its first ones.
+MAX_SOURCES = 50
 
 
 class ArtifactError(Invalid):
@@ -167,7 +170,7 @@ def artifact_insert(
         size,
         media_type_clean(media_type),
         artifact_class,
-        title_clean(title)[:300],
+        title_clean(title)[:TITLE_MAX],
         meta_json,
         Artifact.Integrity.OK,
         now,

@@ -6,6 +6,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from pippa_site.owners import OwnedQuerySet
+from pippa_site.text import TITLE_MAX
 from tasks.models import Brain, Conversation
 
 
@@ -26,7 +27,7 @@ class CouncilRound(models.Model):
         Conversation, on_delete=models.DB_CASCADE, related_name="council_rounds"
     )
     number = models.PositiveIntegerField()
-    topic = models.CharField(max_length=300)
+    topic = models.CharField(max_length=TITLE_MAX)
     created_at = models.DateTimeField(default=timezone.now)
 
     objects = RoundQuerySet.as_manager()

@@ -29,7 +29,13 @@ from artifacts.selectors import artifact_user_may_see
 from artifacts.services import artifact_store
 from council.models import CouncilRound, Participant, Turn, TurnArtifact
 from pippa_site.errors import Invalid
-from pippa_site.text import TextError, bidi_strip, text_check, title_clean
+from pippa_site.text import (
+    TITLE_MAX,
+    TextError,
+    bidi_strip,
+    text_check,
+    title_clean,
+)
 from tasks.documents import artifact_ref
 from tasks.models import Brain, Conversation
 
@@ -92,7 +98,7 @@ def round_start(
         n=Max("number")
     )["n"]
     council_round = CouncilRound.objects.create(
-        conversation=conversation, number=(last or 0) + 1, topic=topic[:300]
+        conversation=conversation, number=(last or 0) + 1, topic=topic[:TITLE_MAX]
     )
     Participant.objects.bulk_create(
         [

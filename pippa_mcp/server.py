@@ -60,6 +60,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from artifacts.preview import preview_artifact_for, preview_status
 from artifacts.selectors import artifact_text_head
+from artifacts.services import MAX_SOURCES
 from artifacts.store import BlobError, default_store
 from council.models import TurnArtifact
 from council.selectors import (
@@ -74,7 +75,7 @@ from council.services import round_start as council_round_create
 from council.services import turn_add as council_turn_create
 from pippa_site.errors import PippaError
 from pippa_site.text import json_check, media_type_check
-from tasks import actions
+from tasks import actions, shapes
 from tasks.documents import (
     artifact_get,
     artifact_payload,
@@ -92,6 +93,7 @@ from tasks.plan import conversation_task_create, plan_rewrite
 from tasks.plan import task_create as plan_task_create
 from tasks.resume import resume_context as resume_document
 from tasks.services import task_artifact_upload
+from tasks.shapes import MediaType, StepCount, Title, TitleOrEmpty, ToolName
 from tasks.tools import tools_all
 from tasks.usage import task_token_usage
 from tasks.words import CHOICES
@@ -445,13 +447,11 @@ async def serve_stdio() -> None:
 # Strict: JSON true is not task 1, and "5" is not 5.
 Id = Annotated[int, Field(strict=True, ge=1, le=2**63 - 1)]
 Flag = Annotated[bool, Field(strict=True)]
-ArtifactClassValue = Annotated[
-    int,
-    Field(strict=True, ge=1, le=4, description="1 file, 2 fetch, 3 snapshot, 4 render"),
-]
+ArtifactClassValue = Annotated[shapes.ArtifactClassValue, Field(strict=True)]
 # The statuses are Step.Status's, written out for the tool's JSON schema.
 StepStatus = Literal[tuple(Step.Status.values)]
-DecisionAction = Literal["adopt", "rerun", "retry", "skip", "fail"]
+# The ways forward are tasks.words.CHOICES's (what the dashboard offers too).
+DecisionAction = Literal[tuple(CHOICES)]
 
 
 class StepIn(BaseModel):
@@ -459,11 +459,8 @@ class StepIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    title: Annotated[str, Field(min_length=1, max_length=300)]
-    tool: Annotated[
-        str,
-        Field(min_length=1, max_length=100, description="a name from list_step_tools"),
-    ]
+    title: Title
+    tool: Annotated[ToolName, Field(description="a name from list_step_tools")]
     args: dict[str, Any] = Field(
         default_factory=dict, description="small JSON arguments; refs, never payloads"
     )
@@ -477,8 +474,8 @@ class PlanItem(BaseModel):
     id: Id | None = Field(
         default=None, description="an existing step's id: keeps that step"
     )
-    title: Annotated[str | None, Field(max_length=300)] = None
-    tool: Annotated[str | None, Field(max_length=100)] = None
+    title: TitleOrEmpty | None = None
+    tool: Annotated[str | None, Field(max_length=shapes.TOOL_NAME_MAX)] = None
     args: dict[str, Any] | None = None
     status: StepStatus | None = Field(
         default=None,
@@ -603,10 +600,10 @@ def list_step_tools() -> list[dict[str, Any]]:
 
 @tool()
 def create_task(
-    title: Annotated[str, Field(min_length=1, max_length=300)],
-    steps: Annotated[list[StepIn], Field(min_length=1, max_length=200)],
+    title: Title,
+    steps: Annotated[list[StepIn], StepCount],
     conversation_id: Id | None = None,
-    conversation_title: Annotated[str | None, Field(max_length=300)] = None,
+    conversation_title: TitleOrEmpty | None = None,
     brain: str = "other",
     queue: Flag = True,
 ) -> dict[str, Any]:
@@ -1018,9 +1015,9 @@ def artifact_store(
     task_id: Id,
     content: Annotated[str, Field(max_length=2 * MAX_STORE_BYTES)],
     artifact_class: ArtifactClassValue,
-    media_type: Annotated[str, Field(min_length=1, max_length=255)] = "text/plain",
-    title: Annotated[str, Field(max_length=300)] = "",
-    source_refs: Annotated[list[Id], Field(max_length=50)] = [],  # noqa: B006
+    media_type: MediaType = "text/plain",
+    title: TitleOrEmpty = "",
+    source_refs: Annotated[list[Id], Field(max_length=MAX_SOURCES)] = [],  # noqa: B006
     step_id: Id | None = None,
     encoding: Literal["text", "base64"] = "text",
 ) -> dict[str, Any]:
@@ -1079,7 +1076,7 @@ def artifact_store(
 @tool()
 def council_round_start(
     conversation_id: Id,
-    topic: Annotated[str, Field(min_length=1, max_length=300)],
+    topic: Title,
     participants: Annotated[list[Participant], Field(min_length=1, max_length=20)],
 ) -> dict[str, Any]:
     """Start the next council round of a conversation with named participants.
@@ -1129,8 +1126,8 @@ def council_turn_add(
     participant_id: Id,
     text: Annotated[str, Field(max_length=20000)] = "",
     widget_svg: Annotated[str, Field(max_length=MAX_STORE_BYTES)] = "",
-    widget_title: Annotated[str, Field(max_length=300)] = "",
-    widget_source_refs: Annotated[list[Id], Field(max_length=50)] = [],  # noqa: B006
+    widget_title: TitleOrEmpty = "",
+    widget_source_refs: Annotated[list[Id], Field(max_length=MAX_SOURCES)] = [],  # noqa: B006
     cites: Annotated[list[Id], Field(max_length=50)] = [],  # noqa: B006
 ) -> dict[str, Any]:
     """Speak in a council round: your text, an optional SVG widget, and citations.

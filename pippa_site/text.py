@@ -41,6 +41,9 @@ ERR_MEDIA_TYPE = (
     " (type/subtype, optional ; parameters), not {value!r}"
 )
 MAX_MEDIA_TYPE = 255
+# Characters of a title (a conversation's, task's, step's or artifact's, a
+# council round's topic): every model's column and every door's limit.
+TITLE_MAX = 300
 # RFC 6838 section 4.2 names (restricted-name), and RFC 9110 parameters
 # (token = token / quoted-string), with optional spaces around ";" and no
 # control characters anywhere.

@@ -58,6 +58,7 @@ from artifacts.gc import blobs_unlink_after_commit
 from artifacts.models import ArtifactClass
 from artifacts.preview import WIDGET_MEDIA_TYPES
 from artifacts.services import (
+    MAX_SOURCES,
     BlobVanished,
     artifact_insert,
     sources_check,
@@ -436,7 +437,7 @@ def _tool_output(row: StepRow, result: Any, root: Path) -> _Output:
         # Lineage joins only the owner's rows: a source that is not one of
         # them is refused like an unknown id, before anything is stored.
         result.source_ids = sources_check(
-            owner_id=row.owner_id, source_ids=list(result.source_ids)[:50]
+            owner_id=row.owner_id, source_ids=list(result.source_ids)[:MAX_SOURCES]
         )
     if row.artifact_class == ArtifactClass.FILE and result.path is not None:
         path = Path(result.path)

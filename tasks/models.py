@@ -11,6 +11,7 @@ from django.utils.functional import cached_property
 from artifacts.models import ArtifactClass
 from pippa_site.hotsql import db_datetime, utc_now
 from pippa_site.owners import OwnedQuerySet
+from pippa_site.text import TITLE_MAX
 
 ERR_EVENT_IMMUTABLE = "events are append-only: an existing event cannot be changed"
 ERR_EVENT_DELETE = (
@@ -69,7 +70,7 @@ class Conversation(models.Model):
         on_delete=models.DO_NOTHING,
         related_name="conversations",
     )
-    title = models.CharField(max_length=300)
+    title = models.CharField(max_length=TITLE_MAX)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 
@@ -165,7 +166,7 @@ class Task(models.Model):
     conversation = models.ForeignKey(
         Conversation, on_delete=models.DB_CASCADE, related_name="tasks"
     )
-    title = models.CharField(max_length=300)
+    title = models.CharField(max_length=TITLE_MAX)
     status = models.CharField(max_length=16, choices=Status, default=Status.QUEUED)
     brain = models.CharField(max_length=40, default=Brain.SCRIPTED)
     lease_owner = models.CharField(max_length=200, blank=True, default="")
@@ -372,7 +373,7 @@ class Step(models.Model):
         Task, on_delete=models.DB_CASCADE, related_name="steps", db_index=False
     )
     position = models.PositiveIntegerField()
-    title = models.CharField(max_length=300)
+    title = models.CharField(max_length=TITLE_MAX)
     status = models.CharField(max_length=16, choices=Status, default=Status.PENDING)
     tool = models.CharField(max_length=100)
     args = models.JSONField(default=dict, blank=True)

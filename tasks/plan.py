@@ -12,7 +12,13 @@ from django.db.models import F
 from django.utils import timezone
 
 from pippa_site.errors import Conflict, Invalid
-from pippa_site.text import TextError, json_check, text_check, title_clean
+from pippa_site.text import (
+    TITLE_MAX,
+    TextError,
+    json_check,
+    text_check,
+    title_clean,
+)
 from tasks.models import Conversation, Event, Step, Task
 from tasks.services import conversation_create, events_append
 from tasks.tools import ToolNotFound, tool_get
@@ -94,7 +100,7 @@ def _clean_step(raw: Any, n: int) -> dict[str, Any]:
     ):
         raise PlanError(ERR_BAD_MAX_ATTEMPTS.format(n=n))
     return {
-        "title": title[:300],
+        "title": title[:TITLE_MAX],
         "tool": found.name,
         "args": args,
         "artifact_class": found.artifact_class,
@@ -145,7 +151,7 @@ def task_create(
     now = timezone.now()
     task = Task.objects.create(
         conversation=conversation,
-        title=(title_clean(title).strip() or "Untitled task")[:300],
+        title=(title_clean(title).strip() or "Untitled task")[:TITLE_MAX],
         brain=brain or "scripted",
         status=Task.Status.QUEUED if queue else Task.Status.PAUSED,
         steps_total=len(cleaned),
@@ -271,7 +277,7 @@ class _Rewrite:
             "max_attempts": raw.get("max_attempts", old.max_attempts),
         }
         if self.has_history(old) and (
-            str(merged["title"]).strip()[:300] != old.title
+            str(merged["title"]).strip()[:TITLE_MAX] != old.title
             or merged["tool"] != old.tool
             or merged["args"] != old.args
         ):

@@ -21,7 +21,7 @@ from artifacts.keepers import conversation_artifact_ids
 from artifacts.models import Artifact
 from artifacts.services import _check_class, artifact_record, blob_put, sources_check
 from pippa_site.errors import Invalid, NotFound
-from pippa_site.text import media_type_check, text_check, title_clean
+from pippa_site.text import TITLE_MAX, media_type_check, text_check, title_clean
 from tasks import statements
 from tasks.crashpoints import PREVIEW_BOUNDARY, crashpoint
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
@@ -76,7 +76,9 @@ def conversation_create(*, owner, title: str) -> Conversation:
     """Create a conversation; a title the databases cannot store is refused
     (``TextError``) and bidi controls are dropped from it."""
     text_check(title, field="title")
-    return Conversation.objects.create(owner=owner, title=title_clean(title)[:300])
+    return Conversation.objects.create(
+        owner=owner, title=title_clean(title)[:TITLE_MAX]
+    )
 
 
 def _next_seqs(task_id: int, count: int) -> int:

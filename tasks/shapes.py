@@ -1,4 +1,5 @@
-"""The shapes a program reads, defined once: an artifact ref, a step, a task.
+"""The shapes a program reads, defined once: an artifact ref, a step, a task;
+and the limits of what it sends, read from their homes.
 
 Every door that shows a program these rows uses these classes: the JSON API
 declares them as its response schemas (so its OpenAPI document is this
@@ -8,14 +9,25 @@ runner's local backend). A key is renamed, added or dropped here, once, and
 every door follows. Each class reads its fields from a model instance
 (``from_attributes``); the dicts are ``model_dump()``'s, so a door that sends
 JSON sends the same keys, in the same order, as the API.
+
+What a program sends is checked by its door's own models (the API's bodies,
+MCP's strict tool arguments), whose fields are the types at the end of this
+module: a title, a tool's name, a media type, a list of sources, an artifact
+class; each limit is its column's or its service's, named once.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+from artifacts.models import ArtifactClass
+from artifacts.services import MAX_SOURCES
+from pippa_site.text import MAX_MEDIA_TYPE, TITLE_MAX
+from tasks.models import Step
+from tasks.plan import MAX_STEPS
 
 
 class Shape(BaseModel):
@@ -97,3 +109,22 @@ class StepRunOut(Shape):
     rule: str
     step: StepOut | None
     task: TaskOut
+
+
+# -- what a program sends ----------------------------------------------------------
+
+Title = Annotated[str, Field(min_length=1, max_length=TITLE_MAX)]
+TitleOrEmpty = Annotated[str, Field(max_length=TITLE_MAX)]
+TOOL_NAME_MAX = Step._meta.get_field("tool").max_length
+ToolName = Annotated[str, Field(min_length=1, max_length=TOOL_NAME_MAX)]
+MediaType = Annotated[str, Field(min_length=1, max_length=MAX_MEDIA_TYPE)]
+SourceIds = Annotated[list[int], Field(max_length=MAX_SOURCES)]
+ArtifactClassValue = Annotated[
+    int,
+    Field(
+        ge=int(min(ArtifactClass)),
+        le=int(max(ArtifactClass)),
+        description=", ".join(f"{c.value} {c.label.lower()}" for c in ArtifactClass),
+    ),
+]
+StepCount = Field(min_length=1, max_length=MAX_STEPS)
