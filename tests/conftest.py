@@ -22,6 +22,7 @@ from artifacts.services import artifact_store
 from artifacts.store import BlobStore
 from tasks.tools import tools_load
 from tests.support.faults import Tmpfs, TmpfsUnavailable
+from tests.support.workers import worker_argv
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
@@ -355,12 +356,8 @@ def worker(subprocess_env):
     def start(
         *task_ids: int, worker_id: str = "worker:browser-test"
     ) -> subprocess.Popen:
-        args = [sys.executable, "manage.py", "pippa_worker", "--until-idle"]
-        args += ["--worker-id", worker_id, "--poll", "0.2"]
-        for task_id in task_ids:
-            args += ["--task", str(task_id)]
         child = subprocess.Popen(
-            args,
+            worker_argv(*task_ids, worker_id=worker_id, poll=0.2, quiet=False),
             cwd=REPO,
             env=subprocess_env,
             stdout=subprocess.PIPE,

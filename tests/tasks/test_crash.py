@@ -23,6 +23,7 @@ from tasks.plan import task_create
 from tests.conftest import REPO
 from tests.support.blobs import blob_lose
 from tests.support.executing import check_invariants, expire_lease, invocations
+from tests.support.workers import tools_env, worker_argv
 
 PLAN = [
     {"title": "fetch", "tool": "test.fetch", "args": {}},
@@ -67,31 +68,15 @@ EXPECTED_RULE = {
 
 
 @pytest.fixture
-def worker(subprocess_env, python_exe, tmp_path):
+def worker(subprocess_env, tmp_path):
     log = tmp_path / "tool-calls.jsonl"
 
     def start(*task_ids: int, crashpoint: str = "", name: str = "w"):
-        env = {
-            **subprocess_env,
-            "PIPPA_TOOLS": "tests.support.tools",
-            "PIPPA_TOOL_LOG": str(log),
-        }
+        env = tools_env(subprocess_env, log)
         if crashpoint:
             env["PIPPA_CRASHPOINT"] = crashpoint
-        cmd = [
-            python_exe,
-            "manage.py",
-            "pippa_worker",
-            "--until-idle",
-            "--worker-id",
-            f"worker:{name}",
-            "-v",
-            "0",
-        ]
-        for task_id in task_ids:
-            cmd += ["--task", str(task_id)]
         return subprocess.Popen(
-            cmd,
+            worker_argv(*task_ids, worker_id=f"worker:{name}"),
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,

@@ -26,6 +26,7 @@ from tests.support.leftovers import (
     conversation_with_everything,
     subtree_snapshot,
 )
+from tests.support.workers import tools_env, worker_argv
 
 
 def interrupted_snapshot(conversation) -> str:
@@ -93,12 +94,12 @@ def test_the_next_delete_finishes_what_a_killed_delete_left(
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_starting_finishes_what_a_killed_delete_left(
-    killed_after_commit, subprocess_env, python_exe
+    killed_after_commit, subprocess_env
 ):
     proc = subprocess.run(
-        [python_exe, "manage.py", "pippa_worker", "--until-idle"],
+        worker_argv(quiet=False),
         cwd=REPO,
-        env={**subprocess_env, "PIPPA_TOOLS": "tests.support.tools"},
+        env=tools_env(subprocess_env),
         capture_output=True,
         text=True,
         timeout=120,

@@ -21,6 +21,7 @@ from tasks.plan import task_create
 from tests.conftest import REPO
 from tests.support.executing import expire_lease, invocations
 from tests.support.receivers import SmtpSink
+from tests.support.workers import tools_env, worker_argv
 
 pytestmark = pytest.mark.slow
 
@@ -37,30 +38,20 @@ def smtp(settings):
 
 
 @pytest.fixture
-def worker(subprocess_env, python_exe, tmp_path, smtp, tool_log):
+def worker(subprocess_env, tmp_path, smtp, tool_log):
     def run(*, crashpoint: str = "", name: str = "w", claim_seconds: int = 120):
-        env = {
-            **subprocess_env,
-            "PIPPA_TOOLS": "tests.support.tools",
-            "PIPPA_TOOL_LOG": str(tool_log),
-            "PIPPA_NOTIFY_URLS": smtp.url,
-            "PIPPA_NOTIFY_DELAY_SECONDS": "0",
-            "PIPPA_NOTIFY_CLAIM_SECONDS": str(claim_seconds),
-            "PIPPA_SITE_URL": "http://testserver",
-        }
+        env = tools_env(
+            subprocess_env,
+            tool_log,
+            PIPPA_NOTIFY_URLS=smtp.url,
+            PIPPA_NOTIFY_DELAY_SECONDS="0",
+            PIPPA_NOTIFY_CLAIM_SECONDS=str(claim_seconds),
+            PIPPA_SITE_URL="http://testserver",
+        )
         if crashpoint:
             env["PIPPA_CRASHPOINT"] = crashpoint
         proc = subprocess.run(
-            [
-                python_exe,
-                "manage.py",
-                "pippa_worker",
-                "--until-idle",
-                "--worker-id",
-                f"worker:{name}",
-                "-v",
-                "0",
-            ],
+            worker_argv(worker_id=f"worker:{name}"),
             cwd=REPO,
             env=env,
             capture_output=True,

@@ -24,6 +24,7 @@ from django.db import connection
 from tasks.models import Event, Step
 from tasks.plan import task_create
 from tests.conftest import REPO
+from tests.support.workers import worker_argv
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -84,14 +85,7 @@ def test_the_call_is_synced_before_it_goes_out_and_the_file_before_its_name(
             "trace=write,pwrite64,fsync,fdatasync,link,linkat",
             "-o",
             str(out),
-            sys.executable,
-            "manage.py",
-            "pippa_worker",
-            "--until-idle",
-            "--task",
-            str(task.pk),
-            "-v",
-            "0",
+            *worker_argv(task.pk),
         ],
         cwd=REPO,
         env=env,

@@ -16,6 +16,7 @@ from tasks.models import Event, Step, Task
 from tasks.plan import task_create
 from tests.conftest import REPO
 from tests.support.executing import check_invariants
+from tests.support.workers import tools_env, worker_argv
 
 PLAN = [
     {"title": "fetch", "tool": "test.fetch", "args": {"sleep": 0.01}},
@@ -26,20 +27,15 @@ PLAN = [
 
 
 @pytest.fixture
-def spawn(subprocess_env, python_exe, tmp_path):
+def spawn(subprocess_env, tmp_path):
     log = tmp_path / "tool-calls.jsonl"
 
     def start(name: str, *extra: str, lease_seconds: int = 60, crashpoint: str = ""):
-        env = {
-            **subprocess_env,
-            "PIPPA_TOOLS": "tests.support.tools",
-            "PIPPA_TOOL_LOG": str(log),
-            "PIPPA_LEASE_SECONDS": str(lease_seconds),
-        }
+        env = tools_env(subprocess_env, log, PIPPA_LEASE_SECONDS=str(lease_seconds))
         if crashpoint:
             env["PIPPA_CRASHPOINT"] = crashpoint
         return subprocess.Popen(
-            [python_exe, "manage.py", "pippa_worker", "--worker-id", name, *extra],
+            [*worker_argv(worker_id=name, until_idle=False, quiet=False), *extra],
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,

@@ -27,6 +27,7 @@ from tasks.resume import envelope_read
 from tests.conftest import REPO
 from tests.support.executing import check_invariants, invocations
 from tests.support.faults import pg_terminate_others
+from tests.support.workers import tools_env, worker_argv
 
 WAIT = 120  # seconds any phase may take on a loaded machine before the test fails
 
@@ -48,22 +49,21 @@ class Worker:
 
 
 @pytest.fixture
-def worker(subprocess_env, python_exe, tmp_path):
+def worker(subprocess_env, tmp_path):
     started: list[Worker] = []
     log = tmp_path / "tool-calls.jsonl"
 
     def start(name: str = "worker:faulty", **env_extra: str) -> Worker:
-        env = {
-            **subprocess_env,
-            "PIPPA_TOOLS": "tests.support.tools",
-            "PIPPA_TOOL_LOG": str(log),
-            "PIPPA_FAULT_BASE_SECONDS": "0.2",
-            "PIPPA_FAULT_MAX_SECONDS": "1",
+        env = tools_env(
+            subprocess_env,
+            log,
+            PIPPA_FAULT_BASE_SECONDS="0.2",
+            PIPPA_FAULT_MAX_SECONDS="1",
             **env_extra,
-        }
+        )
         out, err = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
         proc = subprocess.Popen(
-            [python_exe, "manage.py", "pippa_worker", "--worker-id", name],
+            worker_argv(worker_id=name, until_idle=False, quiet=False),
             cwd=REPO,
             env=env,
             stdout=out.open("w"),
