@@ -1110,9 +1110,9 @@ def council_context(round_id: Id, participant_id: Id | None = None) -> dict[str,
 
     Earlier turns' text and artifact_refs[] (id, sha256, artifact_class,
     class_label, media_type, title, size, source_url, preview_url, preview
-    state, source_refs): refs, never payloads. To see a
-    widget, call artifact_read with its id: view='source' for the SVG
-    markup, view='preview' for the PNG. Read-only.
+    state, source_refs): refs, never payloads. To see a widget, call
+    artifact_read with its id: view='source' for the SVG markup,
+    view='preview' for the PNG. Read-only.
     """
     council_round = round_get_for_user(
         user=current_user(), round_id=round_id, staff=False
