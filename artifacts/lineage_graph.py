@@ -13,7 +13,7 @@ shows at most ``MAX_LEVELS`` rows each way and ``MAX_PER_ROW`` boxes a row.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 from artifacts.models import Artifact
 from artifacts.selectors import LineageNode
@@ -73,9 +73,10 @@ class Graph:
     width: int = 0
     height: int = 0
     arrows: list[Arrow] = field(default_factory=list)
-    box_w: int = BOX_W
-    box_h: int = BOX_H
-    title_chars: int = TITLE_CHARS
+    # The sizes every graph shares, for the template.
+    box_w: ClassVar[int] = BOX_W
+    box_h: ClassVar[int] = BOX_H
+    title_chars: ClassVar[int] = TITLE_CHARS
 
     @property
     def boxes(self) -> list[Box]:

@@ -12,8 +12,8 @@ JSON sends the same keys, in the same order, as the API.
 
 What a program sends is checked by its door's own models (the API's bodies,
 MCP's strict tool arguments), whose fields are the types at the end of this
-module: a title, a tool's name, a media type, a list of sources, an artifact
-class; each limit is its column's or its service's, named once.
+module: a title, a tool's name, a media type, an artifact class, a plan's
+length; each limit is its column's or its service's, named once.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from artifacts.models import ArtifactClass
-from artifacts.services import MAX_SOURCES
 from pippa_site.text import MAX_MEDIA_TYPE, TITLE_MAX
 from tasks.models import Step
 from tasks.plan import MAX_STEPS
@@ -118,7 +117,6 @@ TitleOrEmpty = Annotated[str, Field(max_length=TITLE_MAX)]
 TOOL_NAME_MAX = Step._meta.get_field("tool").max_length
 ToolName = Annotated[str, Field(min_length=1, max_length=TOOL_NAME_MAX)]
 MediaType = Annotated[str, Field(min_length=1, max_length=MAX_MEDIA_TYPE)]
-SourceIds = Annotated[list[int], Field(max_length=MAX_SOURCES)]
 ArtifactClassValue = Annotated[
     int,
     Field(
