@@ -42,12 +42,14 @@ from pippa_site.errors import LeaseConflict, PippaError
 from pippa_site.text import MAX_MEDIA_TYPE, TITLE_MAX, json_check, media_type_check
 from tasks import actions, lease, plan, services
 from tasks.documents import (
+    artifact_document,
     artifact_get,
-    artifact_payload,
     artifacts_get,
+    conversation_document,
     conversation_get_for_user,
     conversation_payload,
-    step_run_payload,
+    step_run_document,
+    task_document,
     task_get_for_user,
     task_payload,
 )
@@ -316,13 +318,13 @@ BAD = {400: Error, 404: Error, 409: Error, 413: Error, 422: Error}
 @conversations.post("", response={201: ConversationOut, **BAD})
 def conversation_create(request: HttpRequest, payload: ConversationIn):
     conv = services.conversation_create(owner=request.user, title=payload.title)
-    return Status(201, conversation_payload(conv))
+    return Status(201, conversation_document(conv))
 
 
 @conversations.get("", response=list[ConversationOut])
 def conversation_list(request: HttpRequest):
     qs = Conversation.objects.for_user(request.user).order_by("-updated_at")[:200]
-    return [conversation_payload(c) for c in qs]
+    return [conversation_document(c) for c in qs]
 
 
 @conversations.get(
@@ -346,7 +348,7 @@ def task_create_in_conversation(
         brain=payload.brain,
         queue=payload.queue,
     )
-    return Status(201, task_payload(task))
+    return Status(201, task_document(task))
 
 
 @tasks.post("", response={201: TaskOut, **BAD})
@@ -360,7 +362,7 @@ def task_create_with_conversation(request: HttpRequest, payload: NewTaskIn):
         brain=payload.brain,
         queue=payload.queue,
     )
-    return Status(201, task_payload(task))
+    return Status(201, task_document(task))
 
 
 @tasks.get("/{task_id}", response={200: TaskDetailOut, **NOT_FOUND})
@@ -374,7 +376,7 @@ def task_detail(request: HttpRequest, task_id: int):
 def task_plan_rewrite(request: HttpRequest, task_id: int, payload: PlanIn):
     task = task_get_for_user(user=request.user, task_id=task_id)
     task = plan.plan_rewrite(task=task, steps=_steps_in(payload.steps))
-    return task_payload(task)
+    return task_document(task)
 
 
 @tasks.post("/{task_id}/brain", response={200: TaskOut, **BAD})
@@ -382,7 +384,7 @@ def task_brain(request: HttpRequest, task_id: int, payload: BrainIn):
     """Record which brain drives the task from now on (shown on the dashboard)."""
     task = task_get_for_user(user=request.user, task_id=task_id)
     services.task_brain_record(task=task, brain=payload.brain, actor=_actor(request))
-    return task_payload(task)
+    return task_document(task)
 
 
 @tasks.post("/{task_id}/brain/turns", response={201: TokenUsageOut, **BAD})
@@ -405,7 +407,7 @@ def task_step_run(request: HttpRequest, task_id: int, payload: WorkerIn):
     result = actions.step_run(task=task, worker_id=_worker_id(request, payload.worker))
     if result.lease_busy:
         raise LeaseConflict(result.detail)
-    return step_run_payload(result, task)
+    return step_run_document(result, task)
 
 
 @tasks.post("/{task_id}/lease/release", response={200: TaskOut, **BAD})
@@ -413,7 +415,7 @@ def task_lease_release(request: HttpRequest, task_id: int, payload: WorkerIn):
     """Give back the lease this runner holds (a runner that stops early)."""
     task = task_get_for_user(user=request.user, task_id=task_id)
     lease.lease_release_own(task=task, worker_id=_worker_id(request, payload.worker))
-    return task_payload(task)
+    return task_document(task)
 
 
 @tasks.post("/{task_id}/resume", response={200: TaskOut, **BAD})
@@ -421,7 +423,7 @@ def task_resume(request: HttpRequest, task_id: int):
     """Queue a paused or interrupted task again (refused if a step needs a person)."""
     task = task_get_for_user(user=request.user, task_id=task_id)
     actions.task_resume(task=task, actor=_actor(request))
-    return task_payload(task)
+    return task_document(task)
 
 
 @tasks.post("/{task_id}/pause", response={200: TaskOut, **BAD})
@@ -429,7 +431,7 @@ def task_pause(request: HttpRequest, task_id: int):
     """Pause a queued or running task at its next step boundary (a call in flight is saved)."""
     task = task_get_for_user(user=request.user, task_id=task_id)
     actions.task_pause(task=task, actor=_actor(request))
-    return task_payload(task)
+    return task_document(task)
 
 
 @tasks.post("/{task_id}/cancel", response={200: TaskOut, **BAD})
@@ -437,7 +439,7 @@ def task_cancel(request: HttpRequest, task_id: int):
     """Cancel an unfinished task for good at its next step boundary; branch to go on."""
     task = task_get_for_user(user=request.user, task_id=task_id)
     actions.task_cancel(task=task, actor=_actor(request))
-    return task_payload(task)
+    return task_document(task)
 
 
 def _actor(request: HttpRequest) -> str:
@@ -513,7 +515,7 @@ def task_artifact_upload(
         # The client went away mid-body; nothing was stored. If it can still
         # read, it learns so.
         _fail(400, ERR_UPLOAD_CUT)
-    return Status(201, artifact_payload(artifact))
+    return Status(201, artifact_document(artifact))
 
 
 # -- artifacts ----------------------------------------------------------------
@@ -521,7 +523,7 @@ def task_artifact_upload(
 
 @artifacts.get("/{artifact_id}", response={200: ArtifactOut, **NOT_FOUND})
 def artifact_detail(request: HttpRequest, artifact_id: int):
-    return artifact_payload(artifact_get(user=request.user, artifact_id=artifact_id))
+    return artifact_document(artifact_get(user=request.user, artifact_id=artifact_id))
 
 
 @artifacts.get(

@@ -92,7 +92,9 @@ def artifacts_get(*, user, artifact_ids) -> list[Artifact]:
 # Defined once, in tasks.shapes (the API's response schemas). Every door that
 # shows a program these rows builds them here, through those classes: the task
 # document (the API, MCP's get_task), the resume context (tasks.resume), the
-# council's refs (council.services) and MCP's task list.
+# council's refs (council.services) and MCP's task list. A ``*_document`` is the
+# model, which the API answers with as it is (validated once); a ``*_payload``
+# is its dict, for the doors that send dicts.
 
 
 def artifact_ref(artifact: Artifact) -> dict[str, Any]:
@@ -100,12 +102,8 @@ def artifact_ref(artifact: Artifact) -> dict[str, Any]:
     return ArtifactRefOut.model_validate(artifact).model_dump()
 
 
-def artifact_ref_payload(artifact: Artifact | None) -> dict[str, Any] | None:
-    return None if artifact is None else artifact_ref(artifact)
-
-
-def artifact_payload(artifact: Artifact) -> dict[str, Any]:
-    """An artifact's ref, its sources' ids and where its bytes are (``ArtifactOut``)."""
+def artifact_document(artifact: Artifact) -> ArtifactOut:
+    """An artifact's ref, its sources' ids and where its bytes are."""
     return ArtifactOut(
         **artifact_ref(artifact),
         source_refs=list(
@@ -115,7 +113,11 @@ def artifact_payload(artifact: Artifact) -> dict[str, Any]:
         ),
         created_at=artifact.created_at,
         content_url=f"/api/v1/artifacts/{artifact.pk}/content",
-    ).model_dump()
+    )
+
+
+def artifact_payload(artifact: Artifact) -> dict[str, Any]:
+    return artifact_document(artifact).model_dump()
 
 
 def step_payload(step: Step) -> dict[str, Any]:
@@ -133,7 +135,9 @@ def task_steps(task: Task) -> list[Step]:
     return list(task.steps.select_related("output").order_by("position"))
 
 
-def _task_out(task: Task) -> TaskOut:
+def task_document(task: Task) -> TaskOut:
+    """The task as it is in the database now, with its steps in order."""
+    task.refresh_from_db()
     return TaskOut(
         **task_summary(task),
         steps=[StepOut.model_validate(s) for s in task_steps(task)],
@@ -141,26 +145,27 @@ def _task_out(task: Task) -> TaskOut:
 
 
 def task_payload(task: Task) -> dict[str, Any]:
-    """The task as it is in the database now, with its steps in order."""
-    task.refresh_from_db()
-    return _task_out(task).model_dump()
+    return task_document(task).model_dump()
 
 
-def step_run_payload(run, task: Task) -> dict[str, Any]:
+def step_run_document(run, task: Task) -> StepRunOut:
     """What a runner is told after asking for a step (``tasks.actions.StepRun``)."""
-    task.refresh_from_db()
     return StepRunOut(
         ran=run.ran,
         detail=run.detail,
         invoked=run.invoked,
         rule=run.rule,
         step=None if run.step is None else StepOut.model_validate(run.step),
-        task=_task_out(task),
-    ).model_dump()
+        task=task_document(task),
+    )
 
 
-def conversation_payload(conversation: Conversation) -> dict[str, Any]:
-    """A conversation and its tasks' ids, oldest first (``ConversationOut``)."""
+def step_run_payload(run, task: Task) -> dict[str, Any]:
+    return step_run_document(run, task).model_dump()
+
+
+def conversation_document(conversation: Conversation) -> ConversationOut:
+    """A conversation and its tasks' ids, oldest first."""
     return ConversationOut(
         id=conversation.pk,
         title=conversation.title,
@@ -168,4 +173,8 @@ def conversation_payload(conversation: Conversation) -> dict[str, Any]:
         task_ids=list(
             conversation.tasks.order_by("created_at", "id").values_list("id", flat=True)
         ),
-    ).model_dump()
+    )
+
+
+def conversation_payload(conversation: Conversation) -> dict[str, Any]:
+    return conversation_document(conversation).model_dump()
