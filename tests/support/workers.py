@@ -39,11 +39,18 @@ def worker_argv(
 
 
 def tools_env(
-    subprocess_env: dict[str, str], log: Path | None = None, **extra: str
+    subprocess_env: dict[str, str],
+    log: Path | None = None,
+    *,
+    crashpoint: str = "",
+    **extra: str,
 ) -> dict[str, str]:
     """``subprocess_env`` with the test tools loaded and, given ``log``, their
-    calls logged there; ``extra`` (e.g. ``PIPPA_CRASHPOINT``) on top."""
+    calls logged there; given ``crashpoint``, the worker dies there
+    (``tasks.crashpoints``); ``extra`` variables on top."""
     env = {**subprocess_env, "PIPPA_TOOLS": "tests.support.tools"}
     if log is not None:
         env["PIPPA_TOOL_LOG"] = str(log)
+    if crashpoint:
+        env["PIPPA_CRASHPOINT"] = crashpoint
     return {**env, **extra}

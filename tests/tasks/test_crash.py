@@ -72,9 +72,7 @@ def worker(subprocess_env, tmp_path):
     log = tmp_path / "tool-calls.jsonl"
 
     def start(*task_ids: int, crashpoint: str = "", name: str = "w"):
-        env = tools_env(subprocess_env, log)
-        if crashpoint:
-            env["PIPPA_CRASHPOINT"] = crashpoint
+        env = tools_env(subprocess_env, log, crashpoint=crashpoint)
         return subprocess.Popen(
             worker_argv(*task_ids, worker_id=f"worker:{name}"),
             cwd=REPO,

@@ -47,9 +47,8 @@ def worker(subprocess_env, tmp_path, smtp, tool_log):
             PIPPA_NOTIFY_DELAY_SECONDS="0",
             PIPPA_NOTIFY_CLAIM_SECONDS=str(claim_seconds),
             PIPPA_SITE_URL="http://testserver",
+            crashpoint=crashpoint,
         )
-        if crashpoint:
-            env["PIPPA_CRASHPOINT"] = crashpoint
         proc = subprocess.run(
             worker_argv(worker_id=f"worker:{name}"),
             cwd=REPO,

@@ -31,9 +31,12 @@ def spawn(subprocess_env, tmp_path):
     log = tmp_path / "tool-calls.jsonl"
 
     def start(name: str, *extra: str, lease_seconds: int = 60, crashpoint: str = ""):
-        env = tools_env(subprocess_env, log, PIPPA_LEASE_SECONDS=str(lease_seconds))
-        if crashpoint:
-            env["PIPPA_CRASHPOINT"] = crashpoint
+        env = tools_env(
+            subprocess_env,
+            log,
+            crashpoint=crashpoint,
+            PIPPA_LEASE_SECONDS=str(lease_seconds),
+        )
         return subprocess.Popen(
             [*worker_argv(worker_id=name, until_idle=False, quiet=False), *extra],
             cwd=REPO,
