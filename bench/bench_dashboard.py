@@ -40,7 +40,8 @@ from artifacts.models import ArtifactClass
 from artifacts.services import artifact_store
 from bench.bench_executor import _make_tasks, tool_setup
 from bench.harness import Report, interleaved_ms, median_ms
-from dashboard import rowcache, selectors
+from dashboard import rowcache
+from dashboard.selectors import timeline
 from tasks.executor import step
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 
@@ -288,12 +289,12 @@ def run(report: Report) -> None:
             value=deep_ms,
         )
 
-        saved = selectors.STEPS_PER_PAGE
-        selectors.STEPS_PER_PAGE = steps
+        saved = timeline.STEPS_PER_PAGE
+        timeline.STEPS_PER_PAGE = steps
         try:
             whole_ms, _ = _measure(client, big.get_absolute_url(), 3)
         finally:
-            selectors.STEPS_PER_PAGE = saved
+            timeline.STEPS_PER_PAGE = saved
         report.add(
             group="dashboard",
             figure=f"whole {steps:,}-step timeline on one page (not shipped)",

@@ -70,7 +70,7 @@ from django.utils import timezone
 from django.utils.safestring import SafeString
 from django.utils.translation import get_language
 
-from dashboard.selectors import may_keep, rows_complete
+from dashboard.selectors.timeline import may_keep, rows_complete
 
 ALIAS = "rows"
 
@@ -169,7 +169,9 @@ EVENT_ROW_WHOLE = frozenset({"e.data"})
 # serves a row drawn by other code.
 CODE_MODULES = (
     "dashboard.rowcache",
-    "dashboard.selectors",
+    "dashboard.selectors.clock",
+    "dashboard.selectors.outputs",
+    "dashboard.selectors.timeline",
     "dashboard.templatetags.pippa",
     "dashboard.templatetags.pippa_words",
     "tasks.models",

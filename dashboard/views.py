@@ -30,11 +30,35 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HttpResponseClientRedirect, reswap, retarget
 
 from artifacts.store import BlobError, default_store
-from dashboard import selectors
-from dashboard.selectors import current_step_page
+from dashboard.selectors.events import (
+    event_kinds,
+    task_events,
+    task_resume_context_json,
+)
+from dashboard.selectors.home import (
+    conversation_page,
+    conversation_rounds,
+    conversation_tasks,
+    dashboard_totals,
+    next_decision_for_user,
+    todo_for_user,
+)
+from dashboard.selectors.outputs import saved_output
+from dashboard.selectors.timeline import (
+    STEPS_PER_PAGE,
+    current_step_page,
+    rows_complete,
+    step_get_for_user,
+    step_in_flight,
+    task_poll_state_for_user,
+    task_timeline,
+    task_timeline_changes,
+    worker_busy_elsewhere,
+)
 from pippa_site.errors import PippaError
 from tasks import actions
 from tasks import services as task_services
+from tasks.actions import ATTENTION_STEPS
 from tasks.demo import LIVE_CONVERSATION, live_task_start
 from tasks.documents import conversation_get_for_user, task_get_for_user
 from tasks.models import Step, Task
@@ -161,12 +185,12 @@ def _unchanged(request: HttpRequest, version: str) -> bool:
 def conversation_list(request: HttpRequest) -> HttpResponse:
     # The page refreshes itself every REFRESH_SECONDS: a 204 while nothing of
     # the user's changed, else the to-do list and the results, out of band.
-    totals = selectors.dashboard_totals(user=request.user)
+    totals = dashboard_totals(user=request.user)
     if _unchanged(request, totals.version):
         return HttpResponse(status=204)
     query = request.GET.get("q", "")[:200]
     needs_you = request.GET.get("needs") == "you"
-    page = selectors.conversation_page(
+    page = conversation_page(
         user=request.user,
         query=query,
         page=request.GET.get("page"),
@@ -186,9 +210,7 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
         # for the results alone, which show neither; its rows read only the
         # totals' needs-you count, kept once a version (conversation_page).
         "totals": totals,
-        "todo": cache(
-            partial(selectors.todo_for_user, user=request.user, totals=totals)
-        ),
+        "todo": cache(partial(todo_for_user, user=request.user, totals=totals)),
         "version": totals.version,
         "refresh_every": REFRESH_SECONDS,
     }
@@ -201,16 +223,14 @@ def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     conversation = conversation_get_for_user(
         user=request.user, conversation_id=pk, staff=True
     )
-    version = selectors.dashboard_totals(
-        user=request.user, conversation=conversation
-    ).version
+    version = dashboard_totals(user=request.user, conversation=conversation).version
     if _unchanged(request, version):
         return HttpResponse(status=204)
-    tasks = selectors.conversation_tasks(conversation=conversation)
+    tasks = conversation_tasks(conversation=conversation)
     context = {
         "conversation": conversation,
         "tasks": tasks,
-        "rounds": selectors.conversation_rounds(conversation=conversation),
+        "rounds": conversation_rounds(conversation=conversation),
         # "Updated" follows the tasks' activity, not only the title's.
         "activity_at": max([conversation.updated_at, *(t.updated_at for t in tasks)]),
         "needs_you": sum(t.needs_you_count for t in tasks),
@@ -238,7 +258,7 @@ def demo_live_run(request: HttpRequest, pk: int) -> HttpResponse:
     conversation = conversation_get_for_user(
         user=request.user, conversation_id=pk, staff=True
     )
-    tasks = selectors.conversation_tasks(conversation=conversation)
+    tasks = conversation_tasks(conversation=conversation)
     if not _demo_live_offer(conversation, tasks):
         raise Http404("no demo task to start here")
     task = live_task_start(conversation=conversation)
@@ -297,19 +317,17 @@ def _status_context(task: Task, rows: list) -> dict:
     task waits."""
     return {
         "poll_every": poll_seconds(task),
-        "in_flight": selectors.step_in_flight(task=task, rows=rows),
+        "in_flight": step_in_flight(task=task, rows=rows),
         "worker_busy": task.status == Task.Status.QUEUED
         and not task.lease_live
-        and selectors.worker_busy_elsewhere(task=task),
+        and worker_busy_elsewhere(task=task),
     }
 
 
 def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpResponse:
     context: dict = {"task": task, "follow": "page" not in request.GET}
     if fragment != "events":
-        step_page, rows, clock = selectors.task_timeline(
-            task=task, page=request.GET.get("page")
-        )
+        step_page, rows, clock = task_timeline(task=task, page=request.GET.get("page"))
         context.update(step_page=step_page, rows=rows, clock=clock)
         context.update(_status_context(task, rows))
         context["decisions"] = [row for row in rows if row.advice]
@@ -317,10 +335,10 @@ def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpRe
             # Result first: the last output the finished task made, drawn large.
             final = next((row for row in reversed(rows) if row.step.output_id), None)
             if final is not None:
-                selectors.rows_complete([final])  # its preview, read alone
+                rows_complete([final])  # its preview, read alone
             context["final"] = final
         if not context["decisions"]:
-            context["next_decision"] = selectors.next_decision_for_user(
+            context["next_decision"] = next_decision_for_user(
                 user=request.user, after=task
             )
     # The event log is folded: drawn when its fold asks (the "events"
@@ -328,12 +346,12 @@ def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpRe
     if fragment == "events" or (
         fragment is None and ("kind" in request.GET or "before" in request.GET)
     ):
-        context["events"] = selectors.task_events(
+        context["events"] = task_events(
             task=task,
             kind=request.GET.get("kind", "")[:40],
             before=_int_or_none(request.GET.get("before")),
         )
-        context["event_kinds"] = selectors.event_kinds(task=task)
+        context["event_kinds"] = event_kinds(task=task)
     template = "dashboard/task_detail.html" + (f"#{fragment}" if fragment else "")
     return render(request, template, context)
 
@@ -348,9 +366,7 @@ def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
     # worker that stops answering writes no event, but the page must say so.
     raw_since = request.GET.get("since") if request.htmx else None
     if raw_since is not None:
-        last_seq, lease_live = selectors.task_poll_state_for_user(
-            user=request.user, task_id=pk
-        )
+        last_seq, lease_live = task_poll_state_for_user(user=request.user, task_id=pk)
         since = _int_or_none(raw_since)
         if since is None or not 0 <= since <= last_seq:
             return HttpResponseBadRequest(
@@ -383,10 +399,8 @@ def _live_update(request: HttpRequest, task: Task, since: int) -> HttpResponse:
     page = request.GET.get("page")
     context: dict = {"task": task, "follow": page is None, "oob": True}
     if "events_kind" in request.GET:
-        context["events"] = selectors.task_events(
-            task=task, kind=request.GET["events_kind"][:40]
-        )
-        context["event_kinds"] = selectors.event_kinds(task=task)
+        context["events"] = task_events(task=task, kind=request.GET["events_kind"][:40])
+        context["event_kinds"] = event_kinds(task=task)
     # The page it shows now: the one Dad chose, or the current step's.
     number = current_step_page(task=task) if page is None else _int_or_none(page)
     whole = (
@@ -398,9 +412,7 @@ def _live_update(request: HttpRequest, task: Task, since: int) -> HttpResponse:
         or number != _int_or_none(request.GET.get("at"))
     )
     if not whole:
-        rows, clock = selectors.task_timeline_changes(
-            task=task, page=number, since=since
-        )
+        rows, clock = task_timeline_changes(task=task, page=number, since=since)
         whole = any(row.advice for row in rows)
     if whole:
         response = _task_page(request, task, "timeline")
@@ -415,7 +427,7 @@ def _live_update(request: HttpRequest, task: Task, since: int) -> HttpResponse:
         rows=rows,
         clock=clock,
         decisions=[],
-        next_decision=selectors.next_decision_for_user(user=request.user, after=task),
+        next_decision=next_decision_for_user(user=request.user, after=task),
     )
     return render(request, "dashboard/task_detail.html#live-update", context)
 
@@ -424,7 +436,7 @@ def _live_update(request: HttpRequest, task: Task, since: int) -> HttpResponse:
 @dashboard_login_required
 def task_resume_context(request: HttpRequest, pk: int) -> HttpResponse:
     task = task_get_for_user(user=request.user, task_id=pk, staff=True)
-    document = selectors.task_resume_context_json(task=task)
+    document = task_resume_context_json(task=task)
     if request.htmx:
         return render(
             request,
@@ -443,8 +455,8 @@ def step_saved_output(request: HttpRequest, pk: int, step_id: int) -> HttpRespon
     Never rendered inline unless it is a picture (raster or SVG); always
     sandboxed.
     """
-    step = selectors.step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
-    saved = selectors.saved_output(envelope_read(step.pk).payload)
+    step = step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
+    saved = saved_output(envelope_read(step.pk).payload)
     if saved is None:
         raise Http404("this step has no saved output waiting")
     try:
@@ -512,7 +524,7 @@ def _refusal(kwargs: dict) -> str:
     if "step" in kwargs:
         step = kwargs["step"]
         step.refresh_from_db()
-        if step.status not in selectors.ATTENTION_STEPS:
+        if step.status not in ATTENTION_STEPS:
             return MSG_ALREADY_DECIDED.format(
                 position=step.position, status=step.get_status_display()
             )
@@ -537,7 +549,7 @@ def _refusal(kwargs: dict) -> str:
 def _in_flight_words(task: Task, done: str, going: str) -> str:
     """``done`` when the task stopped at once, ``going`` while a step finishes."""
     task.refresh_from_db()
-    step = selectors.step_in_flight(task=task)
+    step = step_in_flight(task=task)
     if step is None:
         return done.format(title=task.title)
     return going.format(title=task.title, position=step.position)
@@ -638,7 +650,7 @@ def _step_confirm_context(step, action: str) -> dict:
 @require_http_methods(["GET", "POST"])
 @dashboard_login_required
 def step_retry(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
-    step = selectors.step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
+    step = step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
     url = reverse("dashboard:step_retry", args=[pk, step.pk])
     if request.method == "GET":
         return _confirm(
@@ -654,7 +666,7 @@ def step_retry(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @dashboard_login_required
 def step_resolve(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
-    step = selectors.step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
+    step = step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
     url = reverse("dashboard:step_resolve", args=[pk, step.pk])
     if request.method == "GET":
         action = request.GET.get("action", "")
@@ -709,7 +721,7 @@ def _branch_confirm_context(task: Task, position: int, url: str) -> dict:
     steps = list(
         Step.objects.filter(task=task)
         .order_by("position")
-        .values("position", "title", "side_effects")[: selectors.STEPS_PER_PAGE * 2]
+        .values("position", "title", "side_effects")[: STEPS_PER_PAGE * 2]
     )
     again = [s for s in steps if s["position"] > position]
     outside = [s for s in again if s["side_effects"]]

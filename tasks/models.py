@@ -304,7 +304,7 @@ def needs_you_sql() -> tuple[str, tuple]:
 
     ``needs_you_q`` wraps it for the ORM (every count, list and filter); a
     hot read may name it in a statement of its own
-    (``dashboard.selectors.next_decision_for_user``), so the rule is written
+    (``dashboard.selectors.home.next_decision_for_user``), so the rule is written
     once and the ORM never builds it per request. It starts from the partial
     index tasks_step_attention (the few running, failed or needs-review
     steps, not a user's whole history): the statuses are written out, not

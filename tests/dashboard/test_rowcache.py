@@ -26,7 +26,10 @@ from django.utils import timezone
 
 from artifacts.models import Artifact
 from artifacts.store import default_store
-from dashboard import rowcache, selectors
+from dashboard import rowcache
+from dashboard.selectors import timeline
+from dashboard.selectors.events import task_events
+from dashboard.selectors.timeline import task_timeline
 from tasks import actions
 from tasks.executor import step as executor_step
 from tasks.models import Step, Task
@@ -215,7 +218,7 @@ def test_a_row_with_times_relative_to_now_is_never_cached(
 ):
     task = _run(fetch_task(), 3)
     done = task.steps.get(position=1)
-    actions_row = selectors.task_timeline(task=task)[1][0]
+    actions_row = task_timeline(task=task)[1][0]
     assert not actions_row.shows_attempts
     # A step a person skipped shows who did it and when ("5 min ago").
     failed = add_steps(task, 1, status=Step.Status.FAILED)[-1]
@@ -469,13 +472,13 @@ def test_a_page_of_kept_rows_reads_none_of_their_files_or_events(
     task = _run(fetch_task(), 3)
     _page(dad_client, task)
     read: list[int] = []
-    later = selectors._read_later
+    later = timeline._read_later
 
     def spy(rows, clock):
         read.extend(row.step.pk for row in rows)
         return later(rows, clock)
 
-    monkeypatch.setattr(selectors, "_read_later", spy)
+    monkeypatch.setattr(timeline, "_read_later", spy)
     heads = []
     monkeypatch.setattr(
         type(default_store()),
@@ -489,7 +492,7 @@ def test_a_page_of_kept_rows_reads_none_of_their_files_or_events(
     assert '<pre class="excerpt"' in _row(body, 1)  # as drawn the first time
     # A row asked for what it did not read reads it then, with its list.
     read.clear()
-    _, rows, _ = selectors.task_timeline(task=task)
+    _, rows, _ = task_timeline(task=task)
     assert read == []
     assert rows[0].attempts[0].outcome == "done"
     assert sorted(read) == sorted(row.step.pk for row in rows)
@@ -820,7 +823,7 @@ def _rows_of_every_kind(fetch_task) -> tuple[Task, list]:
         status=Task.Status.PAUSED, steps_total=task.steps.count()
     )
     task.refresh_from_db()
-    _, rows, clock = selectors.task_timeline(task=task)
+    _, rows, clock = task_timeline(task=task)
     return task, rows, clock
 
 
@@ -887,7 +890,7 @@ def test_every_row_path_the_step_row_partial_reads_is_made_from_the_rows_sources
     assert _made_of("row.step.task.title") is None
     assert _made_of("row.saved") is None
     # The sources hold every column, whatever the models' fields are.
-    _, rows, _ = selectors.task_timeline(task=task)
+    _, rows, _ = task_timeline(task=task)
     step_values, last_event, output_values, _ = rows[0].sources()
     assert len(step_values) == len(Step._meta.concrete_fields)
     assert len(output_values) == len(Artifact._meta.concrete_fields)
@@ -930,7 +933,7 @@ def test_the_key_covers_every_name_the_event_row_partial_reads(fetch_task):
         kind="<b>odd</b>",
         data={"note": "<script>alert(1)</script>", "long": "x" * 120},
     )
-    events = selectors.task_events(task=task).events
+    events = task_events(task=task).events
     assert len(events) > 3
     seen: set[str] = set()
     for event in events:

@@ -7,7 +7,22 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from dashboard import selectors
+from dashboard.selectors.clock import task_clock
+from dashboard.selectors.events import EVENTS_PER_PAGE, task_events
+from dashboard.selectors.home import (
+    CONVERSATIONS_PER_PAGE,
+    TODO_LIMIT,
+    conversation_list,
+    conversation_page,
+    dashboard_totals,
+    next_decision_for_user,
+    todo_for_user,
+)
+from dashboard.selectors.timeline import (
+    current_step_page,
+    step_in_flight,
+    task_timeline,
+)
 from dashboard.templatetags.pippa import duration, from_now
 from dashboard.templatetags.pippa_words import (
     MAX_SUMMARY_CHARS,
@@ -28,7 +43,7 @@ def test_conversation_list_counts_tasks_by_state_in_one_query(
         task = make_task(conversation=conversation, status=status)
         add_steps(task, 2, done=1)
     with django_assert_num_queries(1):
-        row = selectors.conversation_list(user=user).get()
+        row = conversation_list(user=user).get()
     assert row.task_count == 6
     assert row.active_count == 2
     assert row.done_count == 1
@@ -42,8 +57,8 @@ def test_conversation_list_of_a_user_hides_other_users_and_staff_see_all(
     make_conversation(owner=user, title="mine")
     make_conversation(title="theirs")
     boss = make_user(username="boss", is_staff=True)
-    assert [c.title for c in selectors.conversation_list(user=user)] == ["mine"]
-    assert selectors.conversation_list(user=boss).count() == 2
+    assert [c.title for c in conversation_list(user=user)] == ["mine"]
+    assert conversation_list(user=boss).count() == 2
 
 
 def test_search_matches_a_task_title_without_duplicating_the_conversation(
@@ -52,28 +67,28 @@ def test_search_matches_a_task_title_without_duplicating_the_conversation(
     conversation = make_conversation(owner=user, title="Misc")
     make_task(conversation=conversation, title="tomato one")
     make_task(conversation=conversation, title="tomato two")
-    found = list(selectors.conversation_list(user=user, query="tomato"))
+    found = list(conversation_list(user=user, query="tomato"))
     assert [c.pk for c in found] == [conversation.pk]
     assert found[0].task_count == 2
 
 
 def test_the_current_step_page_follows_the_done_count(make_task):
     task = make_task(steps_total=250, steps_done=0)
-    assert selectors.current_step_page(task=task) == 1
+    assert current_step_page(task=task) == 1
     task.steps_done = 99
-    assert selectors.current_step_page(task=task) == 1
+    assert current_step_page(task=task) == 1
     task.steps_done = 100
-    assert selectors.current_step_page(task=task) == 2
+    assert current_step_page(task=task) == 2
     task.steps_done = 250  # finished: the last page, not an empty one
-    assert selectors.current_step_page(task=task) == 3
+    assert current_step_page(task=task) == 3
 
 
 def test_event_keyset_pages_walk_the_whole_log_once(make_task):
     task = make_task()
-    add_events(task, selectors.EVENTS_PER_PAGE * 2 + 3)
+    add_events(task, EVENTS_PER_PAGE * 2 + 3)
     seen, before = [], None
     while True:
-        page = selectors.task_events(task=task, before=before)
+        page = task_events(task=task, before=before)
         seen += [e.seq for e in page.events]
         if page.older_than is None:
             break
@@ -89,7 +104,7 @@ def test_a_missing_blob_is_reported_instead_of_breaking_the_timeline(
     )
     step = add_steps(task, 1, done=1)[0]
     blob_store.path(step.output.sha256).unlink()
-    _, rows, _ = selectors.task_timeline(task=task)
+    _, rows, _ = task_timeline(task=task)
     assert rows[0].preview == "missing"
 
 
@@ -119,7 +134,7 @@ def test_council_rounds_are_counted_without_inflating_the_task_sums(
         CouncilRound.objects.create(conversation=conversation, number=n, topic="t")
     for _ in range(2):
         add_steps(make_task(conversation=conversation), 4, done=1)
-    row = selectors.conversation_list(user=user).get()
+    row = conversation_list(user=user).get()
     assert row.round_count == 3
     assert row.task_count == 2
     assert (row.steps_done_sum, row.steps_total_sum) == (2, 8)
@@ -136,7 +151,7 @@ def test_a_rows_output_links_are_its_routes_reversed(make_task):
     try:
         for prefix in ("/", "/pippa/"):
             set_script_prefix(prefix)
-            _, rows, _ = selectors.task_timeline(task=task)
+            _, rows, _ = task_timeline(task=task)
             for row in rows:
                 pk = row.step.output_id
                 assert row.detail_url == reverse("artifacts:detail", args=[pk])
@@ -153,7 +168,7 @@ def test_the_list_pages_count_is_its_rows_for_every_filter_and_reads_no_annotati
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    for n in range(selectors.CONVERSATIONS_PER_PAGE + 5):
+    for n in range(CONVERSATIONS_PER_PAGE + 5):
         make_task(conversation=make_conversation(owner=user), title=f"plain {n}")
     waiting = make_conversation(owner=user, title="tomato soup")
     add_steps(make_task(conversation=waiting, status="failed"), 1, status="failed")
@@ -164,18 +179,16 @@ def test_the_list_pages_count_is_its_rows_for_every_filter_and_reads_no_annotati
     add_steps(make_task(conversation=theirs, status="failed"), 1, status="failed")
 
     for query, needs_you, expected in [
-        ("", False, selectors.CONVERSATIONS_PER_PAGE + 7),
+        ("", False, CONVERSATIONS_PER_PAGE + 7),
         ("tomato", False, 1),
         ("", True, 1),
         ("tomato", True, 1),
         ("plain 3", True, 0),
     ]:
-        page = selectors.conversation_page(user=user, query=query, needs_you=needs_you)
+        page = conversation_page(user=user, query=query, needs_you=needs_you)
         with CaptureQueriesContext(connection) as counted:
             count = page.paginator.count
-        rows = list(
-            selectors.conversation_list(user=user, query=query, needs_you=needs_you)
-        )
+        rows = list(conversation_list(user=user, query=query, needs_you=needs_you))
         assert count == len(rows) == expected, (query, needs_you)
         assert all(c.owner_id == user.pk for c in rows)
         assert [
@@ -220,7 +233,7 @@ def test_paused_time_runs_from_each_pause_to_the_resume_after_it_in_log_order(
         ]
     )
     with django_assert_num_queries(1):  # the span and the marks in one statement
-        clock = selectors.task_clock(task=task)
+        clock = task_clock(task=task)
     assert (clock.started_at, clock.ended_at) == (start, end)
     assert clock.paused == timedelta(seconds=4)
     assert clock.worked == timedelta(seconds=6)
@@ -240,14 +253,14 @@ def test_the_home_totals_are_one_query_and_agree_with_the_counts_they_stand_for(
     make_task(conversation=make_conversation(owner=boss), status="queued")
 
     with django_assert_num_queries(1):
-        totals = selectors.dashboard_totals(user=user)
+        totals = dashboard_totals(user=user)
     # What the unfiltered list counts, and the to-do's own count of working tasks.
-    assert totals.conversations == selectors.conversation_list(user=user).count() == 1
-    assert totals.working == selectors.todo_for_user(user=user).working == 2
+    assert totals.conversations == conversation_list(user=user).count() == 1
+    assert totals.working == todo_for_user(user=user).working == 2
     # Staff list every conversation, but only their own tasks are their work.
-    staff = selectors.dashboard_totals(user=boss)
+    staff = dashboard_totals(user=boss)
     assert staff.conversations == 3
-    assert staff.working == selectors.todo_for_user(user=boss).working == 1
+    assert staff.working == todo_for_user(user=boss).working == 1
 
     # A council turn in one of the user's conversations changes the version;
     # one in another user's conversation does not.
@@ -258,27 +271,27 @@ def test_the_home_totals_are_one_query_and_agree_with_the_counts_they_stand_for(
         participant=theirs_round.participants.create(name="grok"),
         order=1,
     )
-    assert selectors.dashboard_totals(user=user).version == before
+    assert dashboard_totals(user=user).version == before
     my_round = CouncilRound.objects.create(conversation=mine, number=1, topic="t")
     Turn.objects.create(
         round=my_round, participant=my_round.participants.create(name="kimi"), order=1
     )
-    assert selectors.dashboard_totals(user=user).version != before
+    assert dashboard_totals(user=user).version != before
 
 
 def test_the_unfiltered_list_counts_from_the_totals_and_a_filtered_one_counts_itself(
     user, make_conversation, make_task, django_assert_num_queries
 ):
-    for i in range(selectors.CONVERSATIONS_PER_PAGE + 3):
+    for i in range(CONVERSATIONS_PER_PAGE + 3):
         make_task(conversation=make_conversation(owner=user, title=f"c{i}"))
     make_task(conversation=make_conversation(owner=user, title="tomato"))
-    totals = selectors.dashboard_totals(user=user)
+    totals = dashboard_totals(user=user)
     assert totals.needing_you == 0  # read once, as the page's to-do reads it
     with django_assert_num_queries(0):
-        page = selectors.conversation_page(user=user, totals=totals)
-        assert page.paginator.count == selectors.CONVERSATIONS_PER_PAGE + 4
+        page = conversation_page(user=user, totals=totals)
+        assert page.paginator.count == CONVERSATIONS_PER_PAGE + 4
         assert page.paginator.num_pages == 2
-    found = selectors.conversation_page(user=user, query="tomato", totals=totals)
+    found = conversation_page(user=user, query="tomato", totals=totals)
     assert found.paginator.count == 1
     assert [c.title for c in found] == ["tomato"]
 
@@ -286,28 +299,28 @@ def test_the_unfiltered_list_counts_from_the_totals_and_a_filtered_one_counts_it
 def test_a_filtered_first_page_that_is_not_full_is_its_own_count(
     user, make_conversation, make_task, django_assert_num_queries
 ):
-    per_page = selectors.CONVERSATIONS_PER_PAGE
+    per_page = CONVERSATIONS_PER_PAGE
     for i in range(per_page + 2):
         make_task(conversation=make_conversation(owner=user, title=f"pear {i}"))
     make_task(conversation=make_conversation(owner=user, title="tomato"))
 
     with django_assert_num_queries(1):  # the rows, no count
-        found = selectors.conversation_page(user=user, query="tomato")
+        found = conversation_page(user=user, query="tomato")
         assert (found.paginator.count, found.paginator.num_pages) == (1, 1)
         assert [c.title for c in found] == ["tomato"]
     # A full first page still counts: there may be more.
     with django_assert_num_queries(2):
-        full = selectors.conversation_page(user=user, query="pear")
+        full = conversation_page(user=user, query="pear")
         assert (full.paginator.count, full.paginator.num_pages) == (per_page + 2, 2)
         assert len(full) == per_page
         assert full.has_next()
-    second = selectors.conversation_page(user=user, query="pear", page="2")
+    second = conversation_page(user=user, query="pear", page="2")
     assert len(second) == 2
     assert {c.title for c in full} | {c.title for c in second} == {
         f"pear {i}" for i in range(per_page + 2)
     }
     # Nothing found: an empty first page, counted as none.
-    nothing = selectors.conversation_page(user=user, query="plum", page="1")
+    nothing = conversation_page(user=user, query="plum", page="1")
     assert (nothing.paginator.count, list(nothing)) == (0, [])
 
 
@@ -321,10 +334,10 @@ def test_the_rows_ask_no_needs_you_count_when_the_totals_say_nothing_waits(
     make_task(conversation=conversation, status="running")
 
     def row_and_sql() -> tuple[int, str]:
-        totals = selectors.dashboard_totals(user=user)
+        totals = dashboard_totals(user=user)
         totals.waiting  # noqa: B018 - the page's to-do reads it first
         with CaptureQueriesContext(connection) as ctx:
-            (row,) = selectors.conversation_page(user=user, totals=totals)
+            (row,) = conversation_page(user=user, totals=totals)
         return row.needs_you_count, ctx.captured_queries[-1]["sql"]
 
     count, sql = row_and_sql()
@@ -344,18 +357,18 @@ def test_the_to_do_counts_are_read_once_a_version_and_only_when_shown(
     conversation = make_conversation(owner=user, title="mine")
     make_task(conversation=conversation, status="running")
     with django_assert_num_queries(1):  # the version alone: a refresh's 204
-        totals = selectors.dashboard_totals(user=user)
+        totals = dashboard_totals(user=user)
     with django_assert_num_queries(1):
         assert (totals.working, totals.needing_you, totals.waiting) == (1, 0, 0)
     # The same version drawn again (a search, a reload): no second count.
-    again = selectors.dashboard_totals(user=user)
+    again = dashboard_totals(user=user)
     assert again.version == totals.version
     with django_assert_num_queries(0):
         assert (again.working, again.waiting) == (1, 0)
     # A decision arrives: a new version, counted anew.
     waits = make_task(conversation=conversation, status="needs_review")
     waits.steps.create(position=1, title="a", tool="t", status="needs_review")
-    changed = selectors.dashboard_totals(user=user)
+    changed = dashboard_totals(user=user)
     assert changed.version != totals.version
     assert (changed.working, changed.needing_you, changed.waiting) == (1, 1, 1)
 
@@ -371,8 +384,8 @@ def test_two_users_with_the_same_version_each_see_their_own_counts(
         task = make_task(conversation=make_conversation(owner=owner), status=status)
         Conversation.objects.filter(pk=task.conversation_id).update(updated_at=at)
         Task.objects.filter(pk=task.pk).update(updated_at=at)
-    mine = selectors.dashboard_totals(user=user)
-    theirs = selectors.dashboard_totals(user=other)
+    mine = dashboard_totals(user=user)
+    theirs = dashboard_totals(user=other)
     assert mine.version == theirs.version
     assert (mine.working, mine.waiting) == (0, 1)
     assert (theirs.working, theirs.waiting) == (1, 0)
@@ -398,21 +411,19 @@ def test_the_needs_you_count_agrees_with_the_needs_you_list_for_each_user(
     boss = make_user(username="boss", is_staff=True)
 
     for who, expected in ((user, 2), (other, 1), (boss, 3)):
-        listed = selectors.conversation_list(user=who, needs_you=True).count()
-        assert selectors.dashboard_totals(user=who).needing_you == listed == expected
+        listed = conversation_list(user=who, needs_you=True).count()
+        assert dashboard_totals(user=who).needing_you == listed == expected
 
 
 def test_the_totals_skip_the_to_do_only_when_nothing_can_wait(
     user, make_user, make_conversation, make_task, django_assert_num_queries
 ):
     def to_do(who) -> tuple[list, list, int]:
-        todo = selectors.todo_for_user(user=who)
+        todo = todo_for_user(user=who)
         return [s.pk for s in todo.decisions], [t.pk for t in todo.paused], todo.working
 
     def with_totals(who) -> tuple[list, list, int]:
-        todo = selectors.todo_for_user(
-            user=who, totals=selectors.dashboard_totals(user=who)
-        )
+        todo = todo_for_user(user=who, totals=dashboard_totals(user=who))
         return [s.pk for s in todo.decisions], [t.pk for t in todo.paused], todo.working
 
     other = make_user(username="other")
@@ -420,10 +431,10 @@ def test_the_totals_skip_the_to_do_only_when_nothing_can_wait(
     mine = make_conversation(owner=user, title="mine")
     make_task(conversation=mine, status="running")
     # Nothing waits: the to-do costs no query, and says so.
-    totals = selectors.dashboard_totals(user=user)
+    totals = dashboard_totals(user=user)
     assert totals.waiting == 0
     with django_assert_num_queries(0):
-        empty = selectors.todo_for_user(user=user, totals=totals)
+        empty = todo_for_user(user=user, totals=totals)
     assert (empty.count, empty.working) == (0, 1)
     assert with_totals(user) == to_do(user)
 
@@ -440,7 +451,7 @@ def test_the_totals_skip_the_to_do_only_when_nothing_can_wait(
         assert with_totals(who) == to_do(who)
     assert len(to_do(user)[0]) == len(to_do(other)[0]) == 1
     # Staff see the other's conversation need them, but it is not their decision.
-    assert selectors.dashboard_totals(user=boss).waiting == 2
+    assert dashboard_totals(user=boss).waiting == 2
     assert to_do(boss) == ([], [], 0)
 
 
@@ -462,13 +473,13 @@ def test_a_step_in_flight_under_a_pause_needs_you_nowhere_until_its_lease_runs_o
     elsewhere = make_task(conversation=make_conversation(owner=user), status="running")
 
     def seen() -> tuple:
-        row = selectors.conversation_list(user=user).get(pk=conversation.pk)
+        row = conversation_list(user=user).get(pk=conversation.pk)
         return (
-            [s.pk for s in selectors.todo_for_user(user=user).decisions],
-            selectors.dashboard_totals(user=user).needing_you,
-            selectors.conversation_list(user=user, needs_you=True).count(),
+            [s.pk for s in todo_for_user(user=user).decisions],
+            dashboard_totals(user=user).needing_you,
+            conversation_list(user=user, needs_you=True).count(),
             row.needs_you_count,
-            selectors.next_decision_for_user(user=user, after=elsewhere),
+            next_decision_for_user(user=user, after=elsewhere),
         )
 
     assert seen() == ([], 0, 0, 0, None)
@@ -489,17 +500,17 @@ def test_the_step_in_flight_comes_from_the_page_rows_or_is_read_when_elsewhere(
     )
     add_steps(task, 150, done=120)
     task.steps.filter(position=121).update(status="running", attempts=1)
-    _, current, _ = selectors.task_timeline(task=task)  # steps 101-150
+    _, current, _ = task_timeline(task=task)  # steps 101-150
     with django_assert_num_queries(0):
-        assert selectors.step_in_flight(task=task, rows=current).position == 121
-    _, first_page, _ = selectors.task_timeline(task=task, page=1)  # Dad looks back
+        assert step_in_flight(task=task, rows=current).position == 121
+    _, first_page, _ = task_timeline(task=task, page=1)  # Dad looks back
     with django_assert_num_queries(1):
-        assert selectors.step_in_flight(task=task, rows=first_page).position == 121
+        assert step_in_flight(task=task, rows=first_page).position == 121
     Task.objects.filter(pk=task.pk).update(
         lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
     task.refresh_from_db()
-    assert selectors.step_in_flight(task=task, rows=current) is None  # worker gone
+    assert step_in_flight(task=task, rows=current) is None  # worker gone
 
 
 def test_every_door_of_needs_you_agrees_with_the_rule_over_every_status_and_lease(
@@ -541,8 +552,8 @@ def test_every_door_of_needs_you_agrees_with_the_rule_over_every_status_and_leas
                     if owner == user and decision and task_status != "cancelled":
                         expected.append(step.pk)
 
-    decisions = selectors.todo_for_user(user=user).decisions
-    assert [s.pk for s in decisions] == expected[: selectors.TODO_LIMIT]
+    decisions = todo_for_user(user=user).decisions
+    assert [s.pk for s in decisions] == expected[:TODO_LIMIT]
     mine = Step.objects.needs_you().filter(task__conversation__owner=user)
     assert sorted(mine.values_list("pk", flat=True)) == sorted(expected)
     assert Step.objects.needs_you().count() == 2 * len(expected)
@@ -550,7 +561,7 @@ def test_every_door_of_needs_you_agrees_with_the_rule_over_every_status_and_leas
     first = Step.objects.get(pk=expected[0])
     unrelated = make_task(conversation=make_conversation(owner=user))
     with django_assert_num_queries(1):
-        found = selectors.next_decision_for_user(user=user, after=unrelated)
+        found = next_decision_for_user(user=user, after=unrelated)
     assert (found, found.position, found.task.title) == (
         first,
         first.position,
@@ -558,10 +569,10 @@ def test_every_door_of_needs_you_agrees_with_the_rule_over_every_status_and_leas
     )
     assert found.task.get_absolute_url() == first.task.get_absolute_url()
     # Outside the first decision's task, the first decision of another task.
-    after_first = selectors.next_decision_for_user(user=user, after=first.task)
+    after_first = next_decision_for_user(user=user, after=first.task)
     assert after_first.pk == next(
         pk for pk in expected if Step.objects.get(pk=pk).task_id != first.task_id
     )
     # Another user's decisions are theirs alone.
-    theirs = selectors.next_decision_for_user(user=other, after=unrelated)
+    theirs = next_decision_for_user(user=other, after=unrelated)
     assert Task.objects.get(pk=theirs.task_id).conversation.owner == other

@@ -14,7 +14,12 @@ from django.utils import timezone
 
 from artifacts.models import Artifact, ArtifactClass
 from council.models import CouncilRound, Participant, Turn
-from dashboard import selectors
+from dashboard.selectors.events import EVENTS_PER_PAGE, task_events
+from dashboard.selectors.home import (
+    CONVERSATIONS_PER_PAGE,
+    dashboard_totals,
+    todo_for_user,
+)
 from tasks.models import Step, Task
 from tests.tasks.dashboard_data import add_events, add_steps
 
@@ -170,9 +175,9 @@ def test_search_as_you_type_reads_neither_the_to_do_list_nor_the_needs_you_count
     # count and the to-do's count of working tasks are one query of the page's
     # totals, read with the to-do; cleared here, since the page kept them).
     caches["default"].clear()
-    totals = selectors.dashboard_totals(user=user)
+    totals = dashboard_totals(user=user)
     with CaptureQueriesContext(connection) as to_do:
-        selectors.todo_for_user(user=user, totals=totals)
+        todo_for_user(user=user, totals=totals)
     assert len(to_do) > 0
     assert len(whole) - len(typed) == len(to_do)
 
@@ -188,7 +193,7 @@ def test_the_list_is_paginated_and_its_query_count_does_not_grow(
     for i in range(3):
         make_task(conversation=make_conversation(owner=user, title=f"c{i}"))
     few = count_queries()
-    for i in range(selectors.CONVERSATIONS_PER_PAGE + 5):
+    for i in range(CONVERSATIONS_PER_PAGE + 5):
         make_task(conversation=make_conversation(owner=user, title=f"more {i}"))
     many = count_queries()
     assert few == many
@@ -376,7 +381,7 @@ def test_an_htmx_poll_gets_only_the_timeline_fragment(dad_client, running_task):
 def test_the_events_are_newest_first_paginated_and_filterable_by_kind(
     dad_client, running_task
 ):
-    add_events(running_task, selectors.EVENTS_PER_PAGE + 10, kind="lease_renewed")
+    add_events(running_task, EVENTS_PER_PAGE + 10, kind="lease_renewed")
     add_events(running_task, 3, kind="tool_call_started")
     last = running_task.last_seq
 
@@ -389,7 +394,7 @@ def test_the_events_are_newest_first_paginated_and_filterable_by_kind(
 
     older = dad_client.get(
         running_task.get_absolute_url(),
-        {"before": last - selectors.EVENTS_PER_PAGE + 1},
+        {"before": last - EVENTS_PER_PAGE + 1},
         headers={"HX-Request": "true", "HX-Target": "events"},
     ).content.decode()
     assert older.lstrip().startswith('<section id="events"')
@@ -444,7 +449,7 @@ def test_the_events_of_many_steps_cost_no_query_per_step(
     with_steps, body = count_queries(task)
     assert "Step 30: <bdi>Step number 30</bdi>" in body
     assert with_steps == count_queries(plain)[0]
-    page = selectors.task_events(task=task)
+    page = task_events(task=task)
     assert {"args", "error", "started_at"} <= page.events[0].step.get_deferred_fields()
 
 

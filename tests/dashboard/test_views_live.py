@@ -206,7 +206,7 @@ def test_a_step_that_needs_dad_brings_the_whole_timeline_with_its_card(
 def test_when_the_current_step_moves_to_the_next_page_the_timeline_is_whole(
     dad_client, fetch_task
 ):
-    from dashboard.selectors import STEPS_PER_PAGE
+    from dashboard.selectors.timeline import STEPS_PER_PAGE
 
     task = fetch_task(STEPS_PER_PAGE + 1)
     task = _step(task, times=STEPS_PER_PAGE - 1)
@@ -433,7 +433,7 @@ def test_a_stale_tab_on_a_decision_another_tab_took_corrects_itself_in_one_poll(
 def test_durations_leave_out_the_time_the_task_was_paused(dad_client, fetch_task):
     import time
 
-    from dashboard.selectors import task_clock
+    from dashboard.selectors.clock import task_clock
     from tasks.actions import task_pause, task_resume
 
     task = _step(fetch_task())

@@ -12,7 +12,7 @@ from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
-from dashboard import selectors
+from dashboard.selectors.home import next_decision_for_user, todo_for_user
 from tasks.actions import task_pause
 from tasks.models import Task
 from tasks.plan import task_create
@@ -199,8 +199,8 @@ def test_asking_what_else_needs_dad_reads_the_attention_index_not_his_history(
 
     def ask():
         if question == "next_decision":
-            return selectors.next_decision_for_user(user=user, after=here)
-        return selectors.todo_for_user(user=user).decisions[0]
+            return next_decision_for_user(user=user, after=here)
+        return todo_for_user(user=user).decisions[0]
 
     sent = []
 

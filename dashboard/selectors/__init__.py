@@ -1,0 +1,18 @@
+"""Reads for the dashboard: one module per part of the pages it serves.
+
+- ``home``: the home and conversation pages (the list, its totals and version,
+  the to-do list, a conversation's tasks and rounds);
+- ``timeline``: the task page's step rows (attempts, notes, advice, bars);
+- ``clock``: the task's time axis (its span, time paused);
+- ``outputs``: what a row shows of a step's output (previews, excerpts, a
+  saved search's headlines, the artifact pages' addresses);
+- ``events``: the task page's event log and the resume document's fold.
+
+Every selector returns rows with their related objects already joined
+(``select_related``) or batched (``prefetch_related``), so a page's number of
+queries does not grow with the number of conversations, steps or events.
+
+Who sees what is ``pippa_site.owners``' rule: the dashboard is where staff see
+every row, so its selectors pass ``staff=True``, and the pages read a single
+conversation or task through ``tasks.documents``' getters with ``staff=True``.
+"""

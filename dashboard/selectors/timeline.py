@@ -1,0 +1,554 @@
+"""The task page's step rows: one page of steps, their attempts, notes and advice.
+
+The task page reads one page of steps and one page of events: a 10,000-step
+timeline is shown 100 steps at a time, opening at the page that holds the
+current step, because rendering every row made the page take seconds and
+megabytes for no reader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from operator import attrgetter
+from typing import Any
+
+from django.core.paginator import Page, Paginator
+from django.db import connection
+from django.db.models import (
+    OuterRef,
+    Q,
+    Subquery,
+)
+from django.http import Http404
+from django.utils import timezone
+
+from artifacts.models import Artifact
+from artifacts.preview import preview_status
+from artifacts.store import default_store
+from dashboard.selectors.clock import TaskClock, milliseconds, task_clock
+from dashboard.selectors.outputs import (
+    EXCERPT_BYTES,
+    SavedOutput,
+    artifact_routes,
+    artifact_url,
+    output_excerpt,
+    preview_kind,
+    saved_output,
+)
+from pippa_site.owners import sees_every_row
+from tasks.actions import ATTENTION_STEPS, Choice, step_decision
+from tasks.models import (
+    Conversation,
+    Event,
+    Step,
+    Task,
+)
+from tasks.resume import envelope_read
+from tasks.words import CHOICES, RULE_WORDS, actor_words
+
+ERR_NO_STEP = "No such step of this task."
+STEPS_PER_PAGE = 100
+# Resume advice reads a step's own events (a few queries per step), so the
+# timeline asks for it only for the steps that need a person's attention, and
+# for at most this many per page. The executor stops at the first step that is
+# not done, so more than one such step on a page is already unusual.
+MAX_ADVICE_PER_PAGE = 5
+
+
+def task_poll_state_for_user(*, user, task_id: int) -> tuple[int, bool]:
+    """Return (last event seq, whether a worker holds a live lease) of a task
+    ``user`` may see, or raise Http404 like ``task_get_for_user``.
+
+    A live poll compares both with what its page shows: every change of a task
+    appends an event, except a worker that stops answering (its lease runs out
+    without a word), which the lease's state tells. One indexed row.
+    """
+    q = connection.ops.quote_name
+    everyone = sees_every_row(user, staff=True)
+    sql = (
+        "SELECT t.last_seq, t.lease_owner <> '' AND t.lease_expires_at >= %s"
+        f" FROM {q(Task._meta.db_table)} t"
+        f" JOIN {q(Conversation._meta.db_table)} c ON c.id = t.conversation_id"
+        " WHERE t.id = %s" + ("" if everyone else " AND c.owner_id = %s")
+    )
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    params = [now, int(task_id)] + ([] if everyone else [user.pk])
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        raise Http404("No Task matches the given query.")
+    return row[0], bool(row[1])
+
+
+def step_in_flight(*, task: Task, rows: list[StepRow] = ()) -> Step | None:
+    """Return the step a worker is calling now (its lease is live), or None.
+
+    ``rows``, a page of the task's step rows already read: when the running
+    step is among them it is taken from there (a task runs one step at a
+    time, in order), else it is read.
+    """
+    if not task.lease_live:
+        return None
+    for row in rows:
+        if row.step.status == Step.Status.RUNNING:
+            return row.step
+    return (
+        Step.objects.filter(task=task, status=Step.Status.RUNNING)
+        .order_by("position")
+        .first()
+    )
+
+
+def worker_busy_elsewhere(*, task: Task) -> bool:
+    """Whether a worker holds a live lease on another task (any owner's).
+
+    Why a queued task waits: one worker steps one task at a time. Says
+    nothing of the other task, which may be another user's.
+    """
+    return (
+        Task.objects.exclude(pk=task.pk)
+        .exclude(lease_owner="")
+        .filter(lease_expires_at__gte=timezone.now())
+        .exists()
+    )
+
+
+def step_get_for_user(*, user, task_id: int, step_id: int) -> Step:
+    """Return one step of a task ``user`` may see, or raise Http404."""
+    return (
+        Step.objects.filter(task_id=task_id)
+        .select_related("task", "task__conversation", "output")
+        .get_for_user(user, step_id, staff=True, error=ERR_NO_STEP)
+    )
+
+
+@dataclass
+class Attempt:
+    """One call of a step's tool, folded from the step's own events."""
+
+    number: int
+    generation: int
+    started_at: Any
+    worker: str = ""
+    ended_at: Any = None
+    # running, done, failed, interrupted (its worker stopped mid-call), reused
+    outcome: str = "running"
+    error: str = ""
+    note: str = ""  # how an interrupted call was sorted out, in words
+    # On the task's time axis, in milliseconds from its first call: absolute,
+    # so a settled row stays right while the axis grows (see TaskClock).
+    bar_x: int = 0
+    bar_w: int = 0
+
+    @property
+    def duration(self):
+        if self.started_at and self.ended_at:
+            return self.ended_at - self.started_at
+        return None
+
+
+@dataclass
+class StepNote:
+    """Something a person (or the next worker) did to a step, in words."""
+
+    at: Any
+    words: str
+    actor: str = ""
+
+
+# What a row shows that is read from beyond its step's own row: its output's
+# preview (a file's first bytes) and its attempts and notes (the step's
+# events). A row that may be kept (``may_keep``) gets them only when it is
+# drawn (``rows_complete``); one the rows cache serves never reads them.
+LATER = frozenset({"preview", "excerpt", "excerpt_truncated", "attempts", "notes"})
+
+
+@dataclass(eq=False)
+class StepRow:
+    """One timeline row: the step and what the page shows of its output.
+
+    ``preview`` ("", "image", "render", "no-preview", "excerpt", "binary",
+    "missing"), ``excerpt``, ``excerpt_truncated``, ``attempts`` and
+    ``notes`` (the ``LATER`` names) are read by ``rows_complete``: a row
+    that may be kept gets them when something first asks (its list's
+    ``_Later``), so a row the rows cache serves never reads its file or its
+    events.
+    """
+
+    step: Step
+    advice: Any = None  # tasks.resume.ResumeAdvice
+    resolve_options: list[str] = field(default_factory=list)
+    saved: SavedOutput | None = None
+    choices: list[Choice] = field(default_factory=list)
+    plain_words: str = ""  # what resume will do, in Dad's words
+    routes: dict | None = None  # artifact_routes(), once for the list
+    # The rows of its list not read yet; None once this one is.
+    later: _Later | None = None
+    # Whether the output's file is there (a text output of a row that may
+    # be kept, whose excerpt is not read yet; else None).
+    on_disk: bool | None = None
+
+    def __getattr__(self, name: str):
+        # Only for a name the row does not hold yet: a LATER one, read then.
+        later = self.__dict__.get("later")
+        if name in LATER and later is not None:
+            later.complete()
+            return self.__dict__[name]
+        raise AttributeError(name)
+
+    @property
+    def needs_attention(self) -> bool:
+        return self.step.status in ATTENTION_STEPS
+
+    # The output's pages, as ``{% url %}`` gives them (``artifact_url``).
+    @property
+    def detail_url(self) -> str:
+        return artifact_url("detail", self.step.output_id, self.routes)
+
+    @property
+    def source_url(self) -> str:
+        return artifact_url("source", self.step.output_id, self.routes)
+
+    @property
+    def preview_url(self) -> str:
+        return artifact_url("preview", self.step.output_id, self.routes)
+
+    @property
+    def failed_attempts(self) -> list[Attempt]:
+        return [a for a in self.attempts if a.outcome in ("failed", "interrupted")]
+
+    @property
+    def shows_attempts(self) -> bool:
+        """Whether the row unfolds its attempts and notes, each with its time
+        in words relative to now ("5 min ago"): such a row is never kept in
+        the rows cache (``dashboard.rowcache``)."""
+        return len(self.attempts) > 1 or bool(self.failed_attempts or self.notes)
+
+    def sources(self) -> tuple:
+        """Everything the row is made from besides the page and the code:
+        every column of its step and of its output, the step's last event
+        (events are appended, never changed), and whether the output's file
+        is there. The rows cache's key (``dashboard.rowcache``)."""
+        step = self.step
+        output = step.output
+        return (
+            _columns(Step)(step),
+            step.last_event,
+            None if output is None else _columns(Artifact)(output),
+            self.on_disk,
+        )
+
+
+@cache
+def _columns(model):
+    """A function of a ``model`` instance giving every concrete column's value."""
+    return attrgetter(*(f.attname for f in model._meta.concrete_fields))
+
+
+class _Later:
+    """The rows of one read that may be kept, not read yet: read at once
+    (one query for their events, one pass over their files) when any of
+    them is asked for a ``LATER`` name."""
+
+    def __init__(self, clock: TaskClock, rows: list[StepRow]):
+        self.clock = clock
+        self.rows = rows
+
+    def complete(self, rows: list[StepRow] | None = None) -> None:
+        todo = [r for r in (self.rows if rows is None else rows) if r.later is self]
+        if todo:
+            _read_later(todo, self.clock)
+        if rows is None:
+            self.rows = []
+
+
+def may_keep(step: Step) -> bool:
+    """Whether a step's row may be kept, by its columns alone (``SETTLED_Q``
+    in Python): a finished step's (done or skipped), and a pending step's
+    that was never tried (a task's later steps, most of a running task's
+    page); not a running or waiting step's ("started 9 s ago", "next attempt
+    in 20 s"). ``dashboard.rowcache.settled`` asks the rest (it unfolds no
+    attempts or notes) once the row is read."""
+    if step.status in Step.Status.finished():
+        return True
+    return (
+        step.status == Step.Status.PENDING
+        and not step.attempts
+        and step.next_attempt_at is None
+    )
+
+
+def rows_complete(rows: list[StepRow]) -> None:
+    """Read the ``LATER`` names of those of ``rows`` not read yet, at once."""
+    by_later: dict[int, tuple[_Later, list[StepRow]]] = {}
+    for row in rows:
+        later = row.__dict__.get("later")
+        if later is not None:
+            by_later.setdefault(id(later), (later, []))[1].append(row)
+    for later, todo in by_later.values():
+        later.complete(todo)
+
+
+def _fill(row: StepRow, heads: dict) -> None:
+    """Set what ``row`` shows of its output (``heads``: its list's text
+    outputs' first bytes, read at once), and no attempts or notes yet."""
+    row.preview, row.excerpt, row.excerpt_truncated = "", "", False
+    row.attempts, row.notes = [], []
+    artifact = row.step.output
+    if artifact is None:
+        return
+    row.preview = preview_kind(artifact)
+    if row.preview == "render":
+        # A widget is shown only as its PNG preview, and only when one was
+        # rendered (recorded in the widget's own meta: no extra query).
+        state = preview_status(artifact)
+        if state.get("status") != "ok":
+            row.preview = "no-preview"
+            row.excerpt = str(state.get("reason") or "")
+    if row.preview == "excerpt":
+        row.excerpt, row.excerpt_truncated, missing = output_excerpt(artifact, heads)
+        row.on_disk = not missing  # as read now (a stat may have said otherwise)
+        if missing:
+            row.preview = "missing"
+
+
+def _advise(rows: list[StepRow], task: Task) -> None:
+    """Attach resume advice (and the allowed resolutions) to steps that need a person.
+
+    A running step under a live lease is just running; a step whose advice is
+    to wait or run needs no decision, so it gets no card. A cancelled task
+    asks for no decision either.
+    """
+    if task.status == Task.Status.CANCELLED:
+        return
+    attention = [r for r in rows if r.needs_attention][:MAX_ADVICE_PER_PAGE]
+    if not attention:
+        return
+
+    for row in attention:
+        decision = step_decision(step=row.step, task=task)
+        if decision is None:
+            continue
+        row.advice = decision.advice
+        row.plain_words = decision.plain_words
+        row.resolve_options = decision.options
+        if "adopt" in row.resolve_options:
+            row.saved = saved_output(envelope_read(row.step.pk).payload)
+        row.choices = decision.choices
+
+
+def current_step_page(*, task: Task) -> int:
+    """Return the timeline page that holds the first step not yet done.
+
+    Uses the denormalised ``steps_done``: steps run in order, so the current
+    step is step ``steps_done + 1``.
+    """
+    return min(task.steps_done, max(task.steps_total - 1, 0)) // STEPS_PER_PAGE + 1
+
+
+# Settled steps: done, skipped, or never attempted. Such a row changes only
+# through a transition, which is logged with the step, so a live update redraws
+# a settled row only when an event names its step; the unsettled ones show
+# relative times and running bars, and are redrawn on every update.
+SETTLED_Q = Q(status__in=Step.Status.finished()) | Q(
+    status=Step.Status.PENDING, attempts=0, next_attempt_at__isnull=True
+)
+
+# Each step's last event (index tasks_event_step_seq): part of a row's
+# sources, since its attempts and notes are folded from its events.
+LAST_EVENT = Subquery(
+    Event.objects.filter(step=OuterRef("pk")).order_by("-seq").values("seq")[:1]
+)
+
+
+def task_timeline(
+    *, task: Task, page: str | int | None = None
+) -> tuple[Page, list[StepRow], TaskClock]:
+    """Return one page of the task's steps, with previews and resume advice,
+    and the task's clock with every attempt's bar placed on it."""
+    steps = (
+        Step.objects.filter(task=task)
+        .select_related("output")
+        .annotate(last_event=LAST_EVENT)
+        .order_by("position")
+    )
+    paginator = Paginator(steps, STEPS_PER_PAGE)
+    step_page = paginator.get_page(page or current_step_page(task=task))
+    clock = task_clock(task=task)
+    return step_page, _rows(step_page.object_list, task, clock), clock
+
+
+def task_timeline_changes(
+    *, task: Task, page: int, since: int
+) -> tuple[list[StepRow], TaskClock]:
+    """Return the rows of one timeline page that a page drawn at event
+    ``since`` lacks, and the task's clock.
+
+    Those are the steps with an event after ``since`` (every change of a step
+    is logged with the step) and the unsettled ones, which show relative
+    times ("started 5 s ago") and running bars that reach "now". One query
+    for the steps (index tasks_event_task_seq_uniq reads only the events
+    after ``since``), none for the rows of the page that did not change.
+    """
+    low = (page - 1) * STEPS_PER_PAGE
+    touched = Event.objects.filter(task=task, seq__gt=since, step__isnull=False).values(
+        "step_id"
+    )
+    steps = (
+        Step.objects.filter(
+            task=task, position__gt=low, position__lte=low + STEPS_PER_PAGE
+        )
+        .filter(Q(pk__in=touched) | ~SETTLED_Q)
+        .select_related("output")
+        .annotate(last_event=LAST_EVENT)
+        .order_by("position")
+    )
+    clock = task_clock(task=task)
+    return _rows(steps, task, clock), clock
+
+
+def _rows(steps, task: Task, clock: TaskClock) -> list[StepRow]:
+    """The rows of ``steps``: read whole, except those that may be kept,
+    whose ``LATER`` names wait until they are drawn (``rows_complete``)."""
+    routes = artifact_routes()
+    rows, kept = [], []
+    for step in steps:
+        step.task = task  # the page already holds it; resume advice reads it
+        row = StepRow(step=step, routes=routes)
+        rows.append(row)
+        if may_keep(step):
+            kept.append(row)
+    if kept:
+        later = _Later(clock, kept)
+        texts = {}
+        for row in kept:
+            row.later = later
+            output = row.step.output
+            if output is not None and preview_kind(output) == "excerpt":
+                texts[row] = output.sha256
+        # Whether each text output's file is there: a stat each, no read.
+        there = default_store().states(texts.values(), verify=False)
+        for row, sha in texts.items():
+            row.on_disk = sha in there
+    _read_later([row for row in rows if row.later is None], clock)
+    _advise(rows, task)
+    return rows
+
+
+def _read_later(rows: list[StepRow], clock: TaskClock) -> None:
+    """Read the ``LATER`` names of ``rows``: their text outputs' first
+    bytes in one pass, their events in one query, their bars."""
+    if not rows:
+        return
+    heads = default_store().heads(
+        [
+            row.step.output.sha256
+            for row in rows
+            if row.step.output is not None
+            and preview_kind(row.step.output) == "excerpt"
+        ],
+        EXCERPT_BYTES + 1,
+    )
+    for row in rows:
+        _fill(row, heads)
+        row.later = None
+    _attempts(rows)
+    _place_bars(clock, rows)
+
+
+# Step events that tell the story of its attempts (index tasks_event_step_seq).
+ATTEMPT_KINDS = (
+    Event.Kind.TOOL_CALL_STARTED,
+    Event.Kind.TOOL_CALL_FAILED,
+    Event.Kind.TOOL_RESULT_PERSISTED,
+    Event.Kind.UNCERTAIN_RESOLVED,
+    Event.Kind.STEP_RETRIED,
+    Event.Kind.STEP_RESOLVED,
+    Event.Kind.STEP_NEEDS_REVIEW,
+    Event.Kind.STEP_SKIPPED,
+)
+
+
+def _attempts(rows: list[StepRow]) -> None:
+    """Fold each step's events into its attempts and notes: one query for the page."""
+    by_id = {row.step.pk: row for row in rows}
+    if not by_id:
+        return
+    events = (
+        Event.objects.filter(step_id__in=list(by_id), kind__in=ATTEMPT_KINDS)
+        .order_by("seq")
+        .values_list("step_id", "kind", "data", "created_at")
+    )
+    for step_id, kind, data, at in events:
+        row = by_id[step_id]
+        data = data if isinstance(data, dict) else {}
+        current = row.attempts[-1] if row.attempts else None
+        open_call = current is not None and current.outcome == "running"
+        if kind == Event.Kind.TOOL_CALL_STARTED:
+            if open_call:
+                current.outcome = "interrupted"
+            row.attempts.append(
+                Attempt(
+                    number=int(data.get("attempt") or len(row.attempts) + 1),
+                    generation=int(data.get("generation") or 0),
+                    started_at=at,
+                    worker=str(data.get("worker") or ""),
+                )
+            )
+        elif kind == Event.Kind.TOOL_CALL_FAILED and open_call:
+            current.outcome, current.ended_at = "failed", at
+            current.error = str(data.get("error") or "")
+        elif kind == Event.Kind.TOOL_RESULT_PERSISTED and current is not None:
+            if current.outcome in ("running", "interrupted"):
+                current.outcome = "done" if current.outcome == "running" else "reused"
+                current.ended_at = current.ended_at or at
+        elif kind == Event.Kind.UNCERTAIN_RESOLVED and current is not None:
+            if open_call:
+                current.outcome = "interrupted"
+            rule = str(data.get("rule") or "")
+            current.note = (
+                f"{actor_words(str(data.get('worker') or ''))} found this call"
+                f" unfinished. {RULE_WORDS.get(rule, str(data.get('words') or ''))}"
+            ).strip()
+        elif kind == Event.Kind.STEP_RETRIED:
+            if open_call:
+                current.outcome = "interrupted"
+            row.notes.append(
+                StepNote(at, "started the step over as a new request", _actor(data))
+            )
+        elif kind == Event.Kind.STEP_RESOLVED:
+            if open_call:
+                current.outcome = "interrupted"
+            label = CHOICES.get(str(data.get("action")), (str(data.get("action")), ""))
+            row.notes.append(StepNote(at, f"chose “{label[0]}”", _actor(data)))
+        elif kind == Event.Kind.STEP_NEEDS_REVIEW:
+            reason = str(data.get("reason") or "")
+            row.notes.append(StepNote(at, f"set aside for a person: {reason}", ""))
+        elif kind == Event.Kind.STEP_SKIPPED:
+            row.notes.append(StepNote(at, "skipped", _actor(data)))
+
+
+def _actor(data: dict) -> str:
+    return actor_words(str(data.get("actor") or ""))
+
+
+def _place_bars(clock: TaskClock, rows: list[StepRow]) -> None:
+    """Place every attempt's bar on the clock, in ms from the task's first call."""
+    if clock.started_at is None:
+        return
+    for row in rows:
+        attempts = row.attempts
+        for i, attempt in enumerate(attempts):
+            end = attempt.ended_at
+            if end is None:
+                # An open call runs until now; an interrupted one until the next start.
+                later = attempts[i + 1].started_at if i + 1 < len(attempts) else None
+                end = later or (
+                    clock.ended_at
+                    if attempt.outcome == "running"
+                    else attempt.started_at
+                )
+            attempt.bar_x = max(0, milliseconds(attempt.started_at - clock.started_at))
+            attempt.bar_w = max(1, milliseconds(end - attempt.started_at))
