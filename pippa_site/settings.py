@@ -105,6 +105,7 @@ INSTALLED_APPS = [
     "artifacts",
     "tasks",
     "council",
+    "notifications",
     "dashboard",
     "brains",
     "api",
@@ -338,7 +339,7 @@ PIPPA_MAX_UPLOAD_BYTES = env_int("PIPPA_MAX_UPLOAD_BYTES", 256 * 1024 * 1024)
 PIPPA_ANTHROPIC_VERSION = env_str("PIPPA_ANTHROPIC_VERSION", "2026-10-21")
 
 # Notifications: a step that starts waiting for a person tells its owner
-# (tasks.notify, docs/notifications.md). The site's Apprise URLs, comma
+# (notifications.outbox, docs/notifications.md). The site's Apprise URLs, comma
 # separated: a mailto:// or mailtos:// one is the mail server through which
 # users' e-mail addresses are reached. A comma inside one URL (to=a,b) stays.
 PIPPA_NOTIFY_URLS = [

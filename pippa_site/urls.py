@@ -4,7 +4,6 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 
-from api import notify_views
 from api import views as api_views
 from api.api import api
 from pippa_mcp.views import mcp_endpoint
@@ -23,10 +22,6 @@ urlpatterns = [
     # Anything else under the API answers in the API's own words (JSON 404).
     re_path(r"^api/", api_views.api_not_found),
     path("settings/tokens/", include("api.urls")),
-    path(
-        "settings/notifications/",
-        notify_views.notify_settings,
-        name="notify_settings",
-    ),
+    path("settings/notifications/", include("notifications.urls")),
     path("", include("dashboard.urls")),
 ]

@@ -67,9 +67,9 @@ from artifacts.gc import (
 from artifacts.models import Artifact, ArtifactSource, PendingUnlink
 from artifacts.store import BlobStore, default_store
 from pippa_site.private import loose_paths
+from tasks.hooks import step_waiting_send
 from tasks.lease import lease_release
 from tasks.models import LEASE_DEAD, Conversation, Event, Step, Task, TaskArtifact
-from tasks.notify import notify_step_waiting
 from tasks.resume import CLOSING_KINDS
 from tasks.services import event_append
 
@@ -448,7 +448,7 @@ def _envelope_close(event_id: int, task_id: int, step_id: int) -> bool:
         if Step.objects.filter(pk=step_id, status=Step.Status.RUNNING).update(
             status=Step.Status.NEEDS_REVIEW, error=data["reason"]
         ):
-            notify_step_waiting(step_id=step_id, reason=Step.Status.NEEDS_REVIEW)
+            step_waiting_send(step_id=step_id, reason=Step.Status.NEEDS_REVIEW)
         Task.objects.filter(pk=task_id).exclude(
             status__in=[Task.Status.DONE, Task.Status.FAILED, Task.Status.CANCELLED]
         ).update(status=Task.Status.NEEDS_REVIEW, updated_at=timezone.now())

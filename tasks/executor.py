@@ -68,6 +68,7 @@ from pippa_site.hotsql import db_datetime, utc_now
 from tasks import statements as sql
 from tasks.crashpoints import crashpoint
 from tasks.faults import REASON_DISK_FULL, fault_reason, retry_delay
+from tasks.hooks import step_waiting_send
 from tasks.lease import (
     Lease,
     LeaseLost,
@@ -80,7 +81,6 @@ from tasks.lease import (
     lease_unreserve,
 )
 from tasks.models import Conversation, Event, LinkRole, Step, Task
-from tasks.notify import notify_step_waiting
 from tasks.resume import (
     ADOPT,
     CALL_AGAIN,
@@ -316,7 +316,7 @@ def _started_entry(row: StepRow, worker_id: str) -> tuple:
 
 def _fail_exhausted(cursor, row: StepRow, worker_id: str, pre: list) -> StepOutcome:
     cursor.execute(sql.STEP_FAIL, [S.FAILED, _dt(timezone.now()), row.id])
-    notify_step_waiting(step_id=row.id, owner_id=row.owner_id, reason="failed")
+    step_waiting_send(step_id=row.id, owner_id=row.owner_id, reason="failed")
     entries = [
         *pre,
         (
@@ -631,7 +631,7 @@ def _record_failure(
             data["next_attempt_at"] = next_at.isoformat()
         entries = [(Event.Kind.TOOL_CALL_FAILED, row.id, data)]
         if exhausted:
-            notify_step_waiting(step_id=row.id, owner_id=row.owner_id, reason="failed")
+            step_waiting_send(step_id=row.id, owner_id=row.owner_id, reason="failed")
             entries.append((Event.Kind.STEP_FAILED, row.id, {"attempts": row.attempts}))
             task_status = lease_close(
                 cursor, row.task_id, worker_id, Task.Status.FAILED, entries
@@ -868,7 +868,7 @@ def step_needs_review(
     belongs here, in the same transaction.
     """
     cursor.execute(sql.STEP_NEEDS_REVIEW, [S.NEEDS_REVIEW, advice.words, row.id])
-    notify_step_waiting(step_id=row.id, owner_id=row.owner_id, reason="needs_review")
+    step_waiting_send(step_id=row.id, owner_id=row.owner_id, reason="needs_review")
     entries = [
         (Event.Kind.UNCERTAIN_RESOLVED, row.id, note),
         (

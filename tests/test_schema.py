@@ -16,7 +16,7 @@ CASCADES = [
     ("tasks_event", "step_id", "tasks_step"),
     ("tasks_taskartifact", "task_id", "tasks_task"),
     ("tasks_taskartifact", "step_id", "tasks_step"),
-    ("tasks_notice", "step_id", "tasks_step"),
+    ("notifications_notice", "step_id", "tasks_step"),
     ("council_councilround", "conversation_id", "tasks_conversation"),
     ("council_participant", "round_id", "council_councilround"),
     ("council_turn", "round_id", "council_councilround"),

@@ -30,7 +30,8 @@ from django.db.models import F
 
 from artifacts.models import Artifact, ArtifactSource, PendingUnlink
 from council.models import CouncilRound, Participant, Turn, TurnArtifact
-from tasks.models import Conversation, Event, Notice, Step, Task, TaskArtifact
+from notifications.models import Notice
+from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 
 
 @dataclass

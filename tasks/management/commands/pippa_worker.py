@@ -12,10 +12,11 @@ state: it logs one line naming the reason, drops its connection, backs off
 (``tasks.faults.fault_delay``: exponential, capped, jittered), probes the
 store (``tasks.faults.store_probe``) and carries on once it takes writes.
 
-Each round first delivers the notifications that are due
-(``tasks.notify.notify_deliver``): steps that started waiting for a person
-are told to their owners after the commit that made them wait; a receiver
-that fails is tried again after a back-off, on a later round.
+Each round first sends ``tasks.hooks.worker_round``, on which the
+notifications app delivers what is due (``notifications.outbox.notify_deliver``):
+steps that started waiting for a person are told to their owners after the
+commit that made them wait; a receiver that fails is tried again after a
+back-off, on a later round.
 """
 
 from __future__ import annotations
@@ -30,12 +31,11 @@ from django.core.management import BaseCommand
 from django.db import DatabaseError, close_old_connections, connection
 
 from artifacts.gc import pending_unlinks_finish
-from tasks import crashpoints
+from tasks import crashpoints, hooks
 from tasks.executor import StepOutcome, step, unnamed_blobs_record
 from tasks.faults import fault_delay, fault_reason, store_probe
 from tasks.lease import LeaseLost, lease_release
 from tasks.models import Task
-from tasks.notify import notify_deliver, notify_site_problems
 from tasks.tools import tools_load
 
 log = logging.getLogger("pippa.worker")
@@ -93,7 +93,7 @@ class Command(BaseCommand):
             for sig in (signal.SIGTERM, signal.SIGINT)
         }
         self._finish_pending_unlinks()
-        for problem in notify_site_problems():
+        for problem in hooks.worker_problems(worker_id=self.worker_id):
             log.warning("%s: %s", self.worker_id, problem)
         if self.verbose:
             self.stdout.write(f"{self.worker_id}: stepping runnable tasks")
@@ -128,7 +128,7 @@ class Command(BaseCommand):
             close_old_connections()
         if self.current is not None and self._release(self.current):
             self.current = None  # a lease a fault kept us from giving back
-        notify_deliver(worker_id=self.worker_id)
+        hooks.worker_round.send(sender=None, worker_id=self.worker_id)
         runnable = Task.objects.runnable()
         if self.options["task"]:
             runnable = runnable.filter(pk__in=self.options["task"])

@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from tasks.notify import (
+from notifications.outbox import (
     NotifyError,
     mail_server_url,
     notify_settings_get,
@@ -41,7 +41,7 @@ def notify_settings(request: HttpRequest) -> HttpResponse:
             )
         except NotifyError as exc:
             context.update(enabled=enabled, addresses=addresses, error=str(exc))
-            return render(request, "api/notifications.html", context, status=400)
+            return render(request, "notifications/settings.html", context, status=400)
         messages.success(request, MSG_SAVED_ON if enabled else MSG_SAVED_OFF)
         return redirect("notify_settings")
-    return render(request, "api/notifications.html", context)
+    return render(request, "notifications/settings.html", context)

@@ -14,9 +14,10 @@ import time
 
 import pytest
 
+from notifications.models import Notice
+from notifications.outbox import message_id_header, notify_settings_save
 from tasks.actions import step_resolve
-from tasks.models import Notice, Step
-from tasks.notify import message_id_header, notify_settings_save
+from tasks.models import Step
 from tasks.plan import task_create
 from tests.conftest import REPO
 from tests.support.executing import expire_lease, invocations

@@ -3,7 +3,7 @@
 Tests that send use real receivers (``tests.support.receivers``): an aiosmtpd
 SMTP server and an HTTP server behind Apprise's ``json://``; they start a
 server, so they are ``slow``. Kills are simulated in process (``crash_at``, a
-crash point that raises); ``test_notify_crash`` kills real worker processes.
+crash point that raises); ``test_outbox_crash`` kills real worker processes.
 """
 
 from __future__ import annotations
@@ -16,12 +16,8 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from tasks import crashpoints
-from tasks.actions import step_resolve
-from tasks.crashpoints import SimulatedCrash
-from tasks.doctor import doctor_run
-from tasks.models import Event, Notice, NotifySettings, Step, Task
-from tasks.notify import (
+from notifications.models import Notice, NotifySettings
+from notifications.outbox import (
     DROPPED_DECIDED,
     DROPPED_OFF,
     ERR_BAD_EMAIL,
@@ -36,6 +32,11 @@ from tasks.notify import (
     notify_site_problems,
     notify_step_waiting,
 )
+from tasks import crashpoints
+from tasks.actions import step_resolve
+from tasks.crashpoints import SimulatedCrash
+from tasks.doctor import doctor_run
+from tasks.models import Event, Step, Task
 from tasks.plan import task_create
 from tasks.services import conversation_delete
 from tests.support.executing import crash_at, expire_lease, run_task

@@ -43,16 +43,19 @@ from django.db.models import Max, Q
 from django.urls import reverse
 from django.utils import timezone
 
+from notifications.models import Notice, NotifySettings
 from pippa_site.errors import Invalid
 from pippa_site.text import text_refused
+from tasks import hooks
 from tasks.crashpoints import crashpoint
 from tasks.faults import backoff_delay
-from tasks.models import Conversation, Notice, NotifySettings, Step, Task
+from tasks.models import Conversation, Step, Task
 
 log = logging.getLogger("pippa.notify")
 
 # The step statuses that wait for a person (the executor's and the doctor's
-# transitions into them call ``notify_step_waiting``).
+# transitions into them send ``tasks.hooks.step_waiting``, which
+# ``notify_step_waiting`` receives).
 WAITING = (Step.Status.NEEDS_REVIEW, Step.Status.FAILED)
 MAIL_SCHEMES = ("mailto", "mailtos")
 # Apprise plugins that send custom HTTP headers given as ``+Name=value``.
@@ -147,6 +150,33 @@ def _wants(owner_id: int) -> bool:
         .exclude(addresses="")
         .exists()
     )
+
+
+def connect() -> None:
+    """Receive the tasks app's signals (``tasks.hooks``): the outbox row in
+    the transaction that makes a step wait, the site's problems at a worker's
+    start, and delivery at each of its rounds."""
+    hooks.step_waiting.connect(
+        _on_step_waiting, dispatch_uid="notifications.outbox.step_waiting"
+    )
+    hooks.worker_started.connect(
+        _on_worker_started, dispatch_uid="notifications.outbox.worker_started"
+    )
+    hooks.worker_round.connect(
+        _on_worker_round, dispatch_uid="notifications.outbox.worker_round"
+    )
+
+
+def _on_step_waiting(sender, *, step_id: int, reason: str, owner_id=None, **kwargs):
+    notify_step_waiting(step_id=step_id, reason=reason, owner_id=owner_id)
+
+
+def _on_worker_started(sender, *, worker_id: str, **kwargs) -> list[str]:
+    return notify_site_problems()
+
+
+def _on_worker_round(sender, *, worker_id: str, **kwargs) -> None:
+    notify_deliver(worker_id=worker_id)
 
 
 # -- a person's settings ------------------------------------------------------------
