@@ -114,7 +114,7 @@ dev: prepare
 	  DEBUG=1 $(VENV)/bin/uvicorn pippa_site.asgi:application --reload \
 	    --reload-dir pippa_site --reload-dir tasks --reload-dir artifacts --reload-dir council \
 	    --reload-dir dashboard --reload-dir api --reload-dir brains --reload-dir pippa_mcp \
-	    --host $(HOST) --port $(PORT) --lifespan on --http h11 --no-proxy-headers
+	    --host $(HOST) --port $(PORT) --lifespan on --http pippa_site.shedding:Protocol --no-proxy-headers
 
 # The fast suite: no child process, server or browser (tests/conftest.py
 # refuses one without a marker), so no chromium or axe is needed.

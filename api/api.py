@@ -38,7 +38,9 @@ from council.selectors import (
     turn_get_for_user,
 )
 from pippa_site import throttle
-from pippa_site.errors import LeaseConflict, PippaError
+from pippa_site.errors import LeaseConflict, PippaError, TooMany
+from pippa_site.slots import STEP_RUNS
+from pippa_site.streaming import stream
 from pippa_site.text import MAX_MEDIA_TYPE, TITLE_MAX, json_check, media_type_check
 from tasks import actions, lease, plan, services
 from tasks.documents import (
@@ -177,9 +179,12 @@ def _locked_out(request: HttpRequest, exc: throttle.TokenLockedOut) -> HttpRespo
 @api.exception_handler(PippaError)
 def _refused(request: HttpRequest, exc: PippaError) -> HttpResponse:
     """A service's typed refusal: its status and code come from its type."""
-    return api.create_response(
+    response = api.create_response(
         request, {"detail": str(exc), "code": exc.code}, status=exc.status
     )
+    if isinstance(exc, TooMany):
+        response["Retry-After"] = str(exc.retry_after)
+    return response
 
 
 @api.exception_handler(Http404)
@@ -194,7 +199,8 @@ class Error(Schema):
     detail: str
     code: str | None = Field(
         default=None,
-        description="What kind of refusal: invalid, not_found, conflict, lease_held.",
+        description="What kind of refusal: invalid, not_found, conflict, lease_held, "
+        "too_many (429, see Retry-After), busy (503, see Retry-After).",
     )
 
 
@@ -400,11 +406,19 @@ def task_resume_context(request: HttpRequest, task_id: int):
     return resume_context(task_get_for_user(user=request.user, task_id=task_id))
 
 
-@tasks.post("/{task_id}/steps/run", response={200: StepRunOut, **BAD})
+@tasks.post(
+    "/{task_id}/steps/run",
+    response={200: StepRunOut, **BAD, 429: Error, 503: Error},
+)
 def task_step_run(request: HttpRequest, task_id: int, payload: WorkerIn):
     """Run the next step through the executor; answer once its result is persisted."""
     task = task_get_for_user(user=request.user, task_id=task_id)
-    result = actions.step_run(task=task, worker_id=_worker_id(request, payload.worker))
+    # At most PIPPA_STEP_RUNS_PER_USER of this user's step runs at once (429),
+    # PIPPA_STEP_RUNS for everyone (503); this request's thread is its own.
+    with STEP_RUNS.hold(request.user.pk):
+        result = actions.step_run(
+            task=task, worker_id=_worker_id(request, payload.worker)
+        )
     if result.lease_busy:
         raise LeaseConflict(result.detail)
     return step_run_document(result, task)
@@ -551,7 +565,9 @@ def artifact_content(request: HttpRequest, artifact_id: int):
         store.size(artifact.sha256)
     except BlobMissing:
         _fail(410, ERR_BLOB_MISSING.format(id=artifact_id))
-    response = StreamingHttpResponse(chunks, content_type="application/octet-stream")
+    response = StreamingHttpResponse(
+        stream(request, chunks), content_type="application/octet-stream"
+    )
     response["Content-Length"] = str(artifact.size)
     response["X-Content-Type-Options"] = "nosniff"
     response["X-Pippa-Media-Type"] = artifact.media_type

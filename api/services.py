@@ -6,6 +6,8 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 
+from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -17,6 +19,9 @@ TOKEN_PREFIX = "pip_"
 PREFIX_CHARS = 12
 ERR_TOKEN_NAME = "give the token a name (up to 100 characters)"
 ERR_TOKEN_REVOKED = "that token is already revoked"
+ERR_TOO_MANY_TOKENS = (
+    "you already have {limit} active tokens: revoke one you no longer use first"
+)
 ERR_TOKEN_NAME_TAKEN = (
     "you already have an active token named “{name}”: choose another name, "
     "or revoke that one first"
@@ -42,7 +47,9 @@ def token_create(*, user, name: str) -> NewToken:
     """Create a token for ``user``; return the row and the raw token (shown once).
 
     A name the databases cannot store is refused (``TextError``, a 400);
-    bidi controls are dropped from it.
+    bidi controls are dropped from it. A user holds at most
+    ``PIPPA_TOKENS_PER_USER`` active tokens: one more is refused until one is
+    revoked (so a per-token bound cannot be sidestepped by making tokens).
     """
     text_check(name or "", field="token name")
     name = title_clean(name or "").strip()
@@ -52,6 +59,11 @@ def token_create(*, user, name: str) -> NewToken:
     try:
         # Its own savepoint: a refused name leaves the caller's transaction usable.
         with transaction.atomic():
+            # The user's row is locked: two creations at once count in turn.
+            get_user_model().objects.select_for_update().only("pk").get(pk=user.pk)
+            limit = settings.PIPPA_TOKENS_PER_USER
+            if ApiToken.objects.active().filter(user=user).count() >= limit:
+                raise TokenError(ERR_TOO_MANY_TOKENS.format(limit=limit))
             token = ApiToken.objects.create(
                 user=user, name=name, sha256=token_hash(raw), prefix=raw[:PREFIX_CHARS]
             )

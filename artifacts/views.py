@@ -29,6 +29,7 @@ from artifacts.selectors import (
 )
 from artifacts.services import artifact_verify
 from artifacts.store import BlobError, default_store
+from pippa_site.streaming import file_streamed
 
 # The raw payload may be a document with script; give it no powers at all.
 SOURCE_CSP = "default-src 'none'; style-src 'unsafe-inline'; sandbox"
@@ -47,7 +48,9 @@ MSG_VERIFIED = {
 }
 
 
-def _payload_response(artifact: Artifact, *, download: bool) -> FileResponse:
+def _payload_response(
+    request: HttpRequest, artifact: Artifact, *, download: bool
+) -> FileResponse:
     try:
         fh = default_store().open(artifact.sha256)
     except BlobError:
@@ -62,7 +65,7 @@ def _payload_response(artifact: Artifact, *, download: bool) -> FileResponse:
     response["X-Content-Type-Options"] = "nosniff"
     response["Cross-Origin-Resource-Policy"] = "same-origin"
     # Content-addressed: the bytes behind this URL never change.
-    return immutable(response, sha256=artifact.sha256)
+    return immutable(file_streamed(request, response), sha256=artifact.sha256)
 
 
 def _filename(artifact: Artifact) -> str:
@@ -87,7 +90,7 @@ def artifact_source(request: HttpRequest, artifact_id: int) -> HttpResponse:
     if cached is not None:
         return cached
     download = artifact.media_type not in INLINE_MEDIA_TYPES
-    return _payload_response(artifact, download=download)
+    return _payload_response(request, artifact, download=download)
 
 
 @require_safe
@@ -104,7 +107,7 @@ def artifact_preview(request: HttpRequest, artifact_id: int) -> HttpResponse:
     preview = preview_artifact_for(artifact)
     if preview is None:
         raise Http404(ERR_NO_PREVIEW)
-    return _payload_response(preview, download=False)
+    return _payload_response(request, preview, download=False)
 
 
 @require_GET

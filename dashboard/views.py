@@ -56,6 +56,7 @@ from dashboard.selectors.timeline import (
     worker_busy_elsewhere,
 )
 from pippa_site.errors import PippaError
+from pippa_site.streaming import file_streamed
 from tasks import actions
 from tasks import services as task_services
 from tasks.actions import ATTENTION_STEPS
@@ -482,7 +483,7 @@ def step_saved_output(request: HttpRequest, pk: int, step_id: int) -> HttpRespon
     response["Content-Security-Policy"] = (
         "default-src 'none'; style-src 'unsafe-inline'; sandbox"
     )
-    return response
+    return file_streamed(request, response)
 
 
 def _after_action(request: HttpRequest, task: Task) -> HttpResponse:

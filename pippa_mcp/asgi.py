@@ -12,10 +12,12 @@ request reaches it, this door:
 - checks ``Host`` and ``Origin`` with the SDK's ``TransportSecurityMiddleware``,
   against ``ALLOWED_HOSTS`` and ``CSRF_TRUSTED_ORIGINS`` (421 / 403);
 - authenticates the bearer token with the JSON API's service
-  (``api.services.token_authenticate``) on a pool thread, counting a failed
+  (``api.services.token_authenticate``) on a worker thread, counting a failed
   token with the API's throttle (``pippa_site.throttle``): 401, or 429 with
   ``Retry-After`` once the address is locked out;
-- bounds the requests in flight per token (``PIPPA_MCP_STREAMS_PER_TOKEN``, 429);
+- bounds each user's requests in flight, whichever of the user's tokens they
+  come with (``PIPPA_MCP_CALLS_PER_USER``, ``pippa_site.slots``: 429 with
+  ``Retry-After``);
 - reads the body up to ``PIPPA_MCP_MAX_BODY_BYTES``; a larger one is read to
   its end (up to a bound, within a time limit) and answered 413 with a JSON-RPC
   error, so the client's connection and session carry on; past the bound it is
@@ -28,12 +30,10 @@ and from there into the worker thread each tool runs in).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
@@ -48,16 +48,17 @@ from mcp.server.transport_security import (
 )
 from starlette.requests import Request
 
-from pippa_mcp.server import acting_as, build_server
+from pippa_mcp.server import acting_as, build_server, in_thread
 from pippa_site import throttle
 from pippa_site.bearer import bearer_token, bearer_user
+from pippa_site.errors import TooMany
+from pippa_site.slots import MCP_CALLS
 
 log = logging.getLogger("pippa.mcp")
 
 ERR_AUTH = "missing, unknown or revoked API token (send Authorization: Bearer <token>)"
 ERR_METHOD = "this MCP server is stateless: send JSON-RPC messages with POST"
 ERR_TOO_LARGE = "request body too large (at most {limit} bytes)"
-ERR_TOO_MANY = "too many MCP requests in flight for this token (at most {limit})"
 ERR_SLOW_BODY = "the request body did not arrive in time"
 ERR_NOT_STARTED = "the MCP server is not running (the ASGI lifespan did not start it)"
 # A refused body is read to its end up to this many bytes, for this long, so
@@ -68,16 +69,12 @@ DRAIN_SECONDS = 10.0
 # How long a whole request body may take to arrive.
 BODY_SECONDS = 60.0
 
-RunSync = Callable[..., Awaitable[Any]]
-
 
 class MCPApp:
     """The ``/mcp/`` door: checks, then the SDK's streamable HTTP transport."""
 
-    def __init__(self, *, run_sync: RunSync) -> None:
-        self.run_sync = run_sync
+    def __init__(self) -> None:
         self.manager: StreamableHTTPSessionManager | None = None
-        self.in_flight: Counter[str] = Counter()
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -120,7 +117,7 @@ class MCPApp:
         if raw is None:
             await _refuse(receive, send, 401, ERR_AUTH, headers=_CHALLENGE)
             return
-        user, status, seconds = await self.run_sync(bearer_user, scope, raw)
+        user, status, seconds = await in_thread(bearer_user, scope, raw)
         if user is None:
             if status == 429:
                 await _refuse(
@@ -133,24 +130,21 @@ class MCPApp:
             else:
                 await _refuse(receive, send, 401, ERR_AUTH, headers=_CHALLENGE)
             return
-        key = hashlib.sha256(raw.encode()).hexdigest()
-        limit = settings.PIPPA_MCP_STREAMS_PER_TOKEN
-        if self.in_flight[key] >= limit:
+        try:
+            MCP_CALLS.take(user.pk)
+        except TooMany as exc:
             await _refuse(
                 receive,
                 send,
                 429,
-                ERR_TOO_MANY.format(limit=limit),
-                headers=[(b"retry-after", b"1")],
+                str(exc),
+                headers=[(b"retry-after", str(exc.retry_after).encode())],
             )
             return
-        self.in_flight[key] += 1
         try:
             await self._answer(scope, receive, send, user)
         finally:
-            self.in_flight[key] -= 1
-            if not self.in_flight[key]:
-                del self.in_flight[key]
+            MCP_CALLS.give_back(user.pk)
 
     async def _answer(self, scope, receive, send, user) -> None:
         limit = settings.PIPPA_MCP_MAX_BODY_BYTES

@@ -74,6 +74,7 @@ from council.services import participant_ref
 from council.services import round_start as council_round_create
 from council.services import turn_add as council_turn_create
 from pippa_site.errors import PippaError
+from pippa_site.slots import STEP_RUNS
 from pippa_site.text import json_check, media_type_check
 from tasks import actions, shapes
 from tasks.documents import (
@@ -294,9 +295,11 @@ def _connected(fn: Callable) -> Callable:
     return run
 
 
-async def _in_thread(fn: Callable, *args, **kwargs):
+async def in_thread(fn: Callable, *args, limiter=None, **kwargs):
+    """``fn(*args, **kwargs)`` on a worker thread with a fresh connection: one of
+    the tool threads (``PIPPA_MCP_THREADS``), or one that ``limiter`` bounds."""
     return await anyio.to_thread.run_sync(
-        functools.partial(_connected(fn), *args, **kwargs)
+        functools.partial(_connected(fn), *args, **kwargs), limiter=limiter
     )
 
 
@@ -709,7 +712,9 @@ async def _with_heartbeats(ctx, fn, done: float, total: float, label: str):
 
     async def work():
         try:
-            result["run"] = await _in_thread(fn)
+            # A thread of its own, not one of the tool threads every user's
+            # calls share; pippa_site.slots.STEP_RUNS bounds how many run.
+            result["run"] = await in_thread(fn, limiter=anyio.CapacityLimiter(1))
         except BaseException as exc:  # handed to the caller below
             result["error"] = exc
         finally:
@@ -797,7 +802,7 @@ async def run_next_step(
         upcoming = task.steps.not_done().order_by("position").first()
         return task, upcoming
 
-    task, upcoming = await _in_thread(prepare)
+    task, upcoming = await in_thread(prepare)
     total = max(task.steps_total, 1)
     done = task.steps_done
     label = (
@@ -817,11 +822,14 @@ async def run_next_step(
             except DatabaseError:
                 log.warning("lease of task %s left to expire", task.pk)
 
-    run = await _with_heartbeats(ctx, step_and_release, done, total, label)
+    # At most PIPPA_STEP_RUNS_PER_USER of this user's step runs at once in this
+    # process (a refusal says so), PIPPA_STEP_RUNS for everyone.
+    with STEP_RUNS.hold(user.pk):
+        run = await _with_heartbeats(ctx, step_and_release, done, total, label)
     if run.lease_busy:
         raise ToolError(run.detail)
 
-    out = await _in_thread(_step_run_answer, task, run)
+    out = await in_thread(_step_run_answer, task, run)
     # Progress only ever grows, so a call that ran nothing sends no second one.
     if ctx is not None and out["task"]["steps_done"] > done:
         await ctx.report_progress(

@@ -44,3 +44,22 @@ class LeaseConflict(Conflict):
     """Another worker holds the task's lease right now: 409, wait and ask again."""
 
     code = "lease_held"
+
+
+class TooMany(PippaError):
+    """This user already has as many of these in flight as allowed: 429, with
+    ``retry_after`` seconds for ``Retry-After``."""
+
+    status = 429
+    code = "too_many"
+
+    def __init__(self, message: str, *, retry_after: int = 5):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Busy(TooMany):
+    """The process runs as many of these as it may for everyone at once: 503."""
+
+    status = 503
+    code = "busy"

@@ -298,23 +298,44 @@ STORAGES = {
     },
 }
 
-# Request bodies: the ASGI server reads them (pippa_site/asgi.py refuses one
-# larger than a form before reading it, except the API's upload); Django reads at most
-# this much of a form or JSON body into memory (more is a 400), and spools
-# uploaded files to disk past FILE_UPLOAD_MAX_MEMORY_SIZE. The API's artifact
-# upload streams into the blob store up to PIPPA_MAX_UPLOAD_BYTES.
+# Request bodies. Django's ASGI handler reads a body whole before the view
+# runs: in memory up to FILE_UPLOAD_MAX_MEMORY_SIZE, then spooled to a
+# temporary file, so a held or trickled body costs little memory whoever sends
+# it. The router (pippa_site/asgi.py) refuses a body larger than a form (413)
+# before reading it, except the API's upload once its token has passed, up to
+# PIPPA_MAX_UPLOAD_BYTES. Django reads at most DATA_UPLOAD_MAX_MEMORY_SIZE of a
+# form or JSON body into memory (more is a 400).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("PIPPA_MAX_FORM_BYTES", 2_621_440)
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
 DATA_UPLOAD_MAX_NUMBER_FILES = 10
-FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
+FILE_UPLOAD_MAX_MEMORY_SIZE = env_int("PIPPA_BODY_MEMORY_BYTES", 64 * 1024)
 
-# Serving (pippa_site/asgi.py, gunicorn_conf.py), per web process: threads for
-# Django's synchronous views, and for MCP tool calls; MCP over HTTP's largest
-# request body and its requests in flight per token.
-PIPPA_WEB_THREADS = env_int("PIPPA_WEB_THREADS", 8)
-PIPPA_MCP_THREADS = env_int("PIPPA_MCP_THREADS", 4)
+# The server's bounds per web process (pippa_site/shedding.py): the request
+# head must be in within PIPPA_HEAD_SECONDS of the connection (or the last
+# answer); the body within PIPPA_BODY_SECONDS plus a second per
+# PIPPA_BODY_MIN_RATE bytes received; a client that leaves the answer unread
+# for PIPPA_ANSWER_SECONDS is dropped; past PIPPA_MAX_CONNECTIONS open
+# connections (fewer when the file limit is low) the one idle longest goes, or
+# the new one is answered 503.
+PIPPA_HEAD_SECONDS = env_float("PIPPA_HEAD_SECONDS", 10.0)
+PIPPA_BODY_SECONDS = env_float("PIPPA_BODY_SECONDS", 20.0)
+PIPPA_BODY_MIN_RATE = env_int("PIPPA_BODY_MIN_RATE", 8 * 1024)
+PIPPA_ANSWER_SECONDS = env_float("PIPPA_ANSWER_SECONDS", 30.0)
+PIPPA_MAX_CONNECTIONS = env_int("PIPPA_MAX_CONNECTIONS", 1000)
+
+# MCP over HTTP (pippa_mcp/asgi.py), per web process: threads for tool calls,
+# the largest request body, and each user's calls in flight (429 past it).
+PIPPA_MCP_THREADS = env_int("PIPPA_MCP_THREADS", 8)
 PIPPA_MCP_MAX_BODY_BYTES = env_int("PIPPA_MCP_MAX_BODY_BYTES", 4 * 1024 * 1024)
-PIPPA_MCP_STREAMS_PER_TOKEN = env_int("PIPPA_MCP_STREAMS_PER_TOKEN", 8)
+PIPPA_MCP_CALLS_PER_USER = env_int("PIPPA_MCP_CALLS_PER_USER", 4)
+# Step runs asked over the API or MCP (pippa_site/slots.py), per web process:
+# each user's in flight (429 past it) and all users' (503 past it). A step run
+# never takes a page's thread: Django gives every request its own, and MCP's
+# step runs leave the tool threads alone.
+PIPPA_STEP_RUNS_PER_USER = env_int("PIPPA_STEP_RUNS_PER_USER", 2)
+PIPPA_STEP_RUNS = env_int("PIPPA_STEP_RUNS", 8)
+# Active API tokens a user may hold at once.
+PIPPA_TOKENS_PER_USER = env_int("PIPPA_TOKENS_PER_USER", 10)
 
 # Executor knobs.
 PIPPA_LEASE_SECONDS = env_int("PIPPA_LEASE_SECONDS", 60)

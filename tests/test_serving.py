@@ -1,6 +1,7 @@
 """Serving: compressed HTML that stays safe against BREACH, payloads left as they
 are, and the production server (gunicorn's uvicorn workers serving the ASGI
-application) bounding what a client may send, and slow clients costing nothing."""
+application) bounding what a client may send, with a deadline for every phase a
+client controls, a cap on connections, and slow clients costing nothing."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import gzip
 import http.client
 import json
 import re
+import resource
 import socket
 import subprocess
 import threading
@@ -93,47 +95,30 @@ def test_mcp_under_a_wsgi_server_says_it_is_served_by_the_asgi_app(client):
     assert "served by the ASGI application" in response.json()["error"]["message"]
 
 
-def test_a_request_reaches_django_as_a_wsgi_server_would_hand_it_over():
-    """The environ DjangoApp builds: the path and query as sent, repeated fields
-    joined, the body's own length, and no field with an underscore in its name
-    (X_Forwarded_For would stand in for X-Forwarded-For behind a proxy)."""
-    import io
+def test_a_request_reaches_djangos_own_handler_and_mcp_its_own_app():
+    """The router in front of both: nothing of either framework is copied."""
+    from django.core.handlers.asgi import ASGIHandler
 
-    from django.core.handlers.wsgi import WSGIRequest
+    from pippa_mcp.asgi import MCPApp
+    from pippa_site.asgi import Site
 
-    from pippa_site.asgi import _environ
+    site = Site()
+    assert isinstance(site.django.app, ASGIHandler)
+    assert isinstance(site.mcp, MCPApp)
 
-    body = io.BytesIO(b"title=caf%C3%A9")
-    scope = {
-        "type": "http",
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/tasks/ünïcode/",
-        "raw_path": b"/tasks/%C3%BCn%C3%AFcode/",
-        "query_string": b"q=a%20b&page=2",
-        "root_path": "",
-        "headers": [
-            (b"host", b"pippa.example"),
-            (b"content-type", b"application/x-www-form-urlencoded"),
-            (b"accept", b"text/html"),
-            (b"accept", b"application/json"),
-            (b"x-forwarded-for", b"203.0.113.7"),
-            (b"x_forwarded_for", b"198.51.100.1"),
-        ],
-        "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 8000),
-    }
 
-    request = WSGIRequest(_environ(scope, body))
+def test_the_connection_cap_stays_within_what_the_file_limit_leaves(monkeypatch):
+    """Each connection is a socket and may spool a body to a file: at most half
+    of the files left beside what the process keeps, and never above the
+    setting."""
+    import resource
 
-    assert request.path == "/tasks/ünïcode/"
-    assert request.GET.dict() == {"q": "a b", "page": "2"}
-    assert request.META["HTTP_ACCEPT"] == "text/html,application/json"
-    assert request.META["HTTP_X_FORWARDED_FOR"] == "203.0.113.7"
-    assert request.META["CONTENT_LENGTH"] == str(len(b"title=caf%C3%A9"))
-    assert request.META["REMOTE_ADDR"] == "127.0.0.1"
-    assert request.POST.dict() == {"title": "café"}
+    from pippa_site.shedding import FILES_KEPT, connection_cap
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (256, 256))
+    assert connection_cap(1000) == (256 - FILES_KEPT) // 2
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (65536, 65536))
+    assert connection_cap(1000) == 1000
 
 
 # --- The production server: gunicorn + uvicorn with pippa_site/gunicorn_conf.py ---
@@ -175,45 +160,71 @@ def _rss_kib(pid: int) -> int:
 
 
 @pytest.fixture
-def gunicorn_server(transactional_db, subprocess_env, python_exe):
-    """gunicorn serving this test's database with the settings ``make run`` uses."""
-    env = {**subprocess_env, "PORT": str(_free_port()), "HOST": "127.0.0.1"}
-    env.pop("PIPPA_PLAIN_STATIC", None)
-    # Django's async-safety checks stay on in the server, as in production.
-    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-    env["PIPPA_WEB_WORKERS"] = "1"
-    subprocess.run(
-        [python_exe, "manage.py", "collectstatic", "--noinput", "-v", "0"],
-        cwd=REPO,
-        env=env,
-        check=True,
-        timeout=120,
-    )
-    proc = subprocess.Popen(
-        [
-            str(Path(python_exe).parent / "gunicorn"),
-            "-c",
-            "python:pippa_site.gunicorn_conf",
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    base = f"http://127.0.0.1:{env['PORT']}"
-    for _ in range(200):
-        try:
-            with urllib.request.urlopen(base + "/login/", timeout=2):
-                break
-        except OSError:
-            if proc.poll() is not None:
-                pytest.fail(proc.stderr.read().decode())
-            time.sleep(0.05)
-    try:
-        yield proc, int(env["PORT"])
-    finally:
+def start_gunicorn(transactional_db, subprocess_env, python_exe, tmp_path):
+    """Start gunicorn serving this test's database with the settings ``make run``
+    uses (and ``env`` on top, ``files``: its file limit); return (process, port)."""
+    procs: list[subprocess.Popen] = []
+    collected = False
+
+    def start(*, files: int | None = None, **extra: str):
+        nonlocal collected
+        env = {**subprocess_env, "PORT": str(_free_port()), "HOST": "127.0.0.1"}
+        env.pop("PIPPA_PLAIN_STATIC", None)
+        # Django's async-safety checks stay on in the server, as in production.
+        env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        env["PIPPA_WEB_WORKERS"] = "1"
+        env["PIPPA_TOOLS"] = "tests.support.tools"
+        env.update(extra)
+        if not collected:
+            subprocess.run(
+                [python_exe, "manage.py", "collectstatic", "--noinput", "-v", "0"],
+                cwd=REPO,
+                env=env,
+                check=True,
+                timeout=120,
+            )
+            collected = True
+
+        def limit_files() -> None:
+            if files is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
+
+        log = (tmp_path / f"gunicorn-{env['PORT']}.log").open("wb")
+        proc = subprocess.Popen(
+            [
+                str(Path(python_exe).parent / "gunicorn"),
+                "-c",
+                "python:pippa_site.gunicorn_conf",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            preexec_fn=limit_files,
+        )
+        log.close()
+        procs.append(proc)
+        base = f"http://127.0.0.1:{env['PORT']}"
+        for _ in range(400):
+            try:
+                with urllib.request.urlopen(base + "/login/", timeout=2):
+                    break
+            except OSError:
+                if proc.poll() is not None:
+                    pytest.fail((tmp_path / f"gunicorn-{env['PORT']}.log").read_text())
+                time.sleep(0.05)
+        return proc, int(env["PORT"])
+
+    yield start
+    for proc in procs:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def gunicorn_server(start_gunicorn):
+    """gunicorn serving this test's database with the settings ``make run`` uses."""
+    return start_gunicorn()
 
 
 def _get(port: int, path: str, **headers) -> http.client.HTTPResponse:
@@ -536,43 +547,245 @@ def test_a_download_stops_being_read_once_its_client_leaves(
     assert sum(chunks_read) < size // 2, sum(chunks_read)
 
 
+# --- What the server sheds (the audit of b2149bc, one test a finding) -------------
+
+
+def _login_status(port: int) -> tuple[int, float]:
+    """GET /login/ on a fresh connection: (status, seconds); (0, s) if it failed."""
+    started = time.monotonic()
+    try:
+        return _get(port, "/login/").status, time.monotonic() - started
+    except OSError:
+        return 0, time.monotonic() - started
+
+
+class LoginProbe:
+    """Ask for /login/ every 0.2 s in a thread until stopped."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.answers: list[tuple[int, float]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.2):
+            self.answers.append(_login_status(self.port))
+
+    def __enter__(self) -> LoginProbe:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+
+    def assert_prompt(self) -> None:
+        assert self.answers, "no probe was sent"
+        assert {status for status, _ in self.answers} == {200}, self.answers
+        assert_answered_promptly([seconds for _, seconds in self.answers])
+
+
+def _connect(port: int, head: bytes = b"") -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    if head:
+        sock.sendall(head)
+    return sock
+
+
+def _first_bytes(sock: socket.socket, timeout: float) -> bytes | None:
+    """What the server sent before it closed, or None if it kept the socket open."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except TimeoutError:
+        return None
+    except OSError:
+        pass  # reset: closed
+    return data
+
+
 @pytest.mark.slow
-def test_a_pages_middleware_and_view_run_whole_on_one_pool_thread(
-    asgi_server, monkeypatch
+def test_every_phase_a_client_controls_has_a_deadline(
+    start_gunicorn, make_user, settings
 ):
-    """One hop from the event loop a request: the outer middleware, the
-    innermost (django-axes, which could run on the loop) and the view all run
-    on the request's pool thread."""
-    from axes.middleware import AxesMiddleware
-    from django.contrib.auth.views import LoginView
-    from django.contrib.sessions.middleware import SessionMiddleware
+    """The audit held 200 idle, header-trickling, body-trickling and never-reading
+    connections for 75 s and none was closed. Each phase now has its deadline
+    (1 s here): an idle socket is closed, a trickled head or body is answered
+    408, an answer left unread is dropped; the login page answers meanwhile."""
+    from api.services import token_create
+    from artifacts.models import ArtifactClass
+    from artifacts.services import artifact_store
 
-    seen: list[tuple[str, str]] = []
+    _, port = start_gunicorn(
+        PIPPA_HEAD_SECONDS="1",
+        PIPPA_BODY_SECONDS="1",
+        PIPPA_ANSWER_SECONDS="1",
+        PIPPA_BODY_MIN_RATE="1000000",
+    )
+    user = make_user()
+    token = token_create(user=user, name="reader").raw
+    size = 32 * 1024 * 1024
+    artifact = artifact_store(
+        owner=user,
+        stream=(bytes([n]) * (1024 * 1024) for n in range(32)),
+        media_type="application/octet-stream",
+        artifact_class=ArtifactClass.SNAPSHOT,
+    )
+    with LoginProbe(port) as probe:
+        idle = _connect(port)
+        head = _connect(port, b"GET /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+        body = _connect(
+            port,
+            b"POST /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/x-www-form-urlencoded\r\n"
+            b"Content-Length: 100000\r\n\r\nusername=",
+        )
+        unread = _connect(
+            port,
+            f"GET /api/v1/artifacts/{artifact.pk}/content HTTP/1.1\r\n"
+            f"Host: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n\r\n".encode(),
+        )
+        unread.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        for _ in range(15):  # a byte every 0.2 s: never idle, always late
+            time.sleep(0.2)
+            for sock in (head, body):
+                try:
+                    sock.sendall(b"a")
+                except OSError:
+                    pass
+        answers = {
+            name: _first_bytes(sock, timeout=5)
+            for name, sock in (("idle", idle), ("head", head), ("body", body))
+        }
+        got = _first_bytes(unread, timeout=10)
+    for sock in (idle, head, body, unread):
+        sock.close()
 
-    def spy(cls, name: str) -> None:
-        original = getattr(cls, name)
+    assert answers["idle"] == b""
+    assert answers["head"].startswith(b"HTTP/1.1 408"), answers["head"]
+    assert answers["body"].startswith(b"HTTP/1.1 408"), answers["body"]
+    assert got is not None, "the unread answer's connection was kept open"
+    assert got.startswith(b"HTTP/1.1 200")
+    assert len(got) < size
+    probe.assert_prompt()
 
-        def recording(self, *args, **kwargs):
-            seen.append((cls.__name__, threading.current_thread().name))
-            return original(self, *args, **kwargs)
 
-        monkeypatch.setattr(cls, name, recording)
+def _hold_body(port: int, declared: int, send: int) -> socket.socket:
+    """A form POST to /login/ declaring ``declared`` bytes, of which ``send`` come."""
+    sock = _connect(
+        port,
+        b"POST /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/x-www-form-urlencoded\r\n"
+        + f"Content-Length: {declared}\r\n\r\n".encode(),
+    )
+    sock.sendall(b"a=" + b"x" * (send - 2))
+    return sock
 
-    spy(SessionMiddleware, "process_request")
-    spy(AxesMiddleware, "__call__")
-    spy(LoginView, "get_context_data")
 
-    for _ in range(3):
-        status, _, body = _request(f"{asgi_server.url}/login/", "GET")
-        assert status == 200
-        assert b"csrfmiddlewaretoken" in body
+@pytest.mark.slow
+def test_held_bodies_cost_the_web_process_little_memory(start_gunicorn):
+    """The audit: 100 clients each sending all but the last bytes of a 2.5 MiB
+    form to /login/, without logging in, took the web process from 132 to 498 MB
+    (200: 830 MB). Now a body is spooled to disk past 64 KiB: with 200 held, the
+    process stays within 1.5x its idle memory, and the login page answers."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    assert [cls for cls, _ in seen] == [
-        "SessionMiddleware",
-        "AxesMiddleware",
-        "LoginView",
-    ] * 3
-    for n in range(3):
-        threads = {thread for _, thread in seen[3 * n : 3 * n + 3]}
-        assert len(threads) == 1, seen
-        assert threads.pop().startswith("pippa-web"), seen
+    proc, port = start_gunicorn()
+    for _ in range(20):
+        assert _get(port, "/login/").status == 200
+    idle = _rss_kib(proc.pid)
+    declared = 2_600_000
+    with ThreadPoolExecutor(20) as pool:
+        held = list(
+            pool.map(lambda _: _hold_body(port, declared, declared - 100), range(200))
+        )
+    try:
+        time.sleep(2)  # the server has read what came
+        with LoginProbe(port) as probe:
+            time.sleep(3)
+        during = _rss_kib(proc.pid)
+    finally:
+        for sock in held:
+            sock.close()
+
+    probe.assert_prompt()
+    assert during <= 1.5 * idle, f"{idle // 1024} MiB idle, {during // 1024} MiB held"
+
+
+@pytest.mark.slow
+def test_idle_sockets_under_a_low_file_limit_leave_the_login_page_answering(
+    start_gunicorn,
+):
+    """The audit: with a file limit of 256, 250 idle sockets made every /login/
+    time out ("Too many open files"). The connection cap keeps the process
+    within its files, shedding the sockets that waited longest for a request."""
+    proc, port = start_gunicorn(files=256)
+    held = [_connect(port) for _ in range(250)]
+    try:
+        with LoginProbe(port) as probe:
+            time.sleep(4)
+    finally:
+        for sock in held:
+            sock.close()
+    probe.assert_prompt()
+
+
+def _post_json(port: int, path: str, token: str, body: dict) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request(
+        "POST",
+        path,
+        body=json.dumps(body),
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+        },
+    )
+    response = conn.getresponse()
+    response.read()
+    conn.close()
+    return response.status, {k.lower(): v for k, v in response.getheaders()}
+
+
+@pytest.mark.slow
+def test_one_users_step_runs_are_capped_and_leave_the_pages_answering(
+    start_gunicorn, make_user, make_conversation, tool_log
+):
+    """The audit: 12 concurrent step runs of one token held every page thread and
+    /login/ stopped answering while they ran. Now each user runs at most
+    PIPPA_STEP_RUNS_PER_USER (2) at once, the rest answered 429 with
+    Retry-After, and no page waits on a step."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from api.services import token_create
+    from tasks.plan import task_create
+
+    _, port = start_gunicorn(PIPPA_TOOL_LOG=str(tool_log))
+    user = make_user()
+    token = token_create(user=user, name="runner").raw
+    conversation = make_conversation(owner=user)
+    tasks = [
+        task_create(
+            conversation=conversation,
+            title=f"slow {n}",
+            steps=[{"title": "slow", "tool": "test.fetch", "args": {"sleep": 3}}],
+        )
+        for n in range(12)
+    ]
+    with LoginProbe(port) as probe, ThreadPoolExecutor(12) as pool:
+        answers = list(
+            pool.map(
+                lambda task: _post_json(
+                    port, f"/api/v1/tasks/{task.pk}/steps/run", token, {"worker": "w"}
+                ),
+                tasks,
+            )
+        )
+        time.sleep(0.5)
+    statuses = sorted(status for status, _ in answers)
+    assert statuses == [200] * 2 + [429] * 10, answers
+    assert all(int(h["retry-after"]) > 0 for s, h in answers if s == 429)
+    probe.assert_prompt()

@@ -16,8 +16,9 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from datetime import timedelta
-from hashlib import sha256
+from typing import Any
 
+import anyio
 import pytest
 from axes.models import AccessAttempt
 
@@ -648,11 +649,15 @@ def test_failed_mcp_tokens_are_throttled_with_the_apis_counters(
     assert good[0] == 200
 
 
-def test_requests_in_flight_are_bounded_per_token(
-    asgi_server, token_for, user, settings
+def test_requests_in_flight_are_bounded_per_user_whichever_token_they_use(
+    asgi_server, token_for, user, make_user, settings
 ):
-    settings.PIPPA_MCP_STREAMS_PER_TOKEN = 2
-    busy, other = token_for(user), token_for(user)
+    """A second token does not sidestep the bound; another user is not held by it."""
+    from pippa_site.slots import MCP_CALLS
+
+    settings.PIPPA_MCP_CALLS_PER_USER = 2
+    first, second = token_for(user), token_for(user)
+    stranger = token_for(make_user())
 
     def hold(token: str) -> socket.socket:
         """A call whose body trickles: it is in flight until the body ends."""
@@ -665,21 +670,20 @@ def test_requests_in_flight_are_bounded_per_token(
         )
         return sock
 
-    held = [hold(busy), hold(busy)]
+    held = [hold(first), hold(second)]
     try:
-        # Both held calls are past the token check before the third is sent (on
-        # a busy machine the third could otherwise be checked first, or one
-        # slow answer could use up a deadline of retries).
-        in_flight, key = (
-            asgi_server.app.mcp.in_flight,
-            sha256(busy.encode()).hexdigest(),
-        )
+        # Both held calls are past the token check before the third is sent.
         deadline = time.monotonic() + 30
-        while in_flight.get(key, 0) < 2 and time.monotonic() < deadline:
+        while MCP_CALLS.held.get(user.pk, 0) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
-        counted = in_flight.get(key, 0)
-        third = _post(f"{asgi_server.url}/mcp/", INIT, Authorization=f"Bearer {busy}")
-        others = _post(f"{asgi_server.url}/mcp/", INIT, Authorization=f"Bearer {other}")
+        counted = MCP_CALLS.held.get(user.pk, 0)
+        third = _post(f"{asgi_server.url}/mcp/", INIT, Authorization=f"Bearer {first}")
+        fourth = _post(
+            f"{asgi_server.url}/mcp/", INIT, Authorization=f"Bearer {token_for(user)}"
+        )
+        others = _post(
+            f"{asgi_server.url}/mcp/", INIT, Authorization=f"Bearer {stranger}"
+        )
     finally:
         answered = []
         for sock in held:
@@ -691,13 +695,17 @@ def test_requests_in_flight_are_bounded_per_token(
             sock.close()
     assert counted == 2, f"held calls not in flight; the server answered {answered}"
     assert answered == [b"", b""]
-    assert third[0] == 429
-    assert "too many MCP requests in flight" in json.loads(third[2])["error"]["message"]
+    assert (third[0], fourth[0]) == (429, 429)
+    assert int(third[1]["retry-after"]) >= 1
+    assert (
+        "you already have 2 MCP calls in flight"
+        in (json.loads(third[2])["error"]["message"])
+    )
     assert others[0] == 200
-    # The held calls ended with their connections: the token may call again.
+    # The held calls ended with their connections: the user may call again.
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        again = _post(f"{asgi_server.url}/mcp/", INIT, Authorization=f"Bearer {busy}")
+        again = _post(f"{asgi_server.url}/mcp/", INIT, Authorization=f"Bearer {first}")
         if again[0] == 200:
             break
         time.sleep(0.05)
@@ -818,3 +826,60 @@ def test_two_thousand_calls_a_tenth_abandoned_leave_nothing_behind_and_login_ans
     assert busy == []
     status, _, _ = _post(mcp_url, INIT, Authorization=f"Bearer {token}")
     assert status == 200
+
+
+def test_one_users_step_runs_leave_another_users_calls_prompt(
+    mcp_url, token_for, user, make_user, make_conversation, tool_log
+):
+    """The audit: four run_next_step calls of one user (30 s steps) made another
+    user's list_conversations wait 24.1 s, the MCP threads being everyone's.
+    A step run now has a thread of its own, and one user runs at most
+    PIPPA_STEP_RUNS_PER_USER (2) at once: the other two are refused with the
+    reason, and the other user's call answers at once."""
+    from tasks.plan import task_create as plan_task_create
+
+    other = make_user()
+    conversation = make_conversation(owner=user)
+    tasks = [
+        plan_task_create(
+            conversation=conversation,
+            title=f"slow {n}",
+            steps=[{"title": "slow", "tool": "test.fetch", "args": {"sleep": 3}}],
+        )
+        for n in range(4)
+    ]
+    mine, theirs = token_for(user), token_for(other)
+
+    async def scenario():
+        results: dict[int, Any] = {}
+        async with (
+            http_session(mcp_url, mine) as runner,
+            http_session(mcp_url, theirs, name="agent-b") as reader,
+        ):
+
+            async def step(task_id: int) -> None:
+                results[task_id] = await runner.call_tool(
+                    "run_next_step", {"task_id": task_id}
+                )
+
+            timings = []
+            async with anyio.create_task_group() as group:
+                for task in tasks:
+                    group.start_soon(step, task.pk)
+                await anyio.sleep(0.5)  # the steps are running
+                for _ in range(5):
+                    started = time.monotonic()
+                    await reader.call_tool("list_conversations", {})
+                    timings.append(time.monotonic() - started)
+        return results, timings
+
+    results, timings = run(scenario)
+
+    assert_answered_promptly(timings)
+    ran = [r for r in results.values() if not r.is_error]
+    refused = [error(r) for r in results.values() if r.is_error]
+    assert len(ran) == 2, refused
+    assert (
+        refused
+        == ["you already have 2 step runs in flight; try again when one ends"] * 2
+    )
