@@ -24,6 +24,7 @@ PYTHON ?= $(shell for c in python3.13 python3.12 python3 \
 
 help:
 	@echo "make run         - set up .venv, migrate, load the demo, serve on http://$(HOST):$(PORT) (gunicorn + uvicorn, ASGI)"
+	@echo "                   with a step worker; supervisord starts either again if it stops"
 	@echo "make dev         - the same under uvicorn with auto-reload and DEBUG=1"
 	@echo "make test        - set up .venv with test extras; run the fast in-process suite in parallel"
 	@echo "make test-all    - the same, then every test that starts a process, server or browser"
@@ -99,22 +100,28 @@ prepare: install
 
 # Production server: gunicorn managing uvicorn workers (pippa_site/gunicorn_conf.py)
 # serving the ASGI app (pippa_site/asgi.py: Django, and MCP at /mcp/), whitenoise
-# for static files. A worker runs beside it so demo tasks advance live; Ctrl-C stops both.
+# for static files, and a step worker beside it so demo tasks advance live; both
+# under supervisord (pippa_site/supervisord.conf), which starts either again
+# within a second if it stops. Ctrl-C stops both.
+SUPERVISED = PIPPA_PYTHON=$(abspath $(PY)) PIPPA_RUN_DIR=$(abspath $(RUN_DIR)) \
+	HOST=$(HOST) PORT=$(PORT) $(VENV)/bin/supervisord -c pippa_site/supervisord.conf
+RUN_DIR ?= $(or $(PIPPA_DATA_DIR),var)
+
 run: prepare
 	@echo "Pippa Stateful: http://$(HOST):$(PORT)/  (admin: http://$(HOST):$(PORT)/admin/, MCP: http://$(HOST):$(PORT)/mcp/)"
-	@trap 'kill 0' EXIT INT TERM; \
-	  $(PY) manage.py pippa_worker & \
-	  HOST=$(HOST) PORT=$(PORT) $(VENV)/bin/gunicorn -c python:pippa_site.gunicorn_conf
+	@mkdir -p $(RUN_DIR)
+	@PIPPA_WEB_COMMAND="$(abspath $(VENV))/bin/gunicorn -c python:pippa_site.gunicorn_conf" \
+	  $(SUPERVISED)
 
 # The same ASGI app under uvicorn with auto-reload and DEBUG=1, for working on the code.
 dev: prepare
 	@echo "Pippa Stateful (development, auto-reload): http://$(HOST):$(PORT)/"
-	@trap 'kill 0' EXIT INT TERM; \
-	  $(PY) manage.py pippa_worker & \
-	  DEBUG=1 $(VENV)/bin/uvicorn pippa_site.asgi:application --reload \
+	@mkdir -p $(RUN_DIR)
+	@DEBUG=1 PIPPA_WEB_COMMAND="$(abspath $(VENV))/bin/uvicorn pippa_site.asgi:application --reload \
 	    --reload-dir pippa_site --reload-dir tasks --reload-dir artifacts --reload-dir council \
 	    --reload-dir dashboard --reload-dir api --reload-dir brains --reload-dir pippa_mcp \
-	    --host $(HOST) --port $(PORT) --lifespan on --http pippa_site.shedding:Protocol --no-proxy-headers
+	    --host $(HOST) --port $(PORT) --lifespan on --http pippa_site.shedding:Protocol --no-proxy-headers" \
+	  $(SUPERVISED)
 
 # The fast suite: no child process, server or browser (tests/conftest.py
 # refuses one without a marker), so no chromium or axe is needed.
