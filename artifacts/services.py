@@ -19,7 +19,6 @@ from artifacts.store import (
     default_store,
 )
 from pippa_site.errors import Invalid
-from pippa_site.hotsql import db_datetime, db_is_postgresql, utc_now
 from pippa_site.text import TITLE_MAX, media_type_clean, title_clean
 
 # Quoted the same way by both engines' quote_name.
@@ -160,8 +159,8 @@ def artifact_insert(
     if len(meta_json) > MAX_META_CHARS:
         raise ArtifactError(ERR_META_TOO_LARGE)
     check_sha(sha256)
-    now = db_datetime(utc_now())
-    postgresql = db_is_postgresql()
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    postgresql = connection.vendor == "postgresql"
     table, edges = T_ARTIFACT, T_SOURCE
     json_mark = "CAST(%s AS jsonb)" if postgresql else "%s"
     values = [

@@ -1,4 +1,5 @@
-"""Site middleware: response compression for text only, and the text guard.
+"""Site middleware: response compression for text only, the text guard, and
+the session cookie guard.
 
 Compression: pages, fragments and JSON compress well and are sent often (a live
 task page polls); PNG previews and other payloads are already compressed or are
@@ -15,6 +16,8 @@ PostgreSQL, instead of a 500 on one and stored bytes on the other.
 
 from __future__ import annotations
 
+from django.conf import settings
+from django.contrib.sessions.backends.base import VALID_KEY_CHARS
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
 from django.middleware.gzip import GZipMiddleware
 
@@ -79,3 +82,26 @@ class TextGuardMiddleware:
         if request.path.startswith("/api/"):
             return JsonResponse({"detail": message}, status=400)
         return HttpResponse(message, status=400, content_type="text/plain")
+
+
+_KEY_CHARS = frozenset(VALID_KEY_CHARS)
+
+
+class SessionCookieGuardMiddleware:
+    """Drop a session cookie that no session key could be, before
+    ``SessionMiddleware`` looks it up.
+
+    Django makes session keys of ``VALID_KEY_CHARS`` only; a forged cookie
+    with anything else (a NUL, which PostgreSQL refuses with an error rather
+    than finding no row) names no session, on every database alike.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        name = settings.SESSION_COOKIE_NAME
+        key = request.COOKIES.get(name)
+        if key is not None and not set(key) <= _KEY_CHARS:
+            del request.COOKIES[name]
+        return self.get_response(request)

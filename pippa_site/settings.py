@@ -121,6 +121,7 @@ MIDDLEWARE = [
     # token in pages is masked anew per response; payloads are left alone
     # (see pippa_site/middleware.py).
     "pippa_site.middleware.TextGZipMiddleware",
+    "pippa_site.middleware.SessionCookieGuardMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -235,14 +236,13 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
-# Django's database sessions and ModelBackend, reading per request in plain SQL
-# (pippa_site/auth.py); django-axes first, which throttles the dashboard and
-# admin logins alike (the API's bearer tokens use the same counters:
-# pippa_site.throttle).
-SESSION_ENGINE = "pippa_site.auth"
+# Django's database sessions and ModelBackend; django-axes first, which
+# throttles the dashboard and admin logins alike (the API's bearer tokens use
+# the same counters: pippa_site.throttle).
+SESSION_ENGINE = "django.contrib.sessions.backends.db"
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
-    "pippa_site.auth.UserBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 AXES_FAILURE_LIMIT = env_int("PIPPA_LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("PIPPA_LOGIN_COOLOFF_MINUTES", 15))

@@ -17,7 +17,6 @@ from django.http import Http404
 
 from artifacts.models import Artifact
 from artifacts.selectors import artifact_get_for_user
-from pippa_site.hotsql import row_get
 from pippa_site.owners import user_sees_row
 from tasks.models import Conversation, Step, Task
 from tasks.shapes import (
@@ -53,22 +52,16 @@ def task_get_for_user(*, user, task_id: int, staff: bool = False) -> Task:
     conversation (as ``conversation_get_for_user``); else Http404.
 
     Every request of every door that names a task starts here (a dashboard
-    tab's poll every 2 s among them): two one-statement reads
-    (``pippa_site.hotsql.row_get``) and the owner rule on the row in hand
-    (``user_sees_row``), where the ORM's joined query cost several times
-    both statements to build.
+    tab's poll every 2 s among them): one query for the task and its
+    conversation, and the owner rule on the row in hand (``user_sees_row``).
     """
     try:
         pk = int(task_id)
     except (TypeError, ValueError):
         raise Http404(ERR_NO_TASK.format(id=task_id)) from None
-    task = row_get(Task, pk)
-    conversation = None if task is None else row_get(Conversation, task.conversation_id)
-    if conversation is None or not user_sees_row(
-        user, conversation.owner_id, staff=staff
-    ):
+    task = Task.objects.select_related("conversation").filter(pk=pk).first()
+    if task is None or not user_sees_row(user, task.conversation.owner_id, staff=staff):
         raise Http404(ERR_NO_TASK.format(id=task_id))
-    task.conversation = conversation
     return task
 
 

@@ -64,7 +64,6 @@ from artifacts.services import (
     sources_check,
 )
 from artifacts.store import default_store
-from pippa_site.hotsql import db_datetime, utc_now
 from tasks import statements as sql
 from tasks.crashpoints import crashpoint
 from tasks.faults import REASON_DISK_FULL, fault_reason, retry_delay
@@ -131,7 +130,7 @@ class StepOutcome:
     next_attempt_at: Any = None  # a failed tool's back-off: not before this
 
 
-_dt = db_datetime
+_dt = sql.db_datetime
 
 
 # -- the step -----------------------------------------------------------------
@@ -200,7 +199,7 @@ def _pick(
 
     Return the outcome, or the step to go on with and whether it is uncertain.
     """
-    found = cursor.execute(sql.STEP_NEXT, [task_id, *sql.FINISHED]).fetchone()
+    found = sql.fetch_one(cursor, sql.STEP_NEXT, [task_id, *sql.FINISHED])
     row = step_row(task_id, found) if found else None
     if row is None:
         status = lease_close(
@@ -239,12 +238,13 @@ def _start_next(cursor, task_id: int, worker_id: str, lease: Lease) -> StepRow |
     ``tool_call_started`` under the seq the lease renewal reserved.
     None (nothing written) for every other case.
     """
-    moment = utc_now()
+    moment = timezone.now()
     now = _dt(moment)
-    found = cursor.execute(
+    found = sql.fetch_one(
+        cursor,
         sql.STEP_START_NEXT,
         [S.RUNNING, now, task_id, *sql.FINISHED, S.PENDING, now, task_id],
-    ).fetchone()
+    )
     if found is None:
         return None
     row = step_row(task_id, found)
@@ -716,7 +716,7 @@ def _result_write(
     """The statements of commit 2; return (artifact id, the task's status)."""
     artifact_id = _artifact_record(row, payload)
     cursor = sql.cursor()
-    now = _dt(utc_now())
+    now = _dt(timezone.now())
     cursor.execute(
         sql.LINK_PERSISTED, [artifact_id, row.task_id, row.id, LinkRole.PERSISTED, now]
     )

@@ -100,7 +100,7 @@ def lease_take(cur, task_id: int, worker_id: str, *, reserve: int = 0) -> Lease 
         )
         if row is not None:
             return Lease(row[2], row[1], reserved=reserve, last_seq=row[0])
-    row = cur.execute(sql.LEASE_READ, [task_id]).fetchone()
+    row = sql.fetch_one(cur, sql.LEASE_READ, [task_id])
     if row is None or row[0] not in (T.QUEUED, T.RUNNING):
         return None
     _, previous, expires = row
@@ -108,7 +108,8 @@ def lease_take(cur, task_id: int, worker_id: str, *, reserve: int = 0) -> Lease 
     now = timezone.now()
     if previous and expires_at is not None and expires_at >= now:
         return None
-    row = cur.execute(
+    row = sql.fetch_one(
+        cur,
         sql.LEASE_TAKE,
         [
             worker_id,
@@ -121,7 +122,7 @@ def lease_take(cur, task_id: int, worker_id: str, *, reserve: int = 0) -> Lease 
             T.QUEUED,
             T.RUNNING,
         ],
-    ).fetchone()
+    )
     if row is None:
         return None
     if previous:
@@ -223,9 +224,9 @@ def lease_close_stopped(cur, task_id: int, worker_id: str) -> None:
     A person paused or cancelled the task while this worker held it; the call
     in flight has finished and is saved, and no further step starts.
     """
-    row = cur.execute(
-        sql.LEASE_CLEAR_STOPPED, [task_id, worker_id, T.PAUSED, T.CANCELLED]
-    ).fetchone()
+    row = sql.fetch_one(
+        cur, sql.LEASE_CLEAR_STOPPED, [task_id, worker_id, T.PAUSED, T.CANCELLED]
+    )
     if row is not None:
         events_append(
             task_id=task_id,

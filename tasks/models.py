@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.db import models
+from django.db import connection, models
 from django.db.models import Q
 from django.db.models.expressions import RawSQL
 from django.urls import reverse
@@ -9,7 +9,6 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 
 from artifacts.models import ArtifactClass
-from pippa_site.hotsql import db_datetime, utc_now
 from pippa_site.owners import OwnedQuerySet
 from pippa_site.text import TITLE_MAX
 
@@ -98,8 +97,8 @@ class Conversation(models.Model):
 
 
 # The dead-lease rule in SQL, on a task's columns (one parameter: now, as
-# ``pippa_site.hotsql.db_datetime`` gives it): the hot path's hand-written
-# statements (``tasks.statements``) and ``needs_you_sql``.
+# Django's backend adapts a datetime: ``connection.ops.adapt_datetimefield_value``):
+# the named statements (``tasks.statements``) and ``needs_you_sql``.
 LEASE_DEAD = "(lease_owner = '' OR lease_expires_at IS NULL OR lease_expires_at < %s)"
 
 
@@ -321,7 +320,7 @@ def needs_you_sql() -> tuple[str, tuple]:
         f" AND (s.status <> '{S.RUNNING.value}'"
         f" OR (t.status IN {S.sql_list(TASK_STOPPED)} AND {LEASE_DEAD}))"
     )
-    return sql, (db_datetime(utc_now()),)
+    return sql, (connection.ops.adapt_datetimefield_value(timezone.now()),)
 
 
 def needs_you_q() -> Q:

@@ -15,14 +15,13 @@ that both leave the database the same.
   and ``tasks.services.events_append`` all go through it.
 - ``events_insert`` is the one writer of event rows.
 
-The statements run on the database driver's own cursor of Django's
-connection (``cursor()``): Django's cursor wrapper costs about 30 µs a
-statement here against a statement of about 25 µs. Everything else is
-Django's: ``transaction.atomic`` opens and commits the transaction, the
-driver's errors become Django's through the connection's own error wrapper,
-and when Django logs queries (``DEBUG``, ``CaptureQueriesContext``) every
-statement is logged the same way. This module is the only user of that
-shortcut.
+The statements run on Django's own cursor (``connection.cursor()``), as
+Django's docs describe for raw SQL: its placeholders (``%s``), its error
+wrapping, its query log (``DEBUG``, ``CaptureQueriesContext``), the
+``django.db.backends`` logger and ``connection.execute_wrapper()`` hooks see
+every one of them. ``transaction.atomic`` opens and commits the transaction.
+A datetime parameter is adapted the way Django adapts a ``DateTimeField``'s
+value for its backend (``db_datetime``: naive UTC text on SQLite).
 
 ``synchronous`` sets SQLite's sync level for one transaction (a connection
 may change ``PRAGMA synchronous`` between transactions, never inside one).
@@ -32,7 +31,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,10 +39,10 @@ from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.utils import timezone
 
 from artifacts.models import Artifact
-from pippa_site.hotsql import db_datetime, db_is_postgresql, utc_now
 from tasks.models import LEASE_DEAD, Conversation, Event, Step, Task, TaskArtifact
 
 S = Step.Status
@@ -59,6 +57,23 @@ T_ART = Artifact._meta.db_table
 
 ERR_EVENT_DATA_TOO_LARGE = "event data must stay small (refs and sizes, not payloads)"
 MAX_EVENT_DATA_CHARS = 4096
+
+
+def db_datetime(value):
+    """``value`` as Django's backend adapts a ``DateTimeField``'s value for its
+    driver (naive UTC text on SQLite, the datetime itself on PostgreSQL)."""
+    return connection.ops.adapt_datetimefield_value(value)
+
+
+def cursor():
+    """Django's cursor of the default connection (``connection.cursor()``)."""
+    return connection.cursor()
+
+
+def fetch_one(cur, statement: str, params: Any = ()) -> tuple | None:
+    """Run ``statement`` on ``cur`` (Django's cursor); return its first row."""
+    cur.execute(statement, params)
+    return cur.fetchone()
 
 
 # -- the step row ----------------------------------------------------------------
@@ -298,7 +313,7 @@ def seqs_reserve(
     the holder's release: (status, finished_at, the statuses a person set
     that stand).
     """
-    now = utc_now()
+    now = timezone.now()
     params: list[Any] = [count]
     if holder is not None:
         params.append(db_datetime(now))
@@ -324,7 +339,7 @@ def seqs_reserve(
         done=step_done,
         close=bool(close),
     )
-    return cur.execute(sql, params).fetchone()
+    return fetch_one(cur, sql, params)
 
 
 def _encode_data(data: dict[str, Any] | None) -> str:
@@ -346,19 +361,20 @@ def events_insert(
     in one statement; the only writer of event rows. With ``returning`` the
     new ids come back in insert order."""
     created = db_datetime(created_at)
-    json_param = "%s::jsonb" if db_is_postgresql() else "%s"
+    json_param = "%s::jsonb" if connection.vendor == "postgresql" else "%s"
     values = ", ".join([f"(%s, %s, %s, %s, {json_param}, %s)"] * len(entries))
     params: list = []
     for i, (kind, step_id, data) in enumerate(entries):
         params += [task_id, step_id, first_seq + i, str(kind), _encode_data(data)]
         params.append(created)
-    cur = cursor().execute(
-        f"INSERT INTO {T_EVENT} (task_id, step_id, seq, kind, data, created_at) "
-        f"VALUES {values}{' RETURNING id' if returning else ''}",
-        params,
-    )
-    # Ids are handed out in insert order; RETURNING's row order is not.
-    return sorted(row[0] for row in cur.fetchall()) if returning else []
+    with connection.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO {T_EVENT} (task_id, step_id, seq, kind, data, created_at) "
+            f"VALUES {values}{' RETURNING id' if returning else ''}",
+            params,
+        )
+        # Ids are handed out in insert order; RETURNING's row order is not.
+        return sorted(row[0] for row in cur.fetchall()) if returning else []
 
 
 # -- SQLite's sync level, one transaction at a time ----------------------------------
@@ -397,82 +413,11 @@ def synchronous(level: str) -> Iterator[None]:
     if level == configured:
         yield
         return
-    cur = cursor()
-    cur.execute(f"PRAGMA synchronous = {level}")
+    with db.cursor() as cur:
+        cur.execute(f"PRAGMA synchronous = {level}")
     try:
         yield
     finally:
         if db.connection is not None:
-            cursor().execute(f"PRAGMA synchronous = {configured}")
-
-
-# -- the driver's cursor -------------------------------------------------------------
-
-_PLACEHOLDER = re.compile(r"%%|%s")
-
-
-@lru_cache(maxsize=256)
-def _qmark(sql: str) -> str:
-    """``%s`` -> ``?`` and ``%%`` -> ``%``, as Django's SQLite cursor does."""
-    return _PLACEHOLDER.sub(lambda m: "%" if m.group() == "%%" else "?", sql)
-
-
-def _same(sql: str) -> str:
-    return sql
-
-
-class _Cursor:
-    """The driver cursor of Django's current connection, with Django's error mapping."""
-
-    __slots__ = ("db", "cursor", "_sql")
-
-    def __init__(self, db) -> None:
-        self.db = db
-        self.cursor = db.connection.cursor()
-        self._sql = _qmark if db.vendor == "sqlite" else _same
-
-    def execute(self, sql: str, params: Any = ()) -> _Cursor:
-        db = self.db
-        native = self._sql(sql)
-        if db.queries_logged:
-            return self._logged(sql, native, params)
-        with db.wrap_database_errors:
-            self.cursor.execute(native, params)
-        return self
-
-    def _logged(self, sql: str, native: str, params: Any) -> _Cursor:
-        db = self.db
-        started = time.monotonic()
-        try:
-            with db.wrap_database_errors:
-                self.cursor.execute(native, params)
-        finally:
-            db.queries_log.append(
-                {
-                    "sql": db.ops.last_executed_query(self.cursor, sql, params),
-                    "time": f"{time.monotonic() - started:.3f}",
-                }
-            )
-        return self
-
-    def fetchone(self):
-        with self.db.wrap_database_errors:
-            return self.cursor.fetchone()
-
-    def fetchall(self):
-        with self.db.wrap_database_errors:
-            return self.cursor.fetchall()
-
-
-def cursor() -> _Cursor:
-    """The driver cursor of the default connection, kept on it and reused (a
-    new driver connection, after a reconnect, gets a new one)."""
-    db = connections[DEFAULT_DB_ALIAS]
-    if db.connection is None:
-        db.ensure_connection()
-    kept = db.__dict__.get("_pippa_cursor")
-    if kept is not None and kept[0] is db.connection:
-        return kept[1]
-    cur = _Cursor(db)
-    db._pippa_cursor = (db.connection, cur)
-    return cur
+            with db.cursor() as cur:
+                cur.execute(f"PRAGMA synchronous = {configured}")

@@ -1,4 +1,5 @@
-"""Sessions and the session's user, read in plain SQL: the same rules as Django's."""
+"""Sessions and the session's user: Django's database sessions and ModelBackend,
+and a forged cookie that is no session on every database."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ from datetime import timedelta
 import pytest
 from django.conf import global_settings
 from django.contrib.auth import SESSION_KEY
+from django.contrib.auth.backends import ModelBackend
+from django.contrib.sessions.backends.db import SessionStore
 from django.contrib.sessions.models import Session
 from django.test import Client
 from django.utils import timezone
-
-from pippa_site.auth import SessionStore, UserBackend
 
 
 def _home(client):
@@ -76,11 +77,13 @@ def test_a_forged_session_cookie_is_anonymous_not_an_error(client, user, cookie)
 
 
 @pytest.mark.django_db
-def test_a_session_naming_a_missing_or_malformed_user_is_anonymous(user):
-    backend = UserBackend()
+def test_a_session_naming_a_missing_user_is_anonymous(client, user):
+    backend = ModelBackend()
     assert backend.get_user(user.pk) == user
     assert backend.get_user(user.pk + 1000) is None
-    assert backend.get_user("not-a-number") is None
+    client.force_login(user)
+    user.delete()
+    assert _home(client).status_code == 302
 
 
 @pytest.mark.django_db

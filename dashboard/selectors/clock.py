@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection
+from django.db.models import Max, Min
 from django.utils import timezone
 
-from pippa_site.hotsql import value_from_db
 from tasks.models import (
     Event,
     Step,
@@ -57,42 +56,25 @@ class TaskClock:
 # (tasks_event_task_kind) and sorted here: ordered by seq, SQLite would walk
 # every event of the task in seq order (100,000 of them: 15 ms). The span's
 # row is the one without a seq.
-CLOCK_SQL = """
-WITH span AS (
-    SELECT MIN(started_at) AS first, MAX(finished_at) AS last
-    FROM tasks_step WHERE task_id = %(task)s AND position > %(low)s
-)
-SELECT NULL, NULL, first, last FROM span
-UNION ALL
-SELECT e.seq, e.kind, e.created_at, NULL FROM tasks_event e, span
-WHERE e.task_id = %(task)s AND e.kind IN (%(paused)s, %(queued)s)
-    AND e.created_at >= span.first
-"""
-
-
 def task_clock(*, task: Task) -> TaskClock:
     """Return the task's span: from its own first call (a branch's kept steps
     ran in its parent's time) to its end (or now, while it runs), and the
-    time it spent paused within it. One statement (``CLOCK_SQL``)."""
+    time it spent paused within it. Two queries: the span, then the pause
+    and resume marks within it."""
     branched = task.branched_from_id and task.branched_at
-    with connection.cursor() as cursor:
-        cursor.execute(
-            CLOCK_SQL,
-            {
-                "task": task.pk,
-                "low": task.branched_at if branched else -1,
-                "paused": Event.Kind.TASK_PAUSED.value,
-                "queued": Event.Kind.TASK_QUEUED.value,
-            },
-        )
-        rows = cursor.fetchall()
+    span = Step.objects.filter(
+        task=task, position__gt=task.branched_at if branched else -1
+    ).aggregate(first=Min("started_at"), last=Max("finished_at"))
+    first, last = span["first"], span["last"]
     marks = []
-    for seq, kind, at, last in rows:
-        if seq is None:  # the span's row: its steps' times
-            first = value_from_db(Step, "started_at", at)
-            last = value_from_db(Step, "finished_at", last)
-        else:  # a mark: its event's time
-            marks.append((seq, kind, value_from_db(Event, "created_at", at)))
+    if first is not None:
+        marks = list(
+            Event.objects.filter(
+                task=task,
+                kind__in=[Event.Kind.TASK_PAUSED, Event.Kind.TASK_QUEUED],
+                created_at__gte=first,
+            ).values_list("seq", "kind", "created_at")
+        )
     clock = TaskClock(started_at=first)
     if clock.started_at is None:
         return clock
