@@ -12,11 +12,3 @@ class DashboardConfig(AppConfig):
 
     name = "dashboard"
     verbose_name = "Dashboard"
-
-    def ready(self) -> None:
-        from django.core.signals import setting_changed
-
-        from dashboard.rowcache import clear
-
-        # A changed setting (a test's) may change a kept row's markup.
-        setting_changed.connect(clear, dispatch_uid="dashboard.rowcache.clear")

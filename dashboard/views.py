@@ -47,7 +47,6 @@ from dashboard.selectors.outputs import saved_output
 from dashboard.selectors.timeline import (
     STEPS_PER_PAGE,
     current_step_page,
-    rows_complete,
     step_get_for_user,
     step_in_flight,
     task_poll_state_for_user,
@@ -335,8 +334,6 @@ def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpRe
         if task.status == Task.Status.DONE:
             # Result first: the last output the finished task made, drawn large.
             final = next((row for row in reversed(rows) if row.step.output_id), None)
-            if final is not None:
-                rows_complete([final])  # its preview, read alone
             context["final"] = final
         if not context["decisions"]:
             context["next_decision"] = next_decision_for_user(

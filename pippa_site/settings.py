@@ -273,18 +273,8 @@ TIME_ZONE = env_str("TIME_ZONE", "UTC")
 USE_I18N = False
 USE_TZ = True
 
-# Per process, in memory. "rows": task pages' settled step rows, drawn once
-# (dashboard/rowcache.py); a row is 1-3 KB, so the default bound is about
-# 10 MB per web process, least recently used rows going first.
-CACHES = {
-    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-    "rows": {
-        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
-        "LOCATION": "pippa-rows",
-        "TIMEOUT": None,
-        "OPTIONS": {"MAX_ENTRIES": env_int("PIPPA_ROW_CACHE_ROWS", 5000)},
-    },
-}
+# Per process, in memory.
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "staticfiles"

@@ -9,21 +9,15 @@ megabytes for no reader.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
-from operator import attrgetter
 from typing import Any
 
 from django.core.paginator import Page, Paginator
-from django.db import connection
 from django.db.models import (
-    OuterRef,
     Q,
-    Subquery,
 )
 from django.http import Http404
 from django.utils import timezone
 
-from artifacts.models import Artifact
 from artifacts.preview import preview_status
 from artifacts.store import default_store
 from dashboard.selectors.clock import TaskClock, milliseconds, task_clock
@@ -39,7 +33,6 @@ from dashboard.selectors.outputs import (
 from pippa_site.owners import sees_every_row
 from tasks.actions import ATTENTION_STEPS, Choice, step_decision
 from tasks.models import (
-    Conversation,
     Event,
     Step,
     Task,
@@ -64,22 +57,14 @@ def task_poll_state_for_user(*, user, task_id: int) -> tuple[int, bool]:
     appends an event, except a worker that stops answering (its lease runs out
     without a word), which the lease's state tells. One indexed row.
     """
-    q = connection.ops.quote_name
-    everyone = sees_every_row(user, staff=True)
-    sql = (
-        "SELECT t.last_seq, t.lease_owner <> '' AND t.lease_expires_at >= %s"
-        f" FROM {q(Task._meta.db_table)} t"
-        f" JOIN {q(Conversation._meta.db_table)} c ON c.id = t.conversation_id"
-        " WHERE t.id = %s" + ("" if everyone else " AND c.owner_id = %s")
-    )
-    now = connection.ops.adapt_datetimefield_value(timezone.now())
-    params = [now, int(task_id)] + ([] if everyone else [user.pk])
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
+    tasks = Task.objects.filter(pk=task_id)
+    if not sees_every_row(user, staff=True):
+        tasks = tasks.filter(conversation__owner=user)
+    row = tasks.values_list("last_seq", "lease_owner", "lease_expires_at").first()
     if row is None:
         raise Http404("No Task matches the given query.")
-    return row[0], bool(row[1])
+    last_seq, holder, expires = row
+    return last_seq, bool(holder) and expires is not None and expires >= timezone.now()
 
 
 def step_in_flight(*, task: Task, rows: list[StepRow] = ()) -> Step | None:
@@ -158,24 +143,12 @@ class StepNote:
     actor: str = ""
 
 
-# What a row shows that is read from beyond its step's own row: its output's
-# preview (a file's first bytes) and its attempts and notes (the step's
-# events). A row that may be kept (``may_keep``) gets them only when it is
-# drawn (``rows_complete``); one the rows cache serves never reads them.
-LATER = frozenset({"preview", "excerpt", "excerpt_truncated", "attempts", "notes"})
-
-
 @dataclass(eq=False)
 class StepRow:
-    """One timeline row: the step and what the page shows of its output.
-
-    ``preview`` ("", "image", "render", "no-preview", "excerpt", "binary",
-    "missing"), ``excerpt``, ``excerpt_truncated``, ``attempts`` and
-    ``notes`` (the ``LATER`` names) are read by ``rows_complete``: a row
-    that may be kept gets them when something first asks (its list's
-    ``_Later``), so a row the rows cache serves never reads its file or its
-    events.
-    """
+    """One timeline row: the step, its attempts and notes (folded from its
+    events), and what the page shows of its output: ``preview`` ("",
+    "image", "render", "no-preview", "excerpt", "binary", "missing") and
+    ``excerpt``."""
 
     step: Step
     advice: Any = None  # tasks.resume.ResumeAdvice
@@ -184,19 +157,11 @@ class StepRow:
     choices: list[Choice] = field(default_factory=list)
     plain_words: str = ""  # what resume will do, in Dad's words
     routes: dict | None = None  # artifact_routes(), once for the list
-    # The rows of its list not read yet; None once this one is.
-    later: _Later | None = None
-    # Whether the output's file is there (a text output of a row that may
-    # be kept, whose excerpt is not read yet; else None).
-    on_disk: bool | None = None
-
-    def __getattr__(self, name: str):
-        # Only for a name the row does not hold yet: a LATER one, read then.
-        later = self.__dict__.get("later")
-        if name in LATER and later is not None:
-            later.complete()
-            return self.__dict__[name]
-        raise AttributeError(name)
+    preview: str = ""
+    excerpt: str = ""
+    excerpt_truncated: bool = False
+    attempts: list[Attempt] = field(default_factory=list)
+    notes: list[StepNote] = field(default_factory=list)
 
     @property
     def needs_attention(self) -> bool:
@@ -221,81 +186,14 @@ class StepRow:
 
     @property
     def shows_attempts(self) -> bool:
-        """Whether the row unfolds its attempts and notes, each with its time
-        in words relative to now ("5 min ago"): such a row is never kept in
-        the rows cache (``dashboard.rowcache``)."""
+        """Whether the row unfolds its attempts and notes (more than one, one
+        that did not finish, or something a person did)."""
         return len(self.attempts) > 1 or bool(self.failed_attempts or self.notes)
-
-    def sources(self) -> tuple:
-        """Everything the row is made from besides the page and the code:
-        every column of its step and of its output, the step's last event
-        (events are appended, never changed), and whether the output's file
-        is there. The rows cache's key (``dashboard.rowcache``)."""
-        step = self.step
-        output = step.output
-        return (
-            _columns(Step)(step),
-            step.last_event,
-            None if output is None else _columns(Artifact)(output),
-            self.on_disk,
-        )
-
-
-@cache
-def _columns(model):
-    """A function of a ``model`` instance giving every concrete column's value."""
-    return attrgetter(*(f.attname for f in model._meta.concrete_fields))
-
-
-class _Later:
-    """The rows of one read that may be kept, not read yet: read at once
-    (one query for their events, one pass over their files) when any of
-    them is asked for a ``LATER`` name."""
-
-    def __init__(self, clock: TaskClock, rows: list[StepRow]):
-        self.clock = clock
-        self.rows = rows
-
-    def complete(self, rows: list[StepRow] | None = None) -> None:
-        todo = [r for r in (self.rows if rows is None else rows) if r.later is self]
-        if todo:
-            _read_later(todo, self.clock)
-        if rows is None:
-            self.rows = []
-
-
-def may_keep(step: Step) -> bool:
-    """Whether a step's row may be kept, by its columns alone (``SETTLED_Q``
-    in Python): a finished step's (done or skipped), and a pending step's
-    that was never tried (a task's later steps, most of a running task's
-    page); not a running or waiting step's ("started 9 s ago", "next attempt
-    in 20 s"). ``dashboard.rowcache.settled`` asks the rest (it unfolds no
-    attempts or notes) once the row is read."""
-    if step.status in Step.Status.finished():
-        return True
-    return (
-        step.status == Step.Status.PENDING
-        and not step.attempts
-        and step.next_attempt_at is None
-    )
-
-
-def rows_complete(rows: list[StepRow]) -> None:
-    """Read the ``LATER`` names of those of ``rows`` not read yet, at once."""
-    by_later: dict[int, tuple[_Later, list[StepRow]]] = {}
-    for row in rows:
-        later = row.__dict__.get("later")
-        if later is not None:
-            by_later.setdefault(id(later), (later, []))[1].append(row)
-    for later, todo in by_later.values():
-        later.complete(todo)
 
 
 def _fill(row: StepRow, heads: dict) -> None:
     """Set what ``row`` shows of its output (``heads``: its list's text
-    outputs' first bytes, read at once), and no attempts or notes yet."""
-    row.preview, row.excerpt, row.excerpt_truncated = "", "", False
-    row.attempts, row.notes = [], []
+    outputs' first bytes, read at once)."""
     artifact = row.step.output
     if artifact is None:
         return
@@ -309,7 +207,6 @@ def _fill(row: StepRow, heads: dict) -> None:
             row.excerpt = str(state.get("reason") or "")
     if row.preview == "excerpt":
         row.excerpt, row.excerpt_truncated, missing = output_excerpt(artifact, heads)
-        row.on_disk = not missing  # as read now (a stat may have said otherwise)
         if missing:
             row.preview = "missing"
 
@@ -356,24 +253,13 @@ SETTLED_Q = Q(status__in=Step.Status.finished()) | Q(
     status=Step.Status.PENDING, attempts=0, next_attempt_at__isnull=True
 )
 
-# Each step's last event (index tasks_event_step_seq): part of a row's
-# sources, since its attempts and notes are folded from its events.
-LAST_EVENT = Subquery(
-    Event.objects.filter(step=OuterRef("pk")).order_by("-seq").values("seq")[:1]
-)
-
 
 def task_timeline(
     *, task: Task, page: str | int | None = None
 ) -> tuple[Page, list[StepRow], TaskClock]:
     """Return one page of the task's steps, with previews and resume advice,
     and the task's clock with every attempt's bar placed on it."""
-    steps = (
-        Step.objects.filter(task=task)
-        .select_related("output")
-        .annotate(last_event=LAST_EVENT)
-        .order_by("position")
-    )
+    steps = Step.objects.filter(task=task).select_related("output").order_by("position")
     paginator = Paginator(steps, STEPS_PER_PAGE)
     step_page = paginator.get_page(page or current_step_page(task=task))
     clock = task_clock(task=task)
@@ -402,7 +288,6 @@ def task_timeline_changes(
         )
         .filter(Q(pk__in=touched) | ~SETTLED_Q)
         .select_related("output")
-        .annotate(last_event=LAST_EVENT)
         .order_by("position")
     )
     clock = task_clock(task=task)
@@ -410,38 +295,13 @@ def task_timeline_changes(
 
 
 def _rows(steps, task: Task, clock: TaskClock) -> list[StepRow]:
-    """The rows of ``steps``: read whole, except those that may be kept,
-    whose ``LATER`` names wait until they are drawn (``rows_complete``)."""
+    """The rows of ``steps``: their text outputs' first bytes in one pass,
+    their events in one query, their bars, and resume advice."""
     routes = artifact_routes()
-    rows, kept = [], []
+    rows = []
     for step in steps:
         step.task = task  # the page already holds it; resume advice reads it
-        row = StepRow(step=step, routes=routes)
-        rows.append(row)
-        if may_keep(step):
-            kept.append(row)
-    if kept:
-        later = _Later(clock, kept)
-        texts = {}
-        for row in kept:
-            row.later = later
-            output = row.step.output
-            if output is not None and preview_kind(output) == "excerpt":
-                texts[row] = output.sha256
-        # Whether each text output's file is there: a stat each, no read.
-        there = default_store().states(texts.values(), verify=False)
-        for row, sha in texts.items():
-            row.on_disk = sha in there
-    _read_later([row for row in rows if row.later is None], clock)
-    _advise(rows, task)
-    return rows
-
-
-def _read_later(rows: list[StepRow], clock: TaskClock) -> None:
-    """Read the ``LATER`` names of ``rows``: their text outputs' first
-    bytes in one pass, their events in one query, their bars."""
-    if not rows:
-        return
+        rows.append(StepRow(step=step, routes=routes))
     heads = default_store().heads(
         [
             row.step.output.sha256
@@ -453,9 +313,10 @@ def _read_later(rows: list[StepRow], clock: TaskClock) -> None:
     )
     for row in rows:
         _fill(row, heads)
-        row.later = None
     _attempts(rows)
     _place_bars(clock, rows)
+    _advise(rows, task)
+    return rows
 
 
 # Step events that tell the story of its attempts (index tasks_event_step_seq).
