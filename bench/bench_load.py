@@ -23,8 +23,12 @@ and every viewer request takes from them (the 0.8x target; a 200-step task
 lives a quarter of a second, so the viewers mostly open pages), and a paced
 tool that waits ``PACED_SECONDS`` a step, as a step waiting on a brain does,
 so the viewers poll tasks that are live for seconds (diagnostic rows).
-Then the slow clients: ``/login/`` and a task page, idle and with 50 sockets
-held open by clients that trickle headers or bodies (target: within 2x idle).
+
+Then what a user meets (``_user_level``), each figure taken while the paced
+run's 20 viewers poll: the task page's and the timeline poll's p95, the
+conversation list of 1,000 conversations, ``/login/`` with 200 slow or idle
+sockets open against ``/login/`` without them, and the web process's memory
+with 200 unfinished form bodies held by clients that never logged in.
 Bounded: fixed windows, a fixed number of threads, loopback only.
 """
 
@@ -42,6 +46,8 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -59,7 +65,8 @@ from tasks.models import Conversation, Step, Task
 from tasks.plan import task_create
 
 VIEWERS = 20
-SLOW_SOCKETS = 50
+# The user-level rows' crowd: 200 sockets held open, or 200 bodies held unfinished.
+HELD = 200
 POLL_SECONDS = 2.0
 HX_GET = re.compile(rb'id="live"[^>]*?hx-get="([^"]+)"')
 EVENTS = re.compile(rb'<section id="events"')
@@ -240,100 +247,10 @@ def run(report: Report) -> None:
         # PACED_SECONDS, so a task lives for seconds and the viewers poll it
         # live, the way Dad watches one.
         _load(report, env, tool="bench.paced", tasks=20 if report.quick else 60)
-        _slow_sockets(report, env)
+        # What a user meets, under the paced run's 20 viewers.
+        _user_level(report, env, tasks=20 if report.quick else 60)
     finally:
         shutil.rmtree(settings.STATIC_ROOT, ignore_errors=True)
-
-
-def _median_ms(port: int, path: str, cookie: str, n: int) -> float:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    times = []
-    for _ in range(n):
-        started = time.perf_counter()
-        conn.request("GET", path, headers={"Cookie": cookie})
-        response = conn.getresponse()
-        response.read()
-        if response.status != 200:
-            raise RuntimeError(f"{path} answered {response.status}")
-        times.append(time.perf_counter() - started)
-        time.sleep(0.05)
-    conn.close()
-    return statistics.median(times) * 1000
-
-
-def _slow_sockets(report: Report, env: dict) -> None:
-    """/login/ and a task page, idle and with SLOW_SOCKETS slow clients held open.
-
-    The slow clients: a third send headers that never end, a third a form body
-    that never ends, a third an MCP call (a valid token) whose body never ends;
-    each sends a byte now and then. A server with a thread per connection is
-    out of threads long before 50 of these.
-    """
-    user = get_user_model().objects.create_user(username=f"bench-slow-{time.time_ns()}")
-    conversation = Conversation.objects.create(owner=user, title="Slow sockets")
-    task = task_create(
-        conversation=conversation,
-        title="A task page",
-        steps=[
-            {"title": f"s{i}", "tool": "bench.payload", "args": {}} for i in range(50)
-        ],
-    )
-    client = Client()
-    client.force_login(user)
-    cookie = f"sessionid={client.cookies['sessionid'].value}"
-    token = token_create(user=user, name="bench slow").raw
-    n = 10 if report.quick else 30
-    with gunicorn(env) as port:
-        pages = {"/login/": "login page", f"/tasks/{task.pk}/": "task page"}
-        for path in pages:
-            _median_ms(port, path, cookie, 3)  # warm
-        idle = {path: _median_ms(port, path, cookie, n) for path in pages}
-        heads = [
-            b"GET /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ",
-            b"POST /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Content-Type: application/x-www-form-urlencoded\r\n"
-            b"Content-Length: 100000\r\n\r\nusername=",
-            b"POST /mcp/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            + f"Authorization: Bearer {token}\r\n".encode()
-            + b"Content-Type: application/json\r\n"
-            b"Accept: application/json, text/event-stream\r\n"
-            b"Content-Length: 100000\r\n\r\n{",
-        ]
-        held = []
-        stop = threading.Event()
-        try:
-            for i in range(SLOW_SOCKETS):
-                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-                sock.sendall(heads[i % len(heads)])
-                held.append(sock)
-
-            def trickle() -> None:
-                while not stop.wait(1.0):
-                    for sock in held:
-                        try:
-                            sock.sendall(b"a")
-                        except OSError:
-                            pass
-
-            trickler = threading.Thread(target=trickle, daemon=True)
-            trickler.start()
-            slow = {path: _median_ms(port, path, cookie, n) for path in pages}
-        finally:
-            stop.set()
-            for sock in held:
-                sock.close()
-    for path, label in pages.items():
-        report.add(
-            group="load",
-            figure=f"{label} latency, median of {n}, with {SLOW_SOCKETS} slow "
-            "clients held open (trickled headers, form bodies, MCP bodies)",
-            value=slow[path],
-            baseline_name="the same, idle",
-            baseline=idle[path],
-            unit="ms",
-            higher_is_better=False,
-            target="<= 2 x baseline",
-        )
 
 
 def _load(report: Report, env: dict, *, tool: str, tasks: int) -> None:
@@ -470,20 +387,281 @@ def _load(report: Report, env: dict, *, tool: str, tasks: int) -> None:
         higher_is_better=False,
         target="diagnostic",
     )
-    static_ms = statistics.median(seen.static) * 1000 if seen.static else 0.0
-    for label, values in (
-        ("task page", seen.pages),
-        ("timeline poll", seen.polls),
-    ):
-        for q in (0.5, 0.95):
-            report.add(
-                group="load",
-                figure=f"{label} latency p{int(q * 100)} under load "
-                f"({kind}{len(values)} requests)",
-                value=_pct(values, q),
-                baseline_name="static file (whitenoise), same server, median",
-                baseline=static_ms,
-                unit="ms",
-                higher_is_better=False,
-                target="reported",
+
+
+class Prober:
+    """GET ``path`` on a fresh connection every ``period`` seconds, in a thread,
+    keeping each answer's time while ``phase`` says where to keep it."""
+
+    def __init__(self, port: int, path: str, cookie: str = "", period: float = 0.25):
+        self.port, self.path, self.cookie, self.period = port, path, cookie, period
+        self.phase = "warm"
+        self.times: dict[str, list[float]] = {}
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        headers = {"Cookie": self.cookie} if self.cookie else {}
+        while not self.stop.wait(self.period):
+            phase = self.phase
+            started = time.perf_counter()
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+                conn.request("GET", self.path, headers=headers)
+                response = conn.getresponse()
+                response.read()
+                conn.close()
+                if response.status != 200:
+                    raise OSError(f"{self.path} answered {response.status}")
+            except (OSError, http.client.HTTPException) as exc:
+                self.errors.append(f"{phase}: {exc}")
+                continue
+            self.times.setdefault(phase, []).append(time.perf_counter() - started)
+
+    def start(self) -> Prober:
+        self.thread.start()
+        return self
+
+    def join(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=35)
+
+
+def _rss_kib(pid: int) -> int:
+    """Resident memory of gunicorn's master and its workers, in KiB."""
+    total = 0
+    for each in [pid, *_children(pid)]:
+        try:
+            status = Path(f"/proc/{each}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1])
+    return total
+
+
+def _slow_heads(token: str) -> list[bytes]:
+    """What the slow clients send first: nothing (idle), headers that never end,
+    a form body that never ends, an MCP call whose body never ends."""
+    return [
+        b"",
+        b"GET /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ",
+        b"POST /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/x-www-form-urlencoded\r\n"
+        b"Content-Length: 100000\r\n\r\nusername=",
+        b"POST /mcp/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        + f"Authorization: Bearer {token}\r\n".encode()
+        + b"Content-Type: application/json\r\n"
+        b"Accept: application/json, text/event-stream\r\n"
+        b"Content-Length: 100000\r\n\r\n{",
+    ]
+
+
+def _held_body(port: int) -> socket.socket:
+    """A form POST to /login/, without logging in, all but its last bytes sent."""
+    declared = 2_600_000
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(
+        b"POST /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/x-www-form-urlencoded\r\n"
+        + f"Content-Length: {declared}\r\n\r\n".encode()
+        + b"a="
+        + b"x" * (declared - 102)
+    )
+    return sock
+
+
+def _user_level(report: Report, env: dict, *, tasks: int) -> None:
+    """What a user meets while the paced run's 20 viewers poll live tasks.
+
+    One server, two workers stepping paced tasks, the viewers on throughout.
+    Meanwhile: the conversation list of a user with 1,000 conversations is
+    asked for every half second; /login/ every quarter second, first alone,
+    then with HELD slow or idle sockets open (a quarter each: idle, trickled
+    headers, trickled form bodies, trickled MCP bodies); last, the web
+    process's memory before and with HELD form bodies held unfinished by
+    clients that never logged in.
+    """
+    from bench.bench_dashboard import _conversations
+
+    window = 6.0 if report.quick else 12.0
+    user = get_user_model().objects.create_user(username=f"bench-user-{time.time_ns()}")
+    conversation = Conversation.objects.create(owner=user, title="User level")
+    pool = [
+        task_create(
+            conversation=conversation,
+            title=f"paced {n}",
+            steps=[
+                {"title": f"s{i}", "tool": "bench.paced", "args": {}}
+                for i in range(200)
+            ],
+        ).pk
+        for n in range(tasks)
+    ]
+    lister = get_user_model().objects.create_user(
+        username=f"bench-list-{time.time_ns()}"
+    )
+    _conversations(lister, 1_000)
+    cookies = {}
+    for who in (user, lister):
+        client = Client()
+        client.force_login(who)
+        cookies[who.pk] = f"sessionid={client.cookies['sessionid'].value}"
+    token = token_create(user=user, name="bench user level").raw
+
+    with gunicorn(env) as port:
+        master = _server_pids()[0]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("GET", "/login/")
+        static_path = STATIC.search(conn.getresponse().read()).group(1).decode()
+        conn.close()
+        workers = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "manage.py",
+                    "pippa_worker",
+                    "-v",
+                    "0",
+                    "--poll",
+                    "0.1",
+                    "--worker-id",
+                    f"bench:user:{n}",
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
+            for n in range(2)
+        ]
+        running: list[int] = []
+        stop = threading.Event()
+
+        def refresh() -> None:
+            while not stop.wait(0.5):
+                running[:] = list(
+                    Task.objects.filter(
+                        pk__in=pool, status=Task.Status.RUNNING
+                    ).values_list("pk", flat=True)
+                )
+
+        refresher = threading.Thread(target=refresh, daemon=True)
+        viewers = Viewers(port, cookies[user.pk], running)
+        login = Prober(port, "/login/")
+        listing = Prober(port, "/", cookies[lister.pk], period=0.5)
+        held: list[socket.socket] = []
+        try:
+            Task.objects.filter(pk__in=pool).update(status=Task.Status.QUEUED)
+            refresher.start()
+            time.sleep(2.0)  # both workers up and stepping
+            viewers.start(static_path)
+            login.start()
+            listing.start()
+            time.sleep(POLL_SECONDS)  # every tab open
+            login.phase = listing.phase = "viewers"
+            time.sleep(window)
+
+            heads = _slow_heads(token)
+            for n in range(HELD):
+                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+                if heads[n % len(heads)]:
+                    sock.sendall(heads[n % len(heads)])
+                held.append(sock)
+
+            def trickle() -> None:
+                while not stop.wait(1.0):
+                    for n, sock in enumerate(held):
+                        if n % len(heads):
+                            try:
+                                sock.sendall(b"a")
+                            except OSError:
+                                pass
+
+            threading.Thread(target=trickle, daemon=True).start()
+            login.phase = listing.phase = "slow sockets"
+            time.sleep(min(window, 8.0))  # within the head deadline (10 s)
+            login.phase = listing.phase = "after"
+            for sock in held:
+                sock.close()
+            held = []
+
+            time.sleep(2.0)
+            idle_rss = _rss_kib(master)
+            login.phase = listing.phase = "held bodies"
+            with ThreadPoolExecutor(20) as senders:
+                held = list(senders.map(lambda _: _held_body(port), range(HELD)))
+            time.sleep(2.0)
+            held_rss = _rss_kib(master)
+        finally:
+            stop.set()
+            for sock in held:
+                sock.close()
+            for each in (login, listing):
+                each.join()
+            viewers.join()
+            for proc in workers:
+                proc.terminate()
+            for proc in workers:
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            refresher.join(timeout=5)
+            Task.objects.filter(pk__in=pool).update(status=Task.Status.PAUSED)
+
+    crowd = f"under {VIEWERS} viewers polling paced tasks"
+    within = partial(
+        report.add,
+        group="user",
+        baseline_name="target",
+        unit="ms",
+        higher_is_better=False,
+        target="<= 1.0 x baseline",
+    )
+    within(
+        figure=f"task page p95, {crowd} ({len(viewers.pages)} opens, "
+        f"{len(viewers.errors)} errors)",
+        value=_pct(viewers.pages, 0.95),
+        baseline=100,
+    )
+    within(
+        figure=f"timeline poll p95, {crowd} ({len(viewers.polls)} polls)",
+        value=_pct(viewers.polls, 0.95),
+        baseline=50,
+    )
+    lists = [
+        t for phase, times in listing.times.items() if phase != "warm" for t in times
+    ]
+    within(
+        figure=f"conversation list of 1,000 p95, {crowd} ({len(lists)} requests, "
+        f"{len(listing.errors)} errors)",
+        value=_pct(lists, 0.95),
+        baseline=100,
+    )
+    slow = login.times.get("slow sockets", [])
+    idle = login.times.get("viewers", [])
+    report.add(
+        group="user",
+        figure=f"/login/ p95 with {HELD} slow or idle sockets open, {crowd} "
+        f"({len(slow)} requests, {len(login.errors)} errors)",
+        value=_pct(slow, 0.95),
+        baseline_name=f"/login/ p95 without them ({len(idle)} requests)",
+        baseline=_pct(idle, 0.95),
+        unit="ms",
+        higher_is_better=False,
+        target="<= 2.0 x baseline",
+    )
+    report.add(
+        group="user",
+        figure=f"web process memory with {HELD} form bodies of 2.5 MB held "
+        f"unfinished before login, {crowd}",
+        value=held_rss / 1024,
+        baseline_name="the same process just before",
+        baseline=idle_rss / 1024,
+        unit="MiB",
+        higher_is_better=False,
+        target="<= 1.5 x baseline",
+    )

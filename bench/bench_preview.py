@@ -22,7 +22,6 @@ from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.http import HttpResponse
 from django.test import Client
 from django.test.utils import override_settings
 from django.urls import include, path
@@ -44,13 +43,7 @@ from tasks.models import Conversation
 STATIC_DIR = Path(tempfile.mkdtemp(prefix="bench-static-"))
 
 
-def trivial(request):
-    # Pays for the session and user lookups, like the preview view.
-    return HttpResponse("ok" if request.user.is_authenticated else "anonymous")
-
-
 urlpatterns = [
-    path("bench-trivial/", trivial),
     path("bench-static/<path:path>", serve, {"document_root": str(STATIC_DIR)}),
     path("", include("pippa_site.urls")),
 ]
@@ -148,17 +141,6 @@ def _bench_serve(report: Report, repeat: int) -> None:
         unit="ms",
         higher_is_better=False,
         target="(in-process; static needs no login)",
-    )
-    trivial_ms = median_ms(lambda: client.get("/bench-trivial/"), repeat)
-    report.add(
-        group="preview",
-        figure="GET cached preview PNG (owner check + blob)",
-        value=medians["preview"],
-        baseline_name="trivial logged-in view",
-        baseline=trivial_ms,
-        unit="ms",
-        higher_is_better=False,
-        target="< 3x baseline",
     )
     etag = f'"{widget.meta["preview"]["sha256"]}"'
     revalidate = median_ms(

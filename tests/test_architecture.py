@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -32,9 +33,8 @@ def test_every_import_points_down_and_no_app_imports_in_a_circle():
 
 
 # What may make markup safe outside the templates: the admin's small columns
-# and template tags (a link, a badge), and the rows cache, which only joins what
-# the partials drew and marks its stand-ins. Nothing else draws page markup.
-SAFE_MARKUP_ALLOWED = {"dashboard/rowcache.py"}
+# and template tags (a link, a badge). Nothing else draws page markup.
+SAFE_MARKUP_ALLOWED: set[str] = set()
 SAFE_MARKUP_NAMES = {"format_html", "format_html_join", "mark_safe", "SafeString"}
 # Every package of the site: the top-level ones but the tests and the bench
 # (whose SVG strings are artifacts' data, not pages).
@@ -77,3 +77,27 @@ def test_no_python_module_draws_page_markup_outside_admin_columns_and_tags():
                 drawn[rel] = sorted(names)
 
     assert drawn == {}, "markup belongs in templates/: " + repr(drawn)
+
+
+# Django's internals the site once reached into, to save microseconds: the
+# connection's query log and error wrapper, its driver connection's own
+# cursor, its instance dict, the session store's private read. The site uses Django's own cursor,
+# ORM and sessions instead (docs/serving-and-bench.md).
+DJANGO_INTERNALS = re.compile(
+    r"queries_log|queries_logged|wrap_database_errors|_get_session_from_db"
+    r"|(?:connection|connections\[[^]]*\]|db)\.(?:__dict__|connection\.)"
+)
+
+
+def test_no_module_of_the_site_reaches_into_djangos_internals():
+    found = []
+    for package in sorted(REPO.iterdir()):
+        if not (package / "__init__.py").exists() or package.name in NOT_THE_SITE:
+            continue
+        for path in sorted(package.rglob("*.py")):
+            if "migrations" in path.parts:
+                continue
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if DJANGO_INTERNALS.search(line):
+                    found.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
+    assert found == []
