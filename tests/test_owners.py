@@ -146,7 +146,7 @@ def test_a_task_comes_with_its_conversation_and_a_stranger_cannot_tell_it_exists
 ):
     alice, bob, _ = world
     task = Task.objects.filter(conversation__owner=bob).first()
-    with django_assert_num_queries(2):  # two one-statement reads
+    with django_assert_num_queries(1):  # the task with its conversation
         got = task_get_for_user(user=bob, task_id=task.pk)
         assert got.conversation.owner_id == bob.pk
     with pytest.raises(Http404) as theirs:
