@@ -593,7 +593,7 @@ def _user_level(report: Report, env: dict, *, tasks: int) -> None:
             login.phase = listing.phase = "held bodies"
             with ThreadPoolExecutor(20) as senders:
                 held = list(senders.map(lambda _: _held_body(port), range(HELD)))
-            time.sleep(2.0)
+            time.sleep(5.0)  # the server takes in what they sent
             held_rss = _rss_kib(master)
         finally:
             stop.set()
