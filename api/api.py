@@ -10,6 +10,8 @@ service's typed refusal adds its ``code``).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from typing import Annotated, Any, Literal
 
@@ -50,21 +52,37 @@ from tasks.documents import (
     conversation_document,
     conversation_get_for_user,
     conversation_payload,
+    step_complete_document,
     step_run_document,
     task_document,
     task_get_for_user,
     task_payload,
 )
-from tasks.models import Brain, Conversation
-from tasks.resume import resume_context
+from tasks.models import Brain, Conversation, Step
+from tasks.resume_document import (
+    MAX_CHARS,
+    MAX_PAGE_STEPS,
+    MIN_CHARS,
+    PAGE_STEPS,
+    note_document,
+    resume_document,
+    steps_read,
+)
+from tasks.services import NOTE_MAX_CHARS, task_note_write
 from tasks.shapes import (
     ArtifactClassValue,
     ArtifactOut,
     ConversationOut,
+    MediaType,
+    ResumeNoteOut,
+    ResumeOut,
+    StepCompleteOut,
     StepCount,
+    StepPageOut,
     StepRunOut,
     TaskOut,
     Title,
+    TitleOrEmpty,
     ToolName,
 )
 from tasks.usage import (
@@ -81,6 +99,7 @@ ERR_UPLOAD_CUT = "the upload was cut off before its end; nothing was stored"
 ERR_EMPTY_UPLOAD = "the upload is empty: send the artifact's bytes as the request body"
 ERR_BLOB_MISSING = "artifact {id} has lost its payload (the blob is missing)"
 ERR_INVALID = "invalid request: {reasons}"
+ERR_BASE64 = "content is not valid base64 (encoding=base64)"
 
 BrainName = Literal[tuple(Brain.values)]  # type: ignore[valid-type]
 
@@ -306,6 +325,41 @@ class BrainTurnIn(InSchema):
     )
 
 
+StepStatusName = Literal[tuple(Step.Status.values)]  # type: ignore[valid-type]
+
+
+class StepCompleteIn(WorkerIn):
+    """What an agent made for a step itself: its output, as text or base64."""
+
+    content: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=2 * actions.MAX_OUTPUT_BYTES,
+            description="The step's output: text, or base64 with encoding=base64"
+            f" (at most {actions.MAX_OUTPUT_BYTES} bytes).",
+        ),
+    ]
+    encoding: Literal["text", "base64"] = "text"
+    media_type: MediaType = "text/plain"
+    title: TitleOrEmpty = ""
+    source_refs: Annotated[list[int], Field(max_length=MAX_SOURCES)] = Field(
+        default_factory=list,
+        description="Artifacts the output was made from (lineage).",
+    )
+
+
+class NoteIn(InSchema):
+    text: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=NOTE_MAX_CHARS,
+            description="What the brain must remember between turns: refs, not payloads.",
+        ),
+    ]
+
+
 def _steps_in(steps: list) -> list[dict]:
     return [s.model_dump(exclude_none=True) for s in steps]
 
@@ -401,9 +455,86 @@ def task_brain_turn(request: HttpRequest, task_id: int, payload: BrainTurnIn):
     return Status(201, task_token_usage(task=task).as_data())
 
 
-@tasks.get("/{task_id}/resume-context", response={200: dict[str, Any], **NOT_FOUND})
-def task_resume_context(request: HttpRequest, task_id: int):
-    return resume_context(task_get_for_user(user=request.user, task_id=task_id))
+# by_alias: the document's "schema" key (a field of another name in ResumeOut).
+@tasks.get(
+    "/{task_id}/resume-context", response={200: ResumeOut, **BAD}, by_alias=True
+)
+def task_resume_context(
+    request: HttpRequest,
+    task_id: int,
+    max_chars: Annotated[int, Query(ge=MIN_CHARS, le=MAX_CHARS)] = MAX_CHARS,
+):
+    """The bounded resume document (``pippa.resume/3``) a brain reads before each turn.
+
+    ``max_chars`` asks for a smaller one (a brain with a small context): its
+    size rules shorten fields until it fits; it is never cut.
+    """
+    task = task_get_for_user(user=request.user, task_id=task_id)
+    return resume_document(task, max_chars=max_chars)
+
+
+@tasks.get("/{task_id}/steps", response={200: StepPageOut, **BAD})
+def task_steps_read(
+    request: HttpRequest,
+    task_id: int,
+    from_position: Annotated[int, Query(ge=1)] = 1,
+    to_position: Annotated[int | None, Query(ge=1)] = None,
+    status: StepStatusName | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_STEPS)] = PAGE_STEPS,
+):
+    """One page of the task's steps in plan order (``read_steps``): a range of
+    positions, or only those with a status; ``next_from_position`` starts the next."""
+    task = task_get_for_user(user=request.user, task_id=task_id)
+    return steps_read(
+        task=task,
+        from_position=from_position,
+        to_position=to_position,
+        status=status,
+        limit=limit,
+    )
+
+
+@tasks.post(
+    "/{task_id}/steps/{step_id}/complete", response={200: StepCompleteOut, **BAD}
+)
+def task_step_complete(
+    request: HttpRequest, task_id: int, step_id: int, payload: StepCompleteIn
+):
+    """Record a step's output that the agent made itself ("step 2 is done, here it is").
+
+    Stored through the same envelope as a tool's output (write before show;
+    the step's artifact class and resume rule stand). Sent twice with the
+    same bytes, the second answers ``already``; a finished step, one that
+    waits for a decision, or one whose lease another worker holds is refused
+    (409). The lease is held only during the call.
+    """
+    task = task_get_for_user(user=request.user, task_id=task_id)
+    if payload.encoding == "base64":
+        try:
+            data = base64.b64decode(payload.content, validate=True)
+        except (binascii.Error, ValueError):
+            _fail(400, ERR_BASE64)
+    else:
+        data = payload.content.encode("utf-8")
+    sources = artifacts_get(user=request.user, artifact_ids=payload.source_refs)
+    completion = actions.step_complete(
+        task=task,
+        step_id=step_id,
+        data=data,
+        media_type=payload.media_type,
+        title=payload.title,
+        source_ids=[s.pk for s in sources],
+        worker_id=_worker_id(request, payload.worker),
+    )
+    return step_complete_document(completion, task)
+
+
+@tasks.post("/{task_id}/note", response={201: ResumeNoteOut, **BAD})
+def task_note(request: HttpRequest, task_id: int, payload: NoteIn):
+    """Save the brain's short note on the task; the resume document shows the last one."""
+    task = task_get_for_user(user=request.user, task_id=task_id)
+    task_note_write(task=task, text=payload.text, actor=_actor(request))
+    return Status(201, note_document(task))
 
 
 @tasks.post(

@@ -134,6 +134,17 @@ class Message:
     replay: Mapping[str, Any] = field(default_factory=dict)
 
 
+def message_chars(message: Message) -> int:
+    """The characters a message carries: its text, each call's name and
+    arguments, and its result, as JSON (what a turn's size is counted in)."""
+    size = len(message.text)
+    for call in message.tool_calls:
+        size += len(call.name) + len(json.dumps(call.arguments, ensure_ascii=False))
+    if message.result is not None:
+        size += len(json.dumps(message.result, ensure_ascii=False, default=str))
+    return size
+
+
 @dataclass(frozen=True)
 class BrainReply:
     text: str

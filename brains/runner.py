@@ -1,13 +1,41 @@
 """Drive one task with one brain: the brain decides, the executor does.
 
-The runner tells the brain the plan and the resume context, offers it a few
-tools, and carries out each tool call through Pippa's durable state:
+A brain reads state, not a chat log. Every turn the runner sends is built
+afresh from the task's durable state (``Runner.turn_messages``):
+
+1. the system prompt;
+2. the resume document as it is now (``tasks.resume_document``, bounded: the
+   steps counted by status, the next few, the last few finished with their
+   refs and excerpts, the brain's note), in one user message;
+3. at most a few of the brain's own latest turns (``Room.window_turns``),
+   each with the results of its calls: the latest turn's results whole (the
+   result of the call just made), older ones shortened to a line.
+
+Nothing older is sent again, so what a turn costs does not grow with the
+task. What a brain must carry from turn to turn lives in the task: the plan,
+the outputs, and a short note it writes with ``write_note``; a run cut and
+started again reads the same document and loses nothing. Each vendor still
+gets a valid request: a turn kept is sent as the brain answered it (Gemini's
+thought signatures ride along, ``BrainReply.replay``), and each result right
+after the call it answers.
+
+The brain's tools, each carried out through Pippa's durable state:
 
 - ``run_next_step``: the executor runs the next unfinished step; the result
   is handed to the brain only after it is persisted;
-- ``rewrite_plan``: replace the not-yet-run part of the plan;
-- ``read_artifact``: read an artifact by ref (metadata and a text excerpt);
-- ``read_resume_context``: the task's current state, as a resumed brain sees it.
+- ``read_steps``: steps the document does not list, a page at a time;
+- ``read_artifact``: an artifact by ref (metadata and a text excerpt);
+- ``write_note``: the brain's note on the task (a class-3 artifact);
+- ``rewrite_plan``: replace the not-yet-run part of the plan.
+
+A step whose work an agent did itself is recorded with ``complete_step``
+over the API or MCP; the runner does not offer it: a brain driving the
+executor runs each step's tool, and a small model must not mark steps done
+with text of its own.
+
+``Room`` bounds what a turn sends: the document's size, the window, one
+result's size and, for a small context (``Room.for_context``), the whole
+request, shortening the window before anything else.
 
 Two backends carry the calls: ``LocalBackend`` (in-process services, for the
 ``pippa_brain`` command) and ``HttpBackend`` (the JSON API with a bearer
@@ -35,30 +63,63 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
+from urllib.parse import urlencode
 
-from brains.base import BrainAdapter, BrainReply, Message, ToolSpec, json_kind
+from brains.base import (
+    BrainAdapter,
+    BrainReply,
+    Message,
+    ToolSpec,
+    json_kind,
+    message_chars,
+)
 from pippa_site.errors import LeaseConflict, PippaError
 
 logger = logging.getLogger("pippa.brains")
 
 MAX_EXCERPT_BYTES = 4096
-MAX_CONTEXT_CHARS = 24_000
 TEXT_TYPES = ("text/", "application/json", "image/svg+xml", "application/xml")
+# The share of a bounded context (``Room.context_tokens``) a request may fill;
+# the rest is the answer's.
+ANSWER_SHARE = 3 / 4
+# The resume document's size (tasks.resume_document.MAX_CHARS and MIN_CHARS),
+# written here too: this module loads without a Django project (HttpBackend).
+DOCUMENT_CHARS = 4000
+MIN_DOCUMENT_CHARS = 1500
+NOTE_MAX_CHARS = 1000  # tasks.services.NOTE_MAX_CHARS
+READ_STEPS_MAX = 50  # tasks.resume_document.MAX_PAGE_STEPS
+STEP_STATUSES = ["pending", "running", "done", "failed", "needs_review", "skipped"]
 
 SYSTEM_PROMPT = """\
 You drive a task whose plan and progress live in Pippa's durable state, not in \
-this chat. The plan is an ordered list of steps; each step runs one tool and its \
-output is stored as an artifact (a ref: id, sha256, class). Never redo finished \
-work: the resume context below says which steps are done and what each unfinished \
-step will do on resume.
+this chat. Each turn begins with the task's resume document, rebuilt from that \
+state: the steps counted by status, the step to run next and a few after it \
+(with what resume will do), the last few finished steps with their output refs, \
+and your own note. Only your latest turns follow it; older ones are not sent \
+again, so write anything you must remember with write_note. Never redo \
+finished work.
 Call run_next_step to run the next unfinished step; its result reaches you only \
 after it is saved. Call it again until the task is done, failed or needs review. \
-Use rewrite_plan to change steps that have not run yet (finished steps must stay \
-as they are), read_artifact to read an output by its id, and read_resume_context \
-to see the current state. When the task is settled, answer with a short summary \
-and no tool call."""
+read_steps lists steps the document leaves out, read_artifact reads an output by \
+its id, rewrite_plan changes steps that have not run yet (finished steps stay as \
+they are). When the task is settled, answer with a short summary and no tool call."""
+
+OPENING = (
+    "Task {task_id}. Resume context (pippa.resume/3, rebuilt from durable state"
+    " for this turn):\n{document}\n{go_on}"
+)
+GO_ON_FIRST = "Continue the task from where it stands."
+GO_ON_LATER = "Your latest turns follow; go on from the state above."
+# What the document says comes next, in one sentence after it.
+NEXT_RUNS = " Step {position} ({title}) is next: run_next_step runs it."
+NEXT_WAITS = (
+    " Step {position} ({title}) waits for a person's decision: nothing runs until then."
+)
+NOTHING_LEFT = " No step is left to run: answer with a short summary."
+# An older turn's result, once the turn after it has its own.
+ELIDED = "an earlier result, shortened; the resume context above has the state it left"
 
 TOOL_SPECS = [
     ToolSpec(
@@ -112,9 +173,32 @@ TOOL_SPECS = [
         },
     ),
     ToolSpec(
-        name="read_resume_context",
-        description="Return the task's current state as a resumed brain sees it.",
-        parameters={"type": "object", "properties": {}},
+        name="read_steps",
+        description=(
+            "List steps the resume context does not show, in plan order: a range "
+            "of positions, or only those with a status. Each has its output's ref."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "from_position": {"type": "integer", "minimum": 1},
+                "to_position": {"type": "integer", "minimum": 1},
+                "status": {"type": "string", "enum": STEP_STATUSES},
+                "limit": {"type": "integer", "minimum": 1, "maximum": READ_STEPS_MAX},
+            },
+        },
+    ),
+    ToolSpec(
+        name="write_note",
+        description=(
+            "Save a short note on the task for your later turns (they see only "
+            "the resume context and your latest turns). It replaces the last one."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {"text": {"type": "string", "maxLength": NOTE_MAX_CHARS}},
+            "required": ["text"],
+        },
     ),
 ]
 
@@ -132,6 +216,13 @@ ERR_STEPS_NOT_LIST = (
     "steps must be a list of steps (objects with title, tool and args), not {kind}"
 )
 ERR_ARTIFACT_ID = "artifact_id must be an integer (an artifact's id), not {value}"
+ERR_WHOLE_NUMBER = "{field} must be a whole number, not {value}"
+ERR_NOTE_TEXT = "text must be the note itself (a string), not {kind}"
+ERR_RESULT_TOO_LARGE = (
+    "the answer of {name} is {size:,} characters, more than this brain's room for"
+    " one result ({room:,}): ask for less (read_steps with a smaller limit or a"
+    " narrower range)"
+)
 ERR_SERVER = "Pippa answered HTTP {status} for {path}"
 ERR_UNREACHABLE = "cannot reach Pippa at {url}: {reason}"
 ERR_LEASE_WAIT = "the task's lease stayed with another worker for {seconds:g}s"
@@ -148,13 +239,57 @@ class LeaseBusy(ToolFailure):
 class Backend(Protocol):
     def record_brain(self, task_id: int, brain: str) -> None: ...
     def record_turn(self, task_id: int, turn: dict[str, Any]) -> None: ...
-    def resume_context(self, task_id: int) -> dict[str, Any]: ...
+    def resume_context(
+        self, task_id: int, max_chars: int = DOCUMENT_CHARS
+    ) -> dict[str, Any]: ...
     def task(self, task_id: int) -> dict[str, Any]: ...
     def run_step(self, task_id: int, worker: str) -> dict[str, Any]: ...
+    def read_steps(self, task_id: int, query: dict[str, Any]) -> dict[str, Any]: ...
+    def write_note(self, task_id: int, text: str) -> dict[str, Any]: ...
     def rewrite_plan(self, task_id: int, steps: list[dict]) -> dict[str, Any]: ...
-    def read_artifact(self, artifact_id: int) -> dict[str, Any]: ...
+    def read_artifact(self, artifact_id: int, limit: int) -> dict[str, Any]: ...
     def resume(self, task_id: int) -> dict[str, Any]: ...
     def release_lease(self, task_id: int, worker: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Room:
+    """How much one turn sends: the bounds ``Runner.turn_messages`` keeps to.
+
+    ``document_chars`` bounds the resume document (its own size rules shorten
+    it), ``window_turns`` the brain's own latest turns sent again (at least
+    one: the call just made, with its result), ``result_chars`` one call's
+    result (a larger one is answered with an error that says to ask for
+    less). With ``context_tokens`` (a brain with a small context, such as a
+    local model) the whole request (system prompt, tool declarations and
+    messages) is fitted into three quarters of it, the rest left for the
+    answer: the window's older turns go first, then the latest turn's words,
+    then its calls' arguments (a vendor that needs its turn back verbatim
+    keeps it whole). Tokens are reckoned at ``chars_per_token`` until the
+    brain's own counts (``BrainReply.tokens``) tell the runner better.
+    """
+
+    document_chars: int = DOCUMENT_CHARS
+    window_turns: int = 2
+    result_chars: int = 12_000
+    context_tokens: int | None = None
+    # JSON is dear in tokens: SmolLM2's tokenizer read these requests at about
+    # two characters a token (tool declarations included, as its template
+    # writes them).
+    chars_per_token: float = 1.8
+
+    @classmethod
+    def for_context(cls, tokens: int) -> Room:
+        """The room for a brain whose context holds ``tokens`` (a local model)."""
+        prompt = int(tokens * ANSWER_SHARE * cls.chars_per_token)
+        return cls(
+            document_chars=max(
+                MIN_DOCUMENT_CHARS, min(DOCUMENT_CHARS, int(prompt * 0.3))
+            ),
+            window_turns=1,
+            result_chars=max(600, prompt // 8),
+            context_tokens=tokens,
+        )
 
 
 @dataclass
@@ -169,9 +304,19 @@ class RunReport:
     input_tokens: int = 0
     output_tokens: int = 0
     total_tokens: int = 0
+    # Characters of the messages sent, each turn (``message_chars``).
+    sent_chars: list[int] = field(default_factory=list)
     final_text: str = ""
     task_status: str = ""
     stopped_because: str = ""
+
+
+@dataclass
+class Turn:
+    """One answer of the brain and the results of its calls, in call order."""
+
+    reply: Message
+    results: list[Message] = field(default_factory=list)
 
 
 def _compact(task: dict[str, Any]) -> dict[str, Any]:
@@ -184,16 +329,24 @@ def _compact(task: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _excerpt(data: bytes, media_type: str) -> dict[str, Any]:
+def _excerpt(data: bytes, media_type: str, limit: int) -> dict[str, Any]:
     if not media_type.startswith(TEXT_TYPES):
         return {"excerpt": None, "note": "binary payload; not shown"}
-    text = data[:MAX_EXCERPT_BYTES].decode("utf-8", "replace")
-    return {"excerpt": text, "truncated": len(data) > MAX_EXCERPT_BYTES}
+    text = data[:limit].decode("utf-8", "replace")
+    return {"excerpt": text, "truncated": len(data) > limit}
 
 
 def default_worker(brain: str) -> str:
     """A lease name unique to this process: two runners never share a lease."""
     return f"{brain}-{socket.gethostname()}-{os.getpid()}"[:80]
+
+
+def request_chars(system: str, tools: list[ToolSpec], messages: list[Message]) -> int:
+    """The characters of a whole request: its system prompt, tools and messages."""
+    declared = sum(
+        len(t.name) + len(t.description) + len(json.dumps(t.parameters)) for t in tools
+    )
+    return len(system) + declared + sum(message_chars(m) for m in messages)
 
 
 class Runner:
@@ -209,6 +362,7 @@ class Runner:
         max_turns: int = 60,
         lease_wait: float = 0.0,
         poll: float = 0.25,
+        room: Room | None = None,
         on_event: Callable[[str], None] | None = None,
     ):
         self.brain = brain
@@ -218,23 +372,62 @@ class Runner:
         self.max_turns = max_turns
         self.lease_wait = lease_wait
         self.poll = poll
+        self.room = room or Room()
+        # Learnt from the brain's token counts (``Room.chars_per_token``).
+        self.chars_per_token = self.room.chars_per_token
         self.on_event = on_event or (lambda line: logger.info("%s", line))
         self.report = RunReport(task_id=task_id, brain=brain.name)
 
-    def opening(self) -> list[Message]:
-        context = self.backend.resume_context(self.task_id)
-        text = json.dumps(context, default=str, sort_keys=True)
-        if len(text) > MAX_CONTEXT_CHARS:
-            text = text[:MAX_CONTEXT_CHARS] + " …(truncated; call read_resume_context)"
-        return [
-            Message(
-                role="user",
-                text=(
-                    f"Task {self.task_id}. Resume context (JSON, from durable state):\n"
-                    f"{text}\nContinue the task from where it stands."
-                ),
-            )
-        ]
+    def turn_messages(self, window: list[Turn]) -> list[Message]:
+        """Build this turn's messages from state: the document now, then the window."""
+        document = self.backend.resume_context(
+            self.task_id, max_chars=self.room.document_chars
+        )
+        kept = list(window[-max(1, self.room.window_turns) :])
+        messages = self._messages(document, kept)
+        budget = self.prompt_chars()
+        if budget is None:
+            return messages
+        while len(kept) > 1 and self._size(messages) > budget:
+            kept = kept[1:]
+            messages = self._messages(document, kept)
+        latest = kept[-1].reply if kept else None
+        if latest is None or latest.replay or self._size(messages) <= budget:
+            return messages
+        # The brain's own words go first, then what its calls said (each
+        # call keeps its id, so its result still answers it).
+        too_much = self._size(messages) - budget
+        words = latest.text[: max(0, len(latest.text) - too_much - 1)]
+        shortened = replace(latest, text=words + "…" if latest.text else "")
+        messages = self._messages(document, [replace(kept[-1], reply=shortened)])
+        if self._size(messages) > budget:
+            calls = [replace(c, arguments={}) for c in latest.tool_calls]
+            shortened = replace(shortened, tool_calls=calls)
+            messages = self._messages(document, [replace(kept[-1], reply=shortened)])
+        return messages
+
+    def prompt_chars(self) -> int | None:
+        """The most characters a request may have, when the context is bounded."""
+        if self.room.context_tokens is None:
+            return None
+        return int(self.room.context_tokens * ANSWER_SHARE * self.chars_per_token)
+
+    @staticmethod
+    def _size(messages: list[Message]) -> int:
+        return request_chars(SYSTEM_PROMPT, TOOL_SPECS, messages)
+
+    def _messages(self, document: dict[str, Any], window: list[Turn]) -> list[Message]:
+        opening = OPENING.format(
+            task_id=self.task_id,
+            document=json.dumps(document, ensure_ascii=False),
+            go_on=(GO_ON_LATER if window else GO_ON_FIRST) + _next_words(document),
+        )
+        messages = [Message(role="user", text=opening)]
+        for n, turn in enumerate(window, start=1):
+            messages.append(turn.reply)
+            latest = n == len(window)
+            messages += turn.results if latest else [_elided(r) for r in turn.results]
+        return messages
 
     def run(self) -> RunReport:
         """Drive the task; always give the lease back when stopping.
@@ -260,15 +453,19 @@ class Runner:
                 self.on_event(f"{self.brain.name}: lease not released: {exc}")
 
     def _loop(self) -> RunReport:
-        messages = self.opening()
+        window: list[Turn] = []
         for _ in range(self.max_turns):
+            messages = self.turn_messages(window)
+            self.report.sent_chars.append(sum(message_chars(m) for m in messages))
             reply = self.brain.complete(
                 system=SYSTEM_PROMPT, messages=messages, tools=TOOL_SPECS
             )
             self.report.turns += 1
             self.record_turn(reply)
-            # as_message() keeps what the vendor wants back (e.g. signatures).
-            messages.append(reply.as_message())
+            if reply.tokens is not None and reply.tokens.input_tokens > 0:
+                # What this brain's tokens hold, with a tenth to spare.
+                measured = self._size(messages) / reply.tokens.input_tokens
+                self.chars_per_token = measured * 0.9
             if reply.stop_reason in CUT_OFF and all(c.error for c in reply.tool_calls):
                 # Nothing in it to run, and asking again would send a longer
                 # prompt to a context that is full (a local server answers 400).
@@ -281,6 +478,8 @@ class Runner:
                 self.report.final_text = reply.text
                 self.report.stopped_because = "the brain answered without a tool call"
                 break
+            # as_message() keeps what the vendor wants back (e.g. signatures).
+            turn = Turn(reply=reply.as_message())
             for call in reply.tool_calls:
                 if call.error:
                     result = {"error": call.error}
@@ -292,7 +491,7 @@ class Runner:
                 if result.get("error"):
                     self.report.refused += 1
                 self.report.tool_calls.append(call.name)
-                messages.append(
+                turn.results.append(
                     Message(
                         role="tool",
                         tool_call_id=call.id,
@@ -300,6 +499,7 @@ class Runner:
                         result=result,
                     )
                 )
+            window = [*window, turn][-max(1, self.room.window_turns) :]
         else:
             self.report.stopped_because = f"turn limit ({self.max_turns}) reached"
         self.report.task_status = self.backend.task(self.task_id).get("status", "")
@@ -329,7 +529,8 @@ class Runner:
             "run_next_step": self._run_next_step,
             "rewrite_plan": self._rewrite_plan,
             "read_artifact": self._read_artifact,
-            "read_resume_context": self._read_resume_context,
+            "read_steps": self._read_steps,
+            "write_note": self._write_note,
         }
         handler = handlers.get(name)
         if handler is None:
@@ -340,6 +541,13 @@ class Runner:
             result = handler(args)
         except ToolFailure as exc:
             result = {"error": str(exc)}
+        size = len(json.dumps(result, ensure_ascii=False, default=str))
+        if size > self.room.result_chars:
+            result = {
+                "error": ERR_RESULT_TOO_LARGE.format(
+                    name=name, size=size, room=self.room.result_chars
+                )
+            }
         self.on_event(f"{self.brain.name}: {name} -> {_summary(result)}")
         return result
 
@@ -371,6 +579,36 @@ class Runner:
             "task": _compact(outcome.get("task") or {}),
         }
 
+    def _read_steps(self, args: dict[str, Any]) -> dict[str, Any]:
+        query = {}
+        for key in ("from_position", "to_position", "limit"):
+            if args.get(key) is not None:
+                query[key] = _whole_number("read_steps", key, args[key])
+        status = args.get("status")
+        if status not in (None, ""):
+            query["status"] = str(status)
+        page = self.backend.read_steps(self.task_id, query)
+        # What a brain needs of each step; the rest is for programs.
+        keep = ("id", "position", "title", "status", "tool", "args", "error", "output")
+        return {
+            **{k: v for k, v in page.items() if k != "steps"},
+            "steps": [{k: s.get(k) for k in keep} for s in page.get("steps", [])],
+        }
+
+    def _write_note(self, args: dict[str, Any]) -> dict[str, Any]:
+        text = args.get("text")
+        if not isinstance(text, str):
+            raise ToolFailure(
+                ERR_BAD_ARGS.format(
+                    name="write_note",
+                    reason=ERR_NOTE_TEXT.format(
+                        kind="nothing" if text is None else json_kind(text)
+                    ),
+                )
+            )
+        note = self.backend.write_note(self.task_id, text)
+        return {"saved": True, "artifact_id": note.get("artifact_id")}
+
     def _rewrite_plan(self, args: dict[str, Any]) -> dict[str, Any]:
         steps = args.get("steps")
         if not isinstance(steps, list):
@@ -387,39 +625,72 @@ class Runner:
         # A plan is only rewritten while no worker holds the lease, this one included.
         self.backend.release_lease(self.task_id, self.worker)
         task = self.backend.rewrite_plan(self.task_id, steps)
-        return {
-            "task": _compact(task),
-            "steps": [
-                {k: s.get(k) for k in ("id", "position", "title", "tool", "status")}
-                for s in task.get("steps", [])
-            ],
-        }
+        entries = [
+            {k: s.get(k) for k in ("id", "position", "title", "tool", "status")}
+            for s in task.get("steps", [])
+        ]
+        # As many steps as fit in half a result; the next turn's resume
+        # context shows where the new plan goes on, and read_steps the rest.
+        listed, size = [], 0
+        for entry in entries:
+            size += len(json.dumps(entry, ensure_ascii=False)) + 2
+            if size > self.room.result_chars // 2:
+                break
+            listed.append(entry)
+        answer = {"task": _compact(task), "steps": listed}
+        if len(listed) < len(entries):
+            answer["steps_not_listed"] = len(entries) - len(listed)
+        return answer
 
     def _read_artifact(self, args: dict[str, Any]) -> dict[str, Any]:
-        artifact_id = args.get("artifact_id")
-        if isinstance(artifact_id, float) and artifact_id.is_integer():
-            artifact_id = int(artifact_id)
-        if not isinstance(artifact_id, int) or isinstance(artifact_id, bool):
-            raise ToolFailure(
-                ERR_BAD_ARGS.format(
-                    name="read_artifact",
-                    reason=ERR_ARTIFACT_ID.format(value=json.dumps(artifact_id)[:80]),
-                )
-            )
-        return self.backend.read_artifact(artifact_id)
+        artifact_id = _whole_number(
+            "read_artifact", "artifact_id", args.get("artifact_id")
+        )
+        # The excerpt leaves room in one result for the artifact's metadata.
+        limit = max(256, min(MAX_EXCERPT_BYTES, self.room.result_chars - 1200))
+        return self.backend.read_artifact(artifact_id, limit)
 
-    def _read_resume_context(self, args: dict[str, Any]) -> dict[str, Any]:
-        return self.backend.resume_context(self.task_id)
+
+def _whole_number(tool: str, field: str, value: Any) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        reason = (
+            ERR_ARTIFACT_ID.format(value=json.dumps(value)[:80])
+            if field == "artifact_id"
+            else ERR_WHOLE_NUMBER.format(field=field, value=json.dumps(value)[:80])
+        )
+        raise ToolFailure(ERR_BAD_ARGS.format(name=tool, reason=reason))
+    return value
+
+
+def _next_words(document: dict[str, Any]) -> str:
+    """The document's next step in a sentence (a small model needs it said)."""
+    upcoming = document.get("next") or []
+    if not upcoming:
+        return NOTHING_LEFT
+    step = upcoming[0]
+    words = (
+        NEXT_WAITS if step.get("status") in ("failed", "needs_review") else NEXT_RUNS
+    )
+    return words.format(position=step.get("position"), title=step.get("title"))
+
+
+def _elided(result: Message) -> Message:
+    """An older turn's result, shortened to a line (it still answers its call)."""
+    return replace(
+        result, result={"earlier": ELIDED, "summary": _summary(result.result or {})}
+    )
 
 
 def _summary(result: dict[str, Any]) -> str:
     if result.get("error"):
-        return f"error: {result['error']}"
+        return f"error: {str(result['error'])[:200]}"
     step = result.get("step") or {}
     task = result.get("task") or {}
     if step:
         return f"step {step.get('position')} {step.get('status')}; task {task.get('status')}"
-    return ", ".join(f"{k}={v}" for k, v in list(result.items())[:3])
+    return ", ".join(f"{k}={str(v)[:60]}" for k, v in list(result.items())[:3])
 
 
 def run_brain(
@@ -463,10 +734,32 @@ class LocalBackend:
         except PippaError as exc:
             raise ToolFailure(str(exc)) from None
 
-    def resume_context(self, task_id: int) -> dict[str, Any]:
-        from tasks.resume import resume_context
+    def resume_context(
+        self, task_id: int, max_chars: int = DOCUMENT_CHARS
+    ) -> dict[str, Any]:
+        from tasks.resume_document import resume_payload
 
-        return json.loads(json.dumps(resume_context(self._task(task_id)), default=str))
+        return resume_payload(self._task(task_id), max_chars=max_chars)
+
+    def read_steps(self, task_id: int, query: dict[str, Any]) -> dict[str, Any]:
+        from tasks.resume_document import steps_read
+
+        try:
+            page = steps_read(task=self._task(task_id), **query)
+        except PippaError as exc:
+            raise ToolFailure(str(exc)) from None
+        return page.model_dump(mode="json")
+
+    def write_note(self, task_id: int, text: str) -> dict[str, Any]:
+        from tasks.resume_document import note_document
+        from tasks.services import task_note_write
+
+        task = self._task(task_id)
+        try:
+            task_note_write(task=task, text=text, actor=f"runner:{self.user}")
+        except PippaError as exc:
+            raise ToolFailure(str(exc)) from None
+        return note_document(task).model_dump(mode="json")
 
     def task(self, task_id: int) -> dict[str, Any]:
         from tasks.documents import task_payload
@@ -508,7 +801,9 @@ class LocalBackend:
             raise ToolFailure(str(exc)) from None
         return task_payload(task)
 
-    def read_artifact(self, artifact_id: int) -> dict[str, Any]:
+    def read_artifact(
+        self, artifact_id: int, limit: int = MAX_EXCERPT_BYTES
+    ) -> dict[str, Any]:
         from django.http import Http404
 
         from artifacts.store import BlobMissing, default_store
@@ -521,10 +816,10 @@ class LocalBackend:
         payload = json.loads(json.dumps(artifact_payload(artifact), default=str))
         try:
             with default_store().open(artifact.sha256) as fh:
-                head = fh.read(MAX_EXCERPT_BYTES + 1)
+                head = fh.read(limit + 1)
         except BlobMissing:
             return {**payload, "error": "the artifact's payload is missing"}
-        return {**payload, **_excerpt(head, artifact.media_type)}
+        return {**payload, **_excerpt(head, artifact.media_type, limit)}
 
 
 class HttpBackend:
@@ -579,8 +874,18 @@ class HttpBackend:
     def record_turn(self, task_id: int, turn: dict[str, Any]) -> None:
         self._call("POST", f"/tasks/{task_id}/brain/turns", turn)
 
-    def resume_context(self, task_id: int) -> dict[str, Any]:
-        return self._call("GET", f"/tasks/{task_id}/resume-context")
+    def resume_context(
+        self, task_id: int, max_chars: int = DOCUMENT_CHARS
+    ) -> dict[str, Any]:
+        return self._call(
+            "GET", f"/tasks/{task_id}/resume-context?max_chars={int(max_chars)}"
+        )
+
+    def read_steps(self, task_id: int, query: dict[str, Any]) -> dict[str, Any]:
+        return self._call("GET", f"/tasks/{task_id}/steps?{urlencode(query)}")
+
+    def write_note(self, task_id: int, text: str) -> dict[str, Any]:
+        return self._call("POST", f"/tasks/{task_id}/note", {"text": text})
 
     def task(self, task_id: int) -> dict[str, Any]:
         return self._call("GET", f"/tasks/{task_id}")
@@ -599,9 +904,11 @@ class HttpBackend:
     def release_lease(self, task_id: int, worker: str) -> None:
         self._call("POST", f"/tasks/{task_id}/lease/release", {"worker": worker[:80]})
 
-    def read_artifact(self, artifact_id: int) -> dict[str, Any]:
+    def read_artifact(
+        self, artifact_id: int, limit: int = MAX_EXCERPT_BYTES
+    ) -> dict[str, Any]:
         meta = self._call("GET", f"/artifacts/{artifact_id}")
         head = self._call(
-            "GET", f"/artifacts/{artifact_id}/content", raw_limit=MAX_EXCERPT_BYTES + 1
+            "GET", f"/artifacts/{artifact_id}/content", raw_limit=limit + 1
         )
-        return {**meta, **_excerpt(head, meta["media_type"])}
+        return {**meta, **_excerpt(head, meta["media_type"], limit)}

@@ -16,9 +16,12 @@ from brains.base import BrainAdapter, BrainReply, Message, ToolCall, ToolSpec
 SETTLED = frozenset({"done", "failed", "needs_review", "paused"})
 
 
-def next_move(messages: list[Message]) -> BrainReply:
-    """Return the scripted policy's reply to the conversation so far."""
-    calls = sum(1 for m in messages if m.role == "tool")
+def next_move(messages: list[Message], *, turn: int = 0) -> BrainReply:
+    """Return the scripted policy's reply to this turn's messages.
+
+    It reads only the last result (the runner sends the state and the latest
+    turns, not the whole run); ``turn`` numbers its call ids, unique in a run.
+    """
     last = messages[-1] if messages else None
     if last is not None and last.role == "tool":
         result = last.result or {}
@@ -30,7 +33,7 @@ def next_move(messages: list[Message]) -> BrainReply:
     return BrainReply(
         text="",
         tool_calls=[
-            ToolCall(id=f"scripted-{calls + 1}", name="run_next_step", arguments={})
+            ToolCall(id=f"scripted-{turn + 1}", name="run_next_step", arguments={})
         ],
         stop_reason="tool_use",
     )
@@ -52,7 +55,7 @@ class ScriptedBrain(BrainAdapter):
     ) -> BrainReply:
         self.calls.append(list(messages))
         if self.script is None:
-            return next_move(messages)
+            return next_move(messages, turn=len(self.calls) - 1)
         if not self.script:
             return BrainReply(
                 text="Script finished.", tool_calls=[], stop_reason="end_turn"

@@ -34,6 +34,7 @@ from dashboard.selectors.events import (
     event_kinds,
     task_events,
     task_resume_context_json,
+    task_resume_summary,
 )
 from dashboard.selectors.home import (
     conversation_page,
@@ -339,6 +340,9 @@ def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpRe
             context["next_decision"] = next_decision_for_user(
                 user=request.user, after=task
             )
+        if fragment is None:
+            # The resume card, in words (its JSON is folded, read on demand).
+            context["resume"] = task_resume_summary(task=task)
     # The event log is folded: drawn when its fold asks (the "events"
     # fragment) or when the address names a filter or an older page.
     if fragment == "events" or (

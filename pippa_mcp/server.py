@@ -83,6 +83,7 @@ from tasks.documents import (
     artifacts_get,
     conversation_get_for_user,
     conversation_payload,
+    step_complete_payload,
     step_payload,
     task_get_for_user,
     task_payload,
@@ -92,8 +93,14 @@ from tasks.lease import door_worker_id, lease_release_own
 from tasks.models import Brain, Conversation, Step, Task
 from tasks.plan import conversation_task_create, plan_rewrite
 from tasks.plan import task_create as plan_task_create
-from tasks.resume import resume_context as resume_document
-from tasks.services import task_artifact_upload
+from tasks.resume_document import (
+    MAX_PAGE_STEPS,
+    PAGE_STEPS,
+    note_document,
+    resume_payload,
+    steps_read,
+)
+from tasks.services import NOTE_MAX_CHARS, task_artifact_upload, task_note_write
 from tasks.shapes import MediaType, StepCount, Title, TitleOrEmpty, ToolName
 from tasks.tools import tools_all
 from tasks.usage import task_token_usage
@@ -157,8 +164,11 @@ INSTRUCTIONS = """\
 Pippa keeps a task's plan and every step's output in durable storage, keyed by \
 conversation, not by your session. After any interruption (a new session, a \
 crash, another agent taking over) call resume_context for the task before doing \
-anything else: it says which steps are done, the ref of each output, and what \
-resume will do with an unfinished step. Never redo finished work.
+anything else: a short document that counts the steps by status, shows the step \
+to run next and a few after it (with what resume will do with each), the last \
+few finished steps with their output refs and excerpts, and the note you left \
+(write_note). Older steps are read page by page with read_steps. Never redo \
+finished work.
 Outputs are artifacts with a class that decides what resume does:
 1 file (reused if the file is still there and intact), 2 fetch (safe to fetch \
 again), 3 snapshot (a search, a live quote: never re-run once saved; reuse it), \
@@ -166,8 +176,9 @@ again), 3 snapshot (a search, a live quote: never re-run once saved; reuse it), 
 run_next_step answers only after the step's result is saved (write before \
 show). A step that waits for a decision (a call with outside effects left \
 unfinished, a failure) shows its ways forward in decision_choices; take one with \
-decide_step. pause_task, resume_task and cancel_task stop and start a task. \
-Artifacts travel as refs (id, sha256, class); read one with artifact_read when \
+decide_step. A step whose work you did yourself is recorded with complete_step \
+(its output is saved like a tool's). pause_task, resume_task and cancel_task \
+stop and start a task. Artifacts travel as refs (id, sha256, class); read one with artifact_read when \
 you need its source text or its PNG preview."""
 
 
@@ -449,6 +460,7 @@ async def serve_stdio() -> None:
 
 # Strict: JSON true is not task 1, and "5" is not 5.
 Id = Annotated[int, Field(strict=True, ge=1, le=2**63 - 1)]
+Position = Annotated[int, Field(strict=True, ge=1, le=2**31 - 1)]
 Flag = Annotated[bool, Field(strict=True)]
 ArtifactClassValue = Annotated[shapes.ArtifactClassValue, Field(strict=True)]
 # The statuses are Step.Status's, written out for the tool's JSON schema.
@@ -686,12 +698,61 @@ def resume_context(task_id: Id) -> dict[str, Any]:
     """Return the resume context: what a resumed brain reads before continuing.
 
     Read it first whenever you pick up a task you did not just create (new
-    session, another agent, after a crash). It lists every step with its
-    status and output ref, the next step, and for an unfinished step the
-    rule resume will apply, so you never redo finished work.
+    session, another agent, after a crash). A bounded document (pippa.resume/3,
+    at most 4,000 characters whatever the plan's length): the steps counted
+    by status, the step to run next and a few after it with the rule resume
+    will apply to each, the last few finished steps with their output refs
+    and a short excerpt, and your note (write_note). earlier_done and later
+    count the steps it does not list: read them with read_steps.
     """
     task = task_get_for_user(user=current_user(), task_id=task_id)
-    return _plain_json(resume_document(task))
+    return resume_payload(task)
+
+
+@tool(read_only=True)
+def read_steps(
+    task_id: Id,
+    from_position: Position = 1,
+    to_position: Position | None = None,
+    status: StepStatus | None = None,
+    limit: Annotated[int, Field(strict=True, ge=1, le=MAX_PAGE_STEPS)] = PAGE_STEPS,
+) -> dict[str, Any]:
+    """Read a task's steps page by page, in plan order (get_task's step shape).
+
+    Give a range of positions (from_position, to_position), or a status
+    (e.g. done, or needs_review) to list only those; at most limit steps
+    a page. next_from_position is where the next page starts (null: no
+    more); matching counts every step the filter selects. Each step carries
+    its output's ref (id, sha256, class), never the payload.
+    """
+    task = task_get_for_user(user=current_user(), task_id=task_id)
+    page = steps_read(
+        task=task,
+        from_position=from_position,
+        to_position=to_position,
+        status=status,
+        limit=limit,
+    )
+    return page.model_dump(mode="json")
+
+
+@tool()
+def write_note(
+    task_id: Id,
+    text: Annotated[str, Field(min_length=1, max_length=NOTE_MAX_CHARS)],
+) -> dict[str, Any]:
+    """Leave yourself a short note on the task, for every later turn and session.
+
+    What you must remember between turns (a decision, what to check next,
+    refs you will need) belongs here, not in your chat: resume_context shows
+    the last note written, so a session that starts over has it too. Saved
+    as an artifact of the task (class 3, a snapshot) before this answers;
+    a new note replaces the old one in resume_context. At most
+    1,000 characters: refs, not payloads.
+    """
+    task = task_get_for_user(user=current_user(), task_id=task_id)
+    task_note_write(task=task, text=text, actor=_actor())
+    return note_document(task).model_dump(mode="json")
 
 
 # -- running, stopping and deciding -----------------------------------------------
@@ -835,6 +896,62 @@ async def run_next_step(
         await ctx.report_progress(
             out["task"]["steps_done"], max(out["task"]["steps_total"], 1), run.detail
         )
+    return out
+
+
+@tool()
+def complete_step(
+    task_id: Id,
+    step_id: Id,
+    content: Annotated[str, Field(min_length=1, max_length=2 * MAX_STORE_BYTES)],
+    media_type: MediaType = "text/plain",
+    title: TitleOrEmpty = "",
+    source_refs: Annotated[list[Id], Field(max_length=MAX_SOURCES)] = [],  # noqa: B006
+    encoding: Literal["text", "base64"] = "text",
+    worker: Annotated[
+        str,
+        Field(
+            max_length=60,
+            description="your own name, e.g. claude-laptop; the lease is held under it",
+        ),
+    ] = "",
+) -> dict[str, Any]:
+    """Record a step whose work you did yourself: name the step, give its output.
+
+    The output (up to 1 MiB: text, or base64 with encoding='base64') is saved
+    exactly like a tool's output: written to durable storage before the step
+    is marked done, as an artifact of the step's class, so resume treats it
+    by that class's rule. Sending the same bytes again is harmless (the
+    answer says already=true); a finished step, a step that waits for a
+    decision, or a task another worker holds is refused. The task must be
+    queued or running (resume_task first if it is paused). source_refs
+    names artifacts the output was made from (lineage). Answers with the
+    step, its output ref and the task's progress.
+    """
+    user = current_user()
+    task = task_get_for_user(user=user, task_id=task_id)
+    _step_get(task, step_id)
+    if encoding == "base64":
+        try:
+            data = base64.b64decode(content, validate=True)
+        except (binascii.Error, ValueError):
+            raise ToolError(ERR_BASE64) from None
+    else:
+        data = content.encode("utf-8")
+    sources = artifacts_get(user=user, artifact_ids=source_refs)
+    completion = actions.step_complete(
+        task=task,
+        step_id=step_id,
+        data=data,
+        media_type=media_type,
+        title=title,
+        source_ids=[s.pk for s in sources],
+        worker_id=f"{_worker(worker)}#{secrets.token_hex(3)}",
+    )
+    out = step_complete_payload(completion, task)
+    out["task"]["uri"] = _uri("task", task.pk)
+    if out["step"]["output"]:
+        out["step"]["output"]["uri"] = _uri("artifact", out["step"]["output"]["id"])
     return out
 
 

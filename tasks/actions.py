@@ -17,9 +17,18 @@ from django.db import transaction
 from django.utils import timezone
 
 from artifacts.models import ArtifactClass
-from pippa_site.errors import Conflict
-from tasks.executor import outcome_preview, step, step_adopt
-from tasks.lease import lease_drop, lease_refuse_live
+from pippa_site.errors import Conflict, Invalid, LeaseConflict
+from pippa_site.text import TITLE_MAX, media_type_check, text_check, title_clean
+from tasks.executor import (
+    ALREADY_DONE,
+    outcome_preview,
+    step,
+    step_adopt,
+)
+from tasks.executor import (
+    step_complete as executor_step_complete,
+)
+from tasks.lease import lease_drop, lease_refuse_live, lease_release_own
 from tasks.models import TASK_OPEN, Event, LinkRole, Step, Task, TaskArtifact
 from tasks.resume import (
     ADOPT,
@@ -705,4 +714,103 @@ def step_run(*, task, worker_id: str) -> StepRun:
         invoked=outcome.invoked,
         rule=outcome.rule,
         waiting="decision" if waits else "",
+    )
+
+
+# -- a step an agent did itself ----------------------------------------------------
+
+# The most bytes an agent sends as one step's output (the API and MCP take
+# text or base64 in JSON; a larger output goes up as an artifact upload).
+MAX_OUTPUT_BYTES = 1024 * 1024
+ERR_OUTPUT_EMPTY = "the output is empty: send what the step produced"
+ERR_OUTPUT_TOO_LARGE = (
+    f"the output is larger than {MAX_OUTPUT_BYTES} bytes; upload it as an artifact"
+    " and complete the step with a short text that names it"
+)
+ERR_COMPLETE_STOPPED = (
+    "the task is {status}: a step can be completed only while it is queued or"
+    " running{hint}"
+)
+HINT_PAUSED = " (resume it first)"
+MSG_COMPLETED = "step {position} is done: its output is saved as artifact {id}"
+MSG_ALREADY = (
+    "step {position} was already done with these very bytes (artifact {id}):"
+    " nothing new was written"
+)
+
+
+@dataclass(frozen=True)
+class StepCompletion:
+    completed: bool
+    already: bool
+    detail: str
+    rule: str
+    step: Step
+
+
+def step_complete(
+    *,
+    task: Task,
+    step_id: int,
+    data: bytes,
+    media_type: str,
+    worker_id: str,
+    title: str = "",
+    source_ids=(),
+) -> StepCompletion:
+    """Record what an agent made for a step itself: "step 2 is done, here is its output".
+
+    ``tasks.executor.step_complete`` stores it through the envelope and
+    commits a tool's output takes (write before show; the step's class and
+    its resume rule stand). This checks what the agent sent, explains a
+    refusal (a task that is not queued or running, another worker's lease),
+    and gives the lease back afterwards: an agent may never call again.
+    """
+    if not data:
+        raise Invalid(ERR_OUTPUT_EMPTY)
+    if len(data) > MAX_OUTPUT_BYTES:
+        raise Invalid(ERR_OUTPUT_TOO_LARGE)
+    media_type_check(media_type, field="media_type")
+    text_check(title, field="title")
+    try:
+        outcome = executor_step_complete(
+            task_id=task.pk,
+            step_id=step_id,
+            worker_id=worker_id,
+            data=data,
+            media_type=media_type,
+            title=title_clean(title)[:TITLE_MAX],
+            source_ids=source_ids,
+        )
+    finally:
+        lease_release_own(task=task, worker_id=worker_id)
+    task.refresh_from_db()
+    if outcome is None:
+        if task.lease_held_by_other(worker_id):
+            raise LeaseConflict(
+                ERR_LEASE_BUSY.format(
+                    owner=task.lease_owner, until=task.lease_expires_at.isoformat()
+                )
+            )
+        if task.status in (Task.Status.QUEUED, Task.Status.RUNNING):
+            raise LeaseConflict(ERR_LEASE_CHANGING)
+        hint = HINT_PAUSED if task.status == Task.Status.PAUSED else ""
+        raise ActionError(
+            ERR_COMPLETE_STOPPED.format(status=task.get_status_display(), hint=hint)
+        )
+    step_row = Step.objects.select_related("output").get(pk=outcome.step_id)
+    already = outcome.rule == ALREADY_DONE
+    if outcome.status == Step.Status.DONE:
+        words = MSG_ALREADY if already else MSG_COMPLETED
+        detail = words.format(position=step_row.position, id=step_row.output_id)
+    else:
+        detail = outcome.error or ERR_BLOCKED.format(
+            position=step_row.position, status=step_row.get_status_display()
+        )
+    return StepCompletion(
+        completed=outcome.status == Step.Status.DONE,
+        already=already,
+        detail=detail[:2000],
+        rule="" if already else outcome.rule,
+        step=step_row,
     )

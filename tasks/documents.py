@@ -23,6 +23,7 @@ from tasks.shapes import (
     ArtifactOut,
     ArtifactRefOut,
     ConversationOut,
+    StepCompleteOut,
     StepOut,
     StepRunOut,
     TaskOut,
@@ -155,6 +156,23 @@ def step_run_document(run, task: Task) -> StepRunOut:
 
 def step_run_payload(run, task: Task) -> dict[str, Any]:
     return step_run_document(run, task).model_dump()
+
+
+def step_complete_document(completion, task: Task) -> StepCompleteOut:
+    """What an agent is told after ``complete_step`` (``tasks.actions.StepCompletion``)."""
+    task.refresh_from_db()
+    return StepCompleteOut(
+        completed=completion.completed,
+        already=completion.already,
+        detail=completion.detail,
+        rule=completion.rule,
+        step=StepOut.model_validate(completion.step),
+        task=TaskSummaryOut.model_validate(task),
+    )
+
+
+def step_complete_payload(completion, task: Task) -> dict[str, Any]:
+    return step_complete_document(completion, task).model_dump(mode="json")
 
 
 def conversation_document(conversation: Conversation) -> ConversationOut:

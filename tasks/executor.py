@@ -44,6 +44,7 @@ does to a task (pause, resume, retry, branch, resolve) is ``tasks.actions``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass, replace
@@ -64,6 +65,7 @@ from artifacts.services import (
     sources_check,
 )
 from artifacts.store import default_store
+from pippa_site.errors import Conflict
 from tasks import statements as sql
 from tasks.crashpoints import crashpoint
 from tasks.faults import REASON_DISK_FULL, fault_reason, retry_delay
@@ -286,7 +288,7 @@ def _from_now(when) -> str:
     return f"in {seconds} s"
 
 
-def _start(cursor, row: StepRow, worker_id: str, pre: list) -> None:
+def _start(cursor, row: StepRow, worker_id: str, pre: list, *, by: str = "") -> None:
     """Count the attempt and log ``tool_call_started`` (caller commits it)."""
     cursor.execute(sql.STEP_START, [S.RUNNING, _dt(timezone.now()), row.id])
     row.attempts += 1
@@ -295,11 +297,11 @@ def _start(cursor, row: StepRow, worker_id: str, pre: list) -> None:
         cursor,
         row.task_id,
         worker_id,
-        [*pre, _started_entry(row, worker_id)],
+        [*pre, _started_entry(row, worker_id, by=by)],
     )
 
 
-def _started_entry(row: StepRow, worker_id: str) -> tuple:
+def _started_entry(row: StepRow, worker_id: str, *, by: str = "") -> tuple:
     return (
         Event.Kind.TOOL_CALL_STARTED,
         row.id,
@@ -310,6 +312,8 @@ def _started_entry(row: StepRow, worker_id: str) -> tuple:
             "generation": row.generation,
             "key": row.key,
             "worker": worker_id,
+            # Who makes the output instead of the tool (``step_complete``: an agent).
+            **({"by": by} if by else {}),
         },
     )
 
@@ -894,6 +898,177 @@ def _ensure_blob(artifact_class: int, payload: dict[str, Any]) -> None:
         if path is not None:
             with path.open("rb") as fh:
                 store.put_file(fh)
+
+
+# -- a step an agent did itself ---------------------------------------------------
+
+ERR_STEP_GONE = "step {id} is not a step of task {task}"
+ERR_STEP_FINISHED = (
+    "step {position} is {status}: its output stands; retry or branch the task to"
+    " change it"
+)
+ERR_STEP_WAITING = (
+    "step {position} is {status}: it waits for a person's decision before anything"
+    " else is recorded for it"
+)
+ERR_STEP_IN_FLIGHT = (
+    "step {position} is being recorded by another call under this lease; wait"
+    " for its answer"
+)
+ERR_STEP_UNSETTLED = (
+    "step {position} was left running by a worker that stopped: {words};"
+    " run_next_step settles it by its class first"
+)
+# ``StepOutcome.rule`` of a done step whose output already has the bytes sent.
+ALREADY_DONE = "already_done"
+
+
+class StepRefused(Conflict):
+    """``step_complete`` cannot record this step now (409): see the message."""
+
+
+def step_complete(
+    *,
+    task_id: int,
+    step_id: int,
+    worker_id: str,
+    data: bytes,
+    media_type: str,
+    title: str = "",
+    source_ids=(),
+) -> StepOutcome | None:
+    """Record output an agent made itself as a step's result, like a tool's.
+
+    The same envelope and commits as a tool call (``step``); only the call is
+    the agent's, made before it asked. None when the lease is not ours to
+    take (another worker's, or the task is not queued or running).
+
+    1. Take the lease and read the named step in one transaction. A done
+       step whose output has these very bytes is answered as it stands,
+       leaving no trace (a call sent twice: ``ALREADY_DONE``); any other
+       finished step, one that waits for a person, or one whose call is in
+       flight under this same lease is refused (``StepRefused``). A step a
+       stopped worker left running (an open envelope) is decided by its
+       class first (``uncertain_decide``): only where the class says "call
+       again" may the agent's output stand in for that call.
+    2. Count the attempt and log ``tool_call_started`` (with ``by: agent``):
+       commit 1, durable first for a step with outside effects.
+    3. Write the bytes as a content-addressed file.
+    4. Commit 2 (``_finish``): ``payload_persisted``, the artifact, the step
+       done, ``tool_result_persisted``. A crash between the commits leaves an
+       open envelope that its class settles, as for a tool.
+    """
+    found = Step.objects.filter(pk=step_id, task_id=task_id).first()
+    if found is None:
+        raise StepRefused(ERR_STEP_GONE.format(id=step_id, task=task_id))
+    owner_id = (
+        Conversation.objects.filter(tasks__pk=task_id)
+        .values_list("owner_id", flat=True)
+        .get()
+    )
+    source_ids = sources_check(owner_id=owner_id, source_ids=list(source_ids))
+    sha = hashlib.sha256(data).hexdigest()
+    with (
+        sql.synchronous(DURABLE if found.side_effects else RELAXED),
+        transaction.atomic(durable=True),
+    ):
+        cur = sql.cursor()
+        lease = lease_take(cur, task_id, worker_id)
+        if lease is None:
+            return None
+        current = Step.objects.select_related("output").get(pk=step_id)
+        pre = _complete_check(current, sha, lease, worker_id)
+        if pre is not None:
+            row = step_row(
+                task_id, [*(getattr(current, c) for c in sql.STEP_COLUMNS), owner_id]
+            )
+            _start(cur, row, worker_id, [*lease.entries, *pre], by="agent")
+            crashpoint("before_started_commit")
+        else:  # done with these bytes: nothing to write, the lease as it was
+            transaction.set_rollback(True)
+    if pre is None:
+        return _already(current)
+    crashpoint("after_started")
+    output = _Output(
+        ToolResult(
+            data=data,
+            media_type=media_type,
+            title=title,
+            meta={"by": "agent", "worker": worker_id[:200]},
+            source_ids=source_ids,
+        ),
+        data=data,
+        size=len(data),
+    )
+    try:
+        payload = _persist_blob(row, media_type, output)
+    except Exception as exc:  # noqa: BLE001 - the store's failure, as for a tool
+        return _output_unsaved(row, worker_id, exc, stage="blob", needed=len(data))
+    crashpoint("after_blob")
+    try:
+        outcome = _finish(
+            row,
+            worker_id,
+            payload,
+            invoked=True,
+            pre=[(Event.Kind.PAYLOAD_PERSISTED, row.id, payload)],
+        )
+    except (DatabaseError, OSError, BlobVanished) as exc:
+        return _output_unsaved(
+            row, worker_id, exc, stage="result", written=payload["sha"]
+        )
+    crashpoint("after_result")
+    return outcome
+
+
+def _complete_check(step: Step, sha: str, lease: Lease, worker_id: str) -> list | None:
+    """The events to log before ``tool_call_started`` for an agent's output,
+    None for a done step that already has these bytes; else refuse."""
+    label = step.get_status_display()
+    if step.status == S.DONE and step.output is not None and step.output.sha256 == sha:
+        return None
+    if step.is_finished:
+        raise StepRefused(
+            ERR_STEP_FINISHED.format(position=step.position, status=label)
+        )
+    if step.status in (S.FAILED, S.NEEDS_REVIEW):
+        raise StepRefused(ERR_STEP_WAITING.format(position=step.position, status=label))
+    if step.status != S.RUNNING:
+        return []
+    if not lease.entries:
+        # The lease was this worker's, live, before this call: a call of its
+        # own is in flight on the step.
+        raise StepRefused(ERR_STEP_IN_FLIGHT.format(position=step.position))
+    env = envelope_read(step.pk)
+    if not env.open:
+        return []
+    advice = uncertain_decide(step, env)
+    if advice.action != CALL_AGAIN:
+        raise StepRefused(
+            ERR_STEP_UNSETTLED.format(position=step.position, words=advice.words)
+        )
+    return [(Event.Kind.UNCERTAIN_RESOLVED, step.pk, _note(advice, env, worker_id))]
+
+
+def _already(step: Step) -> StepOutcome:
+    """The outcome of a done step, told again (``step_complete`` sent twice)."""
+    task_status = Task.objects.filter(pk=step.task_id).values_list("status", flat=True)
+    return StepOutcome(
+        task_id=step.task_id,
+        task_status=task_status.get(),
+        step_id=step.pk,
+        position=step.position,
+        status=S.DONE,
+        rule=ALREADY_DONE,
+        artifact={
+            "id": step.output.pk,
+            "sha256": step.output.sha256,
+            "artifact_class": step.output.artifact_class,
+            "media_type": step.output.media_type,
+            "size": step.output.size,
+            "title": step.output.title,
+        },
+    )
 
 
 def step_adopt(*, step: Step, holder: str, pre: list) -> StepOutcome:

@@ -529,6 +529,9 @@ class Event(models.Model):
         BRAIN_CHANGED = "brain_changed"
         # One answer of a brain: its tool-call count and token usage (tasks.usage).
         BRAIN_TURN = "brain_turn"
+        # The brain's short note to itself, saved as an artifact of the task
+        # (tasks.services.task_note_write); the resume document shows the last.
+        NOTE_WRITTEN = "note_written"
 
     # No index of its own: the unique (task, seq) index leads with it, and each
     # index more is pages more for every step's commit.

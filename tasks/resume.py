@@ -1,31 +1,25 @@
-"""What a resumed brain reads, and what resume will do with each step.
+"""What resume will do with each step: the class rules, and their words.
 
-``resume_context(task)`` is the one document every brain gets: the plan with
-statuses, each done step's artifact ref (never its payload) and, for each
-unfinished step, the rule resume will apply. ``resume_advice`` is
-the same rule for one step, in words a person understands; the executor acts
-on exactly the decision ``uncertain_decide`` returns, so the advice shown is
-the thing that happens.
+``uncertain_decide`` settles a step whose tool-call envelope was left open,
+by its artifact class; ``resume_advice`` says what resuming will do with any
+step, in words a person understands. The executor acts on exactly the
+decision ``uncertain_decide`` returns, so the advice shown is the thing that
+happens. The document a resumed brain reads, which carries this advice for
+the steps still to run, is ``tasks.resume_document``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from artifacts.models import Artifact, ArtifactClass
 from artifacts.store import CHUNK, default_store
-from tasks.documents import step_payload, task_steps, task_summary
 from tasks.models import Event, Step, Task
 from tasks.tools import files_root
 from tasks.words import relative_text
-
-# 2: refs say "artifact_class" (was "class"), steps carry the task document's
-# fields (id, error), the task its lease_owner.
-SCHEMA = "pippa.resume/2"
 
 # Kinds that open or close a tool-call envelope, in the step's own log.
 ENVELOPE_KINDS = (
@@ -292,37 +286,3 @@ def resume_advice(step: Step, *, task: Task | None = None) -> ResumeAdvice:
         f"will run (attempt {step.attempts + 1} of {step.max_attempts})",
         "run",
     )
-
-
-def resume_context(task: Task) -> dict[str, Any]:
-    """Return the brain-agnostic document a resumed brain reads.
-
-    The same document for every brain: the task and its plan in the shapes of
-    the task document (``tasks.documents``: each step with its output's
-    artifact ref), plus each step's idempotency key, and for each unfinished
-    step what resume will do.
-    """
-    task = Task.objects.get(pk=task.pk)
-    steps = task_steps(task)
-    next_position = next((s.position for s in steps if not s.is_finished), None)
-    out_steps = []
-    for s in steps:
-        entry = {**step_payload(s), "idempotency_key": s.idempotency_key()}
-        if not s.is_finished:
-            advice = resume_advice(s, task=task)
-            entry["resume"] = {"rule": advice.rule, "words": advice.words}
-        out_steps.append(entry)
-    return {
-        "schema": SCHEMA,
-        "task": {
-            **task_summary(task),
-            "branched_from": task.branched_from_id,
-            "branched_after_step": task.branched_at,
-        },
-        "next_step": next_position,
-        "steps": out_steps,
-    }
-
-
-def resume_context_json(task: Task) -> str:
-    return json.dumps(resume_context(task), indent=2, sort_keys=False)

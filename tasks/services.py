@@ -18,7 +18,7 @@ from artifacts.gc import (
     gc_plan,
 )
 from artifacts.keepers import conversation_artifact_ids
-from artifacts.models import Artifact
+from artifacts.models import Artifact, ArtifactClass
 from artifacts.services import _check_class, artifact_record, blob_put, sources_check
 from pippa_site.errors import Invalid, NotFound
 from pippa_site.text import TITLE_MAX, media_type_check, text_check, title_clean
@@ -180,6 +180,8 @@ def task_artifact_upload(
     step_id: int | None = None,
     max_bytes: int | None = None,
     expected_size: int | None = None,
+    meta: dict[str, Any] | None = None,
+    log: tuple[str, dict[str, Any]] | None = None,
 ):
     """Store an uploaded payload as an artifact that ``task`` persisted.
 
@@ -193,9 +195,10 @@ def task_artifact_upload(
        mid-body) raise ``BlobIncomplete``; a read error raises as it is.
        Each leaves no blob and no temp file.
     3. In one transaction: the owner's row (``artifact_insert``: bytes the
-       owner already stored keep that row as it is), its lineage and the task
-       link. A crash here leaves at worst an unreferenced blob, which the
-       doctor sweeps ("write before show").
+       owner already stored keep that row as it is), its lineage, the task
+       link and, with ``log`` (an event's kind and data), that event, which
+       also names the artifact. A crash here leaves at worst an unreferenced
+       blob, which the doctor sweeps ("write before show").
     4. After the commit, a widget gets its PNG preview exactly as a step's
        widget output does (``task_widget_preview``).
     """
@@ -215,7 +218,7 @@ def task_artifact_upload(
             media_type=media_type,
             artifact_class=artifact_class,
             title=title,
-            meta={"uploaded_for_task": task.pk},
+            meta=meta or {"uploaded_for_task": task.pk},
             source_ids=source_ids,
         )
         TaskArtifact.objects.get_or_create(
@@ -224,10 +227,59 @@ def task_artifact_upload(
             role=TaskArtifact.Role.PERSISTED,
             defaults={"step_id": step_id},
         )
+        if log is not None:
+            kind, data = log
+            ref = {"artifact_id": artifact.pk, "sha": artifact.sha256}
+            event_append(
+                task_id=task.pk,
+                kind=kind,
+                step_id=step_id,
+                data={**ref, "size": artifact.size, **data},
+            )
     if artifact.media_type in WIDGET_MEDIA_TYPES:
         task_widget_preview(artifact_id=artifact.pk, task_id=task.pk, step_id=step_id)
         artifact.refresh_from_db(fields=["meta"])
     return artifact
+
+
+# -- the brain's note -------------------------------------------------------------
+
+NOTE_MAX_CHARS = 1000
+NOTE_MEDIA_TYPE = "text/markdown"
+NOTE_TITLE = "The brain's note"
+ERR_NOTE_EMPTY = "a note needs some text"
+ERR_NOTE_TOO_LONG = (
+    f"a note is at most {NOTE_MAX_CHARS} characters, not {{length}}: keep what"
+    " the next turn needs (refs, not payloads)"
+)
+
+
+def task_note_write(*, task, text: str, actor: str = ""):
+    """Save the short note a brain carries from one turn to the next; return its artifact.
+
+    What a brain must remember between turns lives in the task, not in its
+    chat: the resume document shows the last note written, so a run cut and
+    started again has it too. The note is a class-3 artifact (a snapshot):
+    the brain's own words, which no call can make again, so resume reuses the
+    saved note and never asks for it twice, and a note not saved was never
+    shown. It is stored like any upload (``task_artifact_upload``): the blob
+    first, then in one transaction its row, the task's link and
+    ``note_written`` naming it. Writing the same words again reuses the row.
+    """
+    text_check(text, field="text")
+    if not text.strip():
+        raise UploadError(ERR_NOTE_EMPTY)
+    if len(text) > NOTE_MAX_CHARS:
+        raise UploadError(ERR_NOTE_TOO_LONG.format(length=len(text)))
+    return task_artifact_upload(
+        task=task,
+        stream=iter([text.encode("utf-8")]),
+        media_type=NOTE_MEDIA_TYPE,
+        artifact_class=ArtifactClass.SNAPSHOT,
+        title=NOTE_TITLE,
+        meta={"note_for_task": task.pk},
+        log=(Event.Kind.NOTE_WRITTEN, {"chars": len(text), "actor": actor[:200]}),
+    )
 
 
 # -- deletion -----------------------------------------------------------------

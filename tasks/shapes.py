@@ -110,6 +110,128 @@ class StepRunOut(Shape):
     task: TaskOut
 
 
+class StepPageOut(Shape):
+    """One page of a task's steps (``read_steps``), in plan order.
+
+    ``next_from_position`` is where the next page starts (null: none left);
+    ``matching`` counts every step the filter selects, on all pages.
+    """
+
+    task_id: int
+    from_position: int
+    to_position: int | None
+    status: str | None
+    matching: int
+    steps: list[StepOut]
+    next_from_position: int | None
+
+
+class StepCompleteOut(Shape):
+    """What an agent is told after ``complete_step``: the step and its output ref.
+
+    ``already`` says the step was done before with these very bytes (a call
+    sent twice), so nothing new was written.
+    """
+
+    completed: bool
+    already: bool
+    detail: str
+    rule: str
+    step: StepOut
+    task: TaskSummaryOut
+
+
+# -- the resume document (tasks.resume_document) ----------------------------------
+
+
+class ResumeRuleOut(Shape):
+    """What resume will do with an unfinished step: a rule's name and its words."""
+
+    rule: str
+    words: str
+
+
+class ResumeTaskOut(TaskSummaryOut):
+    """The task of a resume document: its summary and where it was branched from."""
+
+    branched_from: int | None
+    branched_after_step: int | None
+
+
+class ResumeNextOut(Shape):
+    """A step still to run, as a resumed brain reads it.
+
+    ``args`` is null when the document's size rules left it out
+    (``args_chars`` says how long it is; ``read_steps`` gives it whole).
+    """
+
+    id: int
+    position: int
+    title: str
+    status: str
+    tool: str
+    args: dict[str, Any] | None
+    args_chars: int
+    artifact_class: int
+    side_effects: bool
+    attempts: int
+    max_attempts: int
+    error: str
+    idempotency_key: str
+    resume: ResumeRuleOut
+
+
+class ResumeDoneOut(Shape):
+    """A finished step: its output's ref and the first characters of its text.
+
+    ``excerpt`` is null for an output that is not text (or is missing).
+    """
+
+    id: int
+    position: int
+    title: str
+    status: str
+    output: ArtifactRefOut | None
+    excerpt: str | None
+
+
+class ResumeNoteOut(Shape):
+    """The short note the brain left on the task (a class-3 artifact of its own)."""
+
+    text: str
+    artifact_id: int
+    sha256: str
+    written_at: datetime
+
+
+class ResumeOut(Shape):
+    """What every brain reads before every turn, through every door: bounded.
+
+    The task, its steps counted by status, the step to run next and a few
+    after it (``next``), the last few finished steps (``recent``), the
+    brain's own note, and how many steps it is not shown (``earlier_done``
+    before ``recent``, ``later`` after ``next``), which ``read_steps`` reads.
+    ``trimmed`` names the size rules that shortened it, if any.
+    """
+
+    # "schema" would shadow a BaseModel attribute: the field has another name,
+    # and the key a program reads (and sends back) is "schema".
+    model_config = ConfigDict(
+        validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
+    )
+
+    schema_name: str = Field(alias="schema")
+    task: ResumeTaskOut
+    counts: dict[str, int]
+    next: list[ResumeNextOut]
+    later: int
+    recent: list[ResumeDoneOut]
+    earlier_done: int
+    read_steps: str
+    note: ResumeNoteOut | None
+    trimmed: list[str]
+
+
 # -- what a program sends ----------------------------------------------------------
 
 Title = Annotated[str, Field(min_length=1, max_length=TITLE_MAX)]

@@ -10,7 +10,7 @@ from tasks.models import (
     Step,
     Task,
 )
-from tasks.resume import resume_context
+from tasks.resume_document import document_text, document_words, resume_payload
 
 EVENTS_PER_PAGE = 50
 
@@ -98,4 +98,20 @@ def event_kinds(*, task: Task) -> list[str]:
 
 def task_resume_context_json(*, task: Task) -> str:
     """Return the document a resumed brain reads, pretty-printed."""
-    return json.dumps(resume_context(task), indent=2, default=str, sort_keys=False)
+    return json.dumps(resume_payload(task), indent=2, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class ResumeSummary:
+    """The task page's resume card: what a brain will be told, in Dad's words."""
+
+    words: str
+    chars: int  # the document's size as a brain reads it (compact JSON)
+
+
+def task_resume_summary(*, task: Task) -> ResumeSummary:
+    """Say what the resume document tells a brain now, and how long it is."""
+    payload = resume_payload(task)
+    return ResumeSummary(
+        words=document_words(payload), chars=len(document_text(payload))
+    )

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from django.conf import settings
 
 from artifacts.models import Artifact, ArtifactSource
 from artifacts.store import BlobStore
@@ -30,7 +33,10 @@ def test_the_openapi_schema_lists_every_endpoint(client):
         "/api/v1/tasks",
         "/api/v1/tasks/{task_id}/plan",
         "/api/v1/tasks/{task_id}/resume-context",
+        "/api/v1/tasks/{task_id}/steps",
         "/api/v1/tasks/{task_id}/steps/run",
+        "/api/v1/tasks/{task_id}/steps/{step_id}/complete",
+        "/api/v1/tasks/{task_id}/note",
         "/api/v1/tasks/{task_id}/artifacts",
         "/api/v1/artifacts/{artifact_id}/content",
         "/api/v1/council/rounds/{round_id}/context",
@@ -103,6 +109,7 @@ def test_another_users_task_conversation_and_artifact_answer_404(
     for path in (
         f"/api/v1/tasks/{task['id']}",
         f"/api/v1/tasks/{task['id']}/resume-context",
+        f"/api/v1/tasks/{task['id']}/steps",
         f"/api/v1/conversations/{task['conversation_id']}",
         f"/api/v1/artifacts/{artifact_id}",
         f"/api/v1/artifacts/{artifact_id}/content",
@@ -111,7 +118,18 @@ def test_another_users_task_conversation_and_artifact_answer_404(
         assert response.status_code == 404, path
         assert "not found (or not yours)" in response.json()["detail"]
     assert run(stranger, task["id"]).status_code == 404
+    step_id = Step.objects.get(task_id=task["id"], position=2).pk
+    for path, body in (
+        (
+            f"/api/v1/tasks/{task['id']}/steps/{step_id}/complete",
+            {"worker": "w", "content": "<svg/>"},
+        ),
+        (f"/api/v1/tasks/{task['id']}/note", {"text": "mine now"}),
+    ):
+        response = stranger.post(path, body)
+        assert response.status_code == 404, path
     assert Task.objects.get(pk=task["id"]).steps_done == 1
+    assert not Event.objects.filter(task_id=task["id"], kind="note_written").exists()
 
 
 def test_unknown_ids_answer_404_with_the_id(api_client):
@@ -169,14 +187,140 @@ def test_a_runner_that_releases_its_lease_lets_another_go_on(api_client):
     assert run(api_client, task["id"], worker="second").json()["ran"] is True
 
 
-def test_the_resume_context_shows_done_steps_as_refs(api_client):
+def test_the_resume_context_shows_done_steps_as_refs_with_a_short_excerpt(
+    api_client,
+):
     task = new_task(api_client)
     run(api_client, task["id"])
     context = api_client.get(f"/api/v1/tasks/{task['id']}/resume-context").json()
-    text = str(context)
-    assert "Fetch closes" in text
-    assert Step.objects.get(task_id=task["id"], position=1).output.sha256 in text
-    assert "date,close" not in text
+    assert context["schema"] == "pippa.resume/3"
+    (done,) = context["recent"]
+    output = Step.objects.get(task_id=task["id"], position=1).output
+    assert done["title"] == "Fetch closes"
+    assert done["output"]["sha256"] == output.sha256
+    assert done["excerpt"].startswith("date,close")
+    assert len(done["excerpt"]) < 200 < output.size  # an excerpt, never the payload
+    assert context["next"][0]["title"] == "Chart them"
+
+
+def test_a_smaller_resume_context_is_trimmed_by_rule_and_a_bad_size_is_a_422(
+    api_client,
+):
+    task = new_task(api_client)
+    run(api_client, task["id"])
+    url = f"/api/v1/tasks/{task['id']}/resume-context"
+    small = api_client.get(url, data={"max_chars": 1500})
+    assert small.status_code == 200
+    assert len(json.dumps(small.json(), ensure_ascii=False)) <= 1500
+    for bad in (1499, 4001, "many"):
+        response = api_client.get(url, data={"max_chars": bad})
+        assert response.status_code == 422, bad
+        assert "max_chars" in response.json()["detail"]
+
+
+def test_read_steps_pages_through_the_plan_and_refuses_a_bad_range(api_client):
+    task = first_step_done(api_client)
+    url = f"/api/v1/tasks/{task['id']}/steps"
+    page = api_client.get(url, data={"limit": 1}).json()
+    assert [s["title"] for s in page["steps"]] == ["Fetch closes"]
+    assert page["next_from_position"] == 2
+    assert page["steps"][0]["output"]["artifact_class"] == 2
+    done = api_client.get(url, data={"status": "done"}).json()
+    assert [s["position"] for s in done["steps"]] == [1]
+    refused = api_client.get(url, data={"from_position": 2, "to_position": 1})
+    assert refused.status_code == 400
+    assert "comes before" in refused.json()["detail"]
+    assert api_client.get(url, data={"status": "finished"}).status_code == 422
+    assert api_client.get(url, data={"limit": 51}).status_code == 422
+
+
+def test_a_note_is_saved_and_the_next_resume_context_shows_it(api_client):
+    task = new_task(api_client)
+    response = api_client.post(
+        f"/api/v1/tasks/{task['id']}/note", {"text": "Chart January only."}
+    )
+    assert response.status_code == 201
+    note = response.json()
+    assert note["text"] == "Chart January only."
+    context = api_client.get(f"/api/v1/tasks/{task['id']}/resume-context").json()
+    assert context["note"] == note
+    too_long = api_client.post(f"/api/v1/tasks/{task['id']}/note", {"text": "x" * 1001})
+    assert too_long.status_code == 422
+
+
+def test_an_agent_completes_a_step_it_did_itself_and_a_second_send_changes_nothing(
+    api_client,
+):
+    task = new_task(api_client)
+    steps = list(Step.objects.filter(task_id=task["id"]).order_by("position"))
+    url = f"/api/v1/tasks/{task['id']}/steps/{steps[0].pk}/complete"
+    body = {
+        "worker": "claude-laptop",
+        "content": "date,close\n2024-01-02,10.5\n",
+        "media_type": "text/csv",
+        "title": "Closes I fetched myself",
+    }
+    first = api_client.post(url, body)
+    assert first.status_code == 200, first.content
+    answer = first.json()
+    assert (answer["completed"], answer["already"]) == (True, False)
+    assert answer["step"]["status"] == "done"
+    assert answer["step"]["output"]["artifact_class"] == 2  # the step's class
+    assert answer["task"]["steps_done"] == 1
+    assert answer["task"]["lease_owner"] == ""  # held only during the call
+    output = Artifact.objects.get(pk=answer["step"]["output"]["id"])
+    assert BlobStore(settings.BLOB_DIR).get(output.sha256) == body["content"].encode()
+    kinds = list(
+        Event.objects.filter(step_id=steps[0].pk)
+        .order_by("seq")
+        .values_list("kind", flat=True)
+    )
+    assert kinds == ["tool_call_started", "payload_persisted", "tool_result_persisted"]
+    again = api_client.post(url, body)
+    assert again.status_code == 200
+    assert again.json()["already"] is True
+    assert again.json()["step"]["output"]["id"] == output.pk
+    assert Event.objects.filter(step_id=steps[0].pk).count() == 3
+    other = api_client.post(url, {**body, "content": "different bytes"})
+    assert other.status_code == 409
+    assert "its output stands" in other.json()["detail"]
+
+
+def test_completing_a_step_while_another_worker_holds_the_lease_is_a_409(api_client):
+    task = new_task(api_client)
+    run(api_client, task["id"], worker="busy-runner")
+    step_id = Step.objects.get(task_id=task["id"], position=2).pk
+    response = api_client.post(
+        f"/api/v1/tasks/{task['id']}/steps/{step_id}/complete",
+        {"worker": "agent", "content": "<svg/>", "media_type": "image/svg+xml"},
+    )
+    assert response.status_code == 409
+    assert response.json()["code"] == "lease_held"
+    assert Step.objects.get(pk=step_id).status == "pending"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        ({"content": ""}, 422, "content"),
+        ({"content": "!!", "encoding": "base64"}, 400, "not valid base64"),
+        ({"content": "x", "media_type": "not a type"}, 400, "media_type"),
+        ({"content": "x", "source_refs": [987654]}, 404, "not found"),
+    ],
+)
+def test_a_completion_that_cannot_be_kept_is_refused_and_nothing_is_written(
+    api_client, body, status, words
+):
+    task = new_task(api_client)
+    step_id = Step.objects.get(task_id=task["id"], position=1).pk
+    response = api_client.post(
+        f"/api/v1/tasks/{task['id']}/steps/{step_id}/complete",
+        {"worker": "agent", **body},
+    )
+    assert response.status_code == status
+    assert words in response.json()["detail"]
+    assert not Event.objects.filter(step_id=step_id).exists()
+    assert Step.objects.get(pk=step_id).status == "pending"
 
 
 def test_a_plan_rewrite_that_would_change_a_done_step_is_a_409(api_client):

@@ -20,12 +20,15 @@ from tasks.documents import (
 )
 from tasks.models import Step
 from tasks.plan import task_create
-from tasks.resume import resume_context
+from tasks.resume_document import resume_payload
 from tasks.shapes import (
     ArtifactOut,
     ArtifactRefOut,
     ConversationOut,
+    ResumeOut,
+    StepCompleteOut,
     StepOut,
+    StepPageOut,
     StepRunOut,
     TaskOut,
     TaskSummaryOut,
@@ -51,13 +54,33 @@ def test_the_api_declares_the_shapes_themselves_not_copies():
     import api.api as module
 
     components = api.get_openapi_schema()["components"]["schemas"]
-    for shape in (ArtifactOut, ArtifactRefOut, ConversationOut, StepOut, StepRunOut):
+    for shape in (
+        ArtifactOut,
+        ArtifactRefOut,
+        ConversationOut,
+        StepOut,
+        StepRunOut,
+        StepPageOut,
+        StepCompleteOut,
+    ):
         assert set(components[shape.__name__]["properties"]) == _fields(shape)
+    # The resume document's one key whose field has another name: "schema".
+    assert set(components["ResumeOut"]["properties"]) == {
+        field.alias or name for name, field in ResumeOut.model_fields.items()
+    }
     # TaskOut is TaskSummaryOut's fields and the steps.
     assert set(components["TaskOut"]["properties"]) == _fields(TaskSummaryOut) | {
         "steps"
     }
-    for shape in (ArtifactOut, ConversationOut, StepRunOut, TaskOut):
+    for shape in (
+        ArtifactOut,
+        ConversationOut,
+        StepRunOut,
+        TaskOut,
+        ResumeOut,
+        StepPageOut,
+        StepCompleteOut,
+    ):
         assert getattr(module, shape.__name__) is shape
 
 
@@ -90,17 +113,27 @@ def test_the_task_document_has_exactly_the_api_schemas_keys(half_done):
 
 @pytest.mark.django_db
 def test_the_resume_context_and_a_council_ref_extend_the_same_shapes(half_done):
-    context = resume_context(half_done)
+    context = resume_payload(half_done)
     document = task_payload(half_done)
-    done = context["steps"][0]
+    done = context["recent"][0]
     artifact = Step.objects.get(pk=done["id"]).output
 
     assert set(context["task"]) == _fields(TaskSummaryOut) | {
         "branched_from",
         "branched_after_step",
     }
-    for entry, step in zip(context["steps"], document["steps"], strict=True):
-        assert {k: entry[k] for k in step} == step
+    by_id = {s["id"]: s for s in document["steps"]}
+    for entry in context["recent"]:
+        step = by_id[entry["id"]]
+        assert {k: entry[k] for k in ("position", "title", "status")} == {
+            k: step[k] for k in ("position", "title", "status")
+        }
+        assert entry["output"] == step["output"]
+    for entry in context["next"]:
+        step = by_id[entry["id"]]
+        shared = set(step) & set(entry)
+        assert {k: entry[k] for k in shared} == {k: step[k] for k in shared}
+        assert shared == set(step) - {"output"}
     assert set(done["output"]) == _fields(ArtifactRefOut)
     assert "class" not in done["output"]
     ref = participant_ref(artifact)

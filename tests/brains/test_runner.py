@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from brains.base import BrainReply, ToolCall
-from brains.runner import LocalBackend, run_brain
+from brains.base import BrainReply, TokenUsage, ToolCall
+from brains.runner import (
+    SYSTEM_PROMPT,
+    TOOL_SPECS,
+    LocalBackend,
+    Room,
+    Runner,
+    request_chars,
+    run_brain,
+)
 from brains.scripted import ScriptedBrain
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
@@ -172,7 +182,7 @@ def test_malformed_calls_are_answered_with_a_sentence_and_the_run_goes_on(task, 
         "the arguments of rewrite_plan are not JSON",
         "the tool call names no tool",
         "unknown tool 'launch_rockets'; use one of: run_next_step, rewrite_plan, "
-        "read_artifact, read_resume_context",
+        "read_artifact, read_steps, write_note",
         "bad arguments for read_artifact: artifact_id must be an integer (an "
         'artifact\'s id), not "the closes"',
         "bad arguments for rewrite_plan: steps must be a list of steps (objects "
@@ -242,3 +252,175 @@ def test_a_cut_off_answer_that_holds_a_whole_call_runs_it(task, user):
     )
     assert report.tool_calls[0] == "run_next_step"
     assert task.steps.filter(status="done").count() == 1
+
+
+# -- every turn is built from state ------------------------------------------------
+
+SEARCHES = [
+    {"title": f"Search {n}", "tool": "demo.search", "args": {"query": "PIPA"}}
+    for n in range(1, 13)
+]
+
+
+@pytest.fixture
+def long_task(make_conversation, user):
+    conversation = make_conversation(owner=user)
+    return task_create(conversation=conversation, title="News", steps=SEARCHES)
+
+
+def test_every_turn_sends_the_state_now_and_the_latest_turns_never_the_whole_run(
+    long_task, user
+):
+    brain = ScriptedBrain()
+    report = run_brain(
+        brain=brain, backend=LocalBackend(user=user), task_id=long_task.pk
+    )
+    assert report.task_status == "done"
+    assert report.turns == 13
+    for n, messages in enumerate(brain.calls):
+        opening = messages[0]
+        assert opening.role == "user"
+        assert "Resume context (pippa.resume/3" in opening.text
+        document = json.loads(opening.text.split("\n")[1])
+        # The document as it stood when this turn was asked: n steps done.
+        assert document["task"]["steps_done"] == n
+        # Then at most two of the brain's own turns, each answered in full.
+        rest = messages[1:]
+        assert [m.role for m in rest] == ["assistant", "tool"] * min(n, 2)
+        for call, result in zip(rest[::2], rest[1::2], strict=True):
+            assert result.tool_call_id == call.tool_calls[0].id
+        if n >= 2:
+            # The older turn's result is a line; the latest one is whole.
+            assert set(rest[1].result) == {"earlier", "summary"}
+            assert rest[3].result["step"]["position"] == n
+        ids = {m.tool_call_id for m in rest if m.role == "tool"}
+        assert ids <= {f"scripted-{n - 1}", f"scripted-{n}"}
+    # What a turn sends does not grow with the task: once the document has
+    # its next and recent steps full, each turn is the same size.
+    middle = report.sent_chars[4:-4]
+    assert max(middle) - min(middle) < 40
+    assert report.sent_chars[-1] <= 1.5 * report.sent_chars[0]
+
+
+def test_a_run_cut_and_started_again_goes_on_from_the_note_and_the_state(
+    long_task, user
+):
+    first = ScriptedBrain(
+        script=[
+            call("run_next_step"),
+            call("write_note", text="Searches 1-2 saved; skip the weekend ones."),
+            call("run_next_step"),
+        ]
+    )
+    # Cut after three turns, as a killed runner would be.
+    run_brain(
+        brain=first, backend=LocalBackend(user=user), task_id=long_task.pk, max_turns=3
+    )
+    second = ScriptedBrain()
+    report = run_brain(
+        brain=second, backend=LocalBackend(user=user), task_id=long_task.pk
+    )
+    opening = second.calls[0][0].text
+    document = json.loads(opening.split("\n")[1])
+    assert document["note"]["text"] == "Searches 1-2 saved; skip the weekend ones."
+    assert document["task"]["steps_done"] == 2
+    assert [s["position"] for s in document["recent"]] == [1, 2]
+    assert len(second.calls[0]) == 1  # nothing of the first run's chat
+    assert report.task_status == "done"
+    assert report.steps_run == 10  # no step ran twice
+    assert Event.objects.filter(task=long_task, kind="tool_call_started").count() == 12
+
+
+def test_read_steps_answers_the_steps_the_document_leaves_out(long_task, user):
+    run_brain(
+        brain=ScriptedBrain(), backend=LocalBackend(user=user), task_id=long_task.pk
+    )
+    brain = ScriptedBrain(
+        script=[
+            call("read_steps", from_position=2, to_position=4),
+            call("read_steps", status="done", limit=5),
+            call("read_steps", status="finished"),
+            call("read_steps", from_position="two"),
+        ]
+    )
+    run_brain(brain=brain, backend=LocalBackend(user=user), task_id=long_task.pk)
+    ranged = brain.calls[1][-1].result
+    assert [s["position"] for s in ranged["steps"]] == [2, 3, 4]
+    assert ranged["steps"][0]["output"]["artifact_class"] == 3
+    paged = brain.calls[2][-1].result
+    assert (len(paged["steps"]), paged["matching"], paged["next_from_position"]) == (
+        5,
+        12,
+        6,
+    )
+    assert brain.calls[3][-1].result["error"].startswith("status must be one of")
+    assert brain.calls[4][-1].result["error"] == (
+        'bad arguments for read_steps: from_position must be a whole number, not "two"'
+    )
+
+
+def test_a_result_larger_than_the_brains_room_is_answered_with_what_to_ask_instead(
+    long_task, user
+):
+    brain = ScriptedBrain(
+        script=[call("read_steps", limit=50), call("read_steps", limit=1)]
+    )
+    run_brain(
+        brain=brain,
+        backend=LocalBackend(user=user),
+        task_id=long_task.pk,
+        room=Room(result_chars=800),
+    )
+    refused = brain.calls[1][-1].result["error"]
+    assert "more than this brain's room for one result (800)" in refused
+    assert "smaller limit" in refused
+    assert [s["position"] for s in brain.calls[2][-1].result["steps"]] == [1]
+
+
+def test_a_small_room_sends_fewer_turns_then_fewer_of_the_brains_words(long_task, user):
+    chatty = BrainReply(
+        text="Thinking aloud. " * 200,
+        tool_calls=[ToolCall("c-1", "run_next_step", {})],
+        stop_reason="tool_use",
+    )
+    brain = ScriptedBrain(script=[call("run_next_step"), chatty, call("run_next_step")])
+    runner = Runner(
+        brain=brain,
+        backend=LocalBackend(user=user),
+        task_id=long_task.pk,
+        room=Room(document_chars=1500, context_tokens=2000, chars_per_token=4.0),
+        max_turns=3,
+    )
+    runner.run()
+    third = brain.calls[2]
+    # Only the latest turn is left, its words shortened; its call and result whole.
+    assert [m.role for m in third] == ["user", "assistant", "tool"]
+    assert third[1].text.endswith("…")
+    assert len(third[1].text) < len(chatty.text)
+    assert third[1].tool_calls[0].id == "c-1"
+    assert third[2].result["step"]["position"] == 2
+    assert request_chars(SYSTEM_PROMPT, TOOL_SPECS, third) <= 6000
+
+
+def test_a_small_context_learns_its_brains_tokens_and_keeps_a_quarter_for_answers(
+    task, user
+):
+    room = Room.for_context(4096)
+    assert (room.window_turns, room.context_tokens) == (1, 4096)
+    assert 1500 <= room.document_chars <= 4000
+    # A brain whose tokens hold two characters: the next request is fitted
+    # into 3/4 of 4,096 tokens at 1.8 characters a token.
+    counted = BrainReply(
+        text="",
+        tool_calls=[ToolCall("c-1", "run_next_step", {})],
+        stop_reason="tool_use",
+        tokens=TokenUsage(input_tokens=100, output_tokens=10, total_tokens=110),
+    )
+    brain = ScriptedBrain(script=[counted])
+    runner = Runner(
+        brain=brain, backend=LocalBackend(user=user), task_id=task.pk, room=room
+    )
+    runner.run()
+    first = request_chars(SYSTEM_PROMPT, TOOL_SPECS, brain.calls[0])
+    assert runner.chars_per_token == pytest.approx(first / 100 * 0.9)
+    assert runner.prompt_chars() == int(4096 * 3 / 4 * first / 100 * 0.9)

@@ -8,8 +8,11 @@ like a runner on another machine.
 ``--local`` needs no key: it starts llama.cpp's OpenAI-compatible server with
 the small model of the ``local`` extra (``brains.local``) on a free port of
 127.0.0.1, drives the task with it as the "ollama" brain, and stops the
-server afterwards. ``--demo-task`` makes a fresh three-step demo task for
-``--user`` (default "dad", made by ``pippa_demo``) instead of naming one.
+server afterwards; each turn is fitted into the server's context
+(``--local-context``, ``brains.runner.Room.for_context``), as
+``--context-tokens`` fits it for any other brain. ``--demo-task`` makes a
+fresh demo task for ``--user`` (default "dad", made by ``pippa_demo``)
+instead of naming one: three steps, or ``--demo-steps N``.
 """
 
 from __future__ import annotations
@@ -25,9 +28,14 @@ from django.template.defaultfilters import pluralize
 from brains import DEFAULT_KIND, KINDS, BrainError, brain_make
 from brains.base import RETRIES, TIMEOUT
 from brains.local import CONTEXT_TOKENS as LOCAL_CONTEXT
-from brains.local import MODEL_NAME, LocalBrainUnavailable
+from brains.local import (
+    ERR_DEMO_STEPS,
+    MIN_DEMO_STEPS,
+    MODEL_NAME,
+    LocalBrainUnavailable,
+)
 from brains.local import TURN_TIMEOUT as LOCAL_TIMEOUT
-from brains.runner import HttpBackend, LocalBackend, ToolFailure, run_brain
+from brains.runner import HttpBackend, LocalBackend, Room, ToolFailure, run_brain
 from tasks.models import Brain, Task
 
 ERR_NO_TASK = "no task {id}"
@@ -85,6 +93,14 @@ class Command(BaseCommand):
         )
         parser.add_argument("--max-turns", type=int, default=60)
         parser.add_argument(
+            "--context-tokens",
+            type=positive_int,
+            default=None,
+            help="the brain's context in tokens: each turn's request is fitted "
+            "into it, leaving a quarter for the answer (default: no bound; "
+            "--local-context with --local)",
+        )
+        parser.add_argument(
             "--lease-wait",
             type=float,
             default=None,
@@ -114,13 +130,24 @@ class Command(BaseCommand):
         parser.add_argument(
             "--demo-task",
             action="store_true",
-            help="make a fresh three-step demo task for --user and drive it",
+            help="make a fresh demo task for --user and drive it",
+        )
+        parser.add_argument(
+            "--demo-steps",
+            type=positive_int,
+            default=MIN_DEMO_STEPS,
+            help=f"how many steps --demo-task makes (default {MIN_DEMO_STEPS}: "
+            "the closes, a search, the chart; each step more is a search)",
         )
         parser.add_argument("--user", default="dad", help="owner of --demo-task")
 
     def handle(self, *args, **opts):
+        if opts["demo_steps"] < MIN_DEMO_STEPS:
+            raise CommandError(
+                ERR_DEMO_STEPS.format(least=MIN_DEMO_STEPS, count=opts["demo_steps"])
+            )
         if opts["demo_task"]:
-            opts["task_id"] = self.demo_task(opts["user"]).pk
+            opts["task_id"] = self.demo_task(opts["user"], opts["demo_steps"]).pk
         elif opts["task_id"] is None:
             raise CommandError(ERR_TASK_OR_DEMO)
         with contextlib.ExitStack() as stack:
@@ -135,11 +162,12 @@ class Command(BaseCommand):
                 opts["kind"] = opts["kind"] or "openai"
                 opts["model"] = opts["model"] or MODEL_NAME
                 opts["timeout"] = opts["timeout"] or LOCAL_TIMEOUT
+                opts["context_tokens"] = opts["context_tokens"] or opts["local_context"]
             self.drive(opts)
 
-    def demo_task(self, username: str):
-        """Make a fresh demo task in the user's local-brain conversation."""
-        from brains.local import DEMO_CONVERSATION, DEMO_STEPS, DEMO_TITLE
+    def demo_task(self, username: str, count: int):
+        """Make a fresh demo task of ``count`` steps in the user's local-brain conversation."""
+        from brains.local import DEMO_CONVERSATION, DEMO_TITLE, demo_steps
         from tasks.models import Conversation
         from tasks.plan import conversation_task_create, task_create
 
@@ -151,19 +179,18 @@ class Command(BaseCommand):
             .order_by("pk")
             .first()
         )
+        steps = demo_steps(count)
         if conversation is None:
             task = conversation_task_create(
                 owner=owner,
                 conversation_title=DEMO_CONVERSATION,
                 title=DEMO_TITLE,
-                steps=DEMO_STEPS,
+                steps=steps,
             )
         else:
-            task = task_create(
-                conversation=conversation, title=DEMO_TITLE, steps=DEMO_STEPS
-            )
+            task = task_create(conversation=conversation, title=DEMO_TITLE, steps=steps)
         self.stdout.write(
-            f"Made task {task.pk}: {task.title} ({len(DEMO_STEPS)} steps), "
+            f"Made task {task.pk}: {task.title} ({len(steps)} steps), "
             f"in the conversation {DEMO_CONVERSATION!r} of {username}"
         )
         return task
@@ -229,6 +256,9 @@ class Command(BaseCommand):
                 worker=opts["worker"],
                 max_turns=opts["max_turns"],
                 lease_wait=lease_wait,
+                room=Room.for_context(opts["context_tokens"])
+                if opts["context_tokens"]
+                else None,
                 on_event=lambda line: self.stdout.write(line),
             )
         except (BrainError, ToolFailure) as exc:
