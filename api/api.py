@@ -456,9 +456,7 @@ def task_brain_turn(request: HttpRequest, task_id: int, payload: BrainTurnIn):
 
 
 # by_alias: the document's "schema" key (a field of another name in ResumeOut).
-@tasks.get(
-    "/{task_id}/resume-context", response={200: ResumeOut, **BAD}, by_alias=True
-)
+@tasks.get("/{task_id}/resume-context", response={200: ResumeOut, **BAD}, by_alias=True)
 def task_resume_context(
     request: HttpRequest,
     task_id: int,

@@ -87,6 +87,7 @@ from tasks.resume import (
     CALL_AGAIN,
     REVIEW,
     Envelope,
+    ResumeAdvice,
     class1_file,
     envelope_read,
     uncertain_decide,
@@ -949,8 +950,10 @@ def step_complete(
        finished step, one that waits for a person, or one whose call is in
        flight under this same lease is refused (``StepRefused``). A step a
        stopped worker left running (an open envelope) is decided by its
-       class first (``uncertain_decide``): only where the class says "call
-       again" may the agent's output stand in for that call.
+       class first (``uncertain_decide``), as ``step`` would: where the
+       class says "call again" the agent's output stands in for that call;
+       where it says "needs review" the step goes to a person (the outcome
+       says so); where a saved output is to be adopted, it stands.
     2. Count the attempt and log ``tool_call_started`` (with ``by: agent``):
        commit 1, durable first for a step with outside effects.
     3. Write the bytes as a content-addressed file.
@@ -977,17 +980,35 @@ def step_complete(
         if lease is None:
             return None
         current = Step.objects.select_related("output").get(pk=step_id)
+        row = step_row(
+            task_id, [*(getattr(current, c) for c in sql.STEP_COLUMNS), owner_id]
+        )
         pre = _complete_check(current, sha, lease, worker_id)
-        if pre is not None:
-            row = step_row(
-                task_id, [*(getattr(current, c) for c in sql.STEP_COLUMNS), owner_id]
+        if pre is None:  # done with these bytes: nothing to write, the lease as it was
+            transaction.set_rollback(True)
+        elif isinstance(pre, ResumeAdvice):
+            # The class hands the open envelope to a person, as ``step`` would.
+            if lease.entries:
+                lease_append(cur, task_id, worker_id, lease.entries)
+            env = envelope_read(row.id)
+            task_status = step_needs_review(
+                cur, row, worker_id, pre, note=_note(pre, env, worker_id)
             )
+        else:
             _start(cur, row, worker_id, [*lease.entries, *pre], by="agent")
             crashpoint("before_started_commit")
-        else:  # done with these bytes: nothing to write, the lease as it was
-            transaction.set_rollback(True)
     if pre is None:
         return _already(current)
+    if isinstance(pre, ResumeAdvice):
+        return StepOutcome(
+            task_id=task_id,
+            task_status=task_status,
+            step_id=row.id,
+            position=row.position,
+            status=S.NEEDS_REVIEW,
+            rule=pre.rule,
+            error=pre.words,
+        )
     crashpoint("after_started")
     output = _Output(
         ToolResult(
@@ -1005,25 +1026,31 @@ def step_complete(
     except Exception as exc:  # noqa: BLE001 - the store's failure, as for a tool
         return _output_unsaved(row, worker_id, exc, stage="blob", needed=len(data))
     crashpoint("after_blob")
+    # How an open envelope was settled to let this output stand, if one was.
+    rule = next((data["rule"] for _, _, data in pre), "")
     try:
         outcome = _finish(
             row,
             worker_id,
             payload,
             invoked=True,
+            rule=rule,
             pre=[(Event.Kind.PAYLOAD_PERSISTED, row.id, payload)],
         )
     except (DatabaseError, OSError, BlobVanished) as exc:
         return _output_unsaved(
-            row, worker_id, exc, stage="result", written=payload["sha"]
+            row, worker_id, exc, stage="result", rule=rule, written=payload["sha"]
         )
     crashpoint("after_result")
     return outcome
 
 
-def _complete_check(step: Step, sha: str, lease: Lease, worker_id: str) -> list | None:
-    """The events to log before ``tool_call_started`` for an agent's output,
-    None for a done step that already has these bytes; else refuse."""
+def _complete_check(
+    step: Step, sha: str, lease: Lease, worker_id: str
+) -> list | ResumeAdvice | None:
+    """What to do with an agent's output for ``step``: the events to log
+    before ``tool_call_started``; None for a done step that already has these
+    bytes; the class's advice when it hands the step to a person; else refuse."""
     label = step.get_status_display()
     if step.status == S.DONE and step.output is not None and step.output.sha256 == sha:
         return None
@@ -1043,7 +1070,10 @@ def _complete_check(step: Step, sha: str, lease: Lease, worker_id: str) -> list 
     if not env.open:
         return []
     advice = uncertain_decide(step, env)
+    if advice.action == REVIEW:
+        return advice
     if advice.action != CALL_AGAIN:
+        # Adopt: the saved output of the call stands (run_next_step takes it).
         raise StepRefused(
             ERR_STEP_UNSETTLED.format(position=step.position, words=advice.words)
         )

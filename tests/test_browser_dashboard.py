@@ -63,10 +63,11 @@ def test_dad_opens_a_conversation_and_a_task_at_desktop_and_phone_widths(
             thumbs.nth(i).evaluate("img => img.decode().then(() => img.naturalWidth)")
             assert thumbs.nth(i).evaluate("img => img.naturalWidth") > 0
         page.evaluate("window.scrollTo(0, 0)")
-        summary = page.locator("summary:has(#resume-heading)")
+        expect(page.locator(".resume-words")).to_contain_text("It will be told:")
+        summary = page.locator(".resume-card summary")
         summary.focus()
         page.keyboard.press("Enter")  # keyboard opens the panel; htmx loads it
-        expect(page.locator("pre.json")).to_contain_text('"schema": "pippa.resume/2"')
+        expect(page.locator("pre.json")).to_contain_text('"schema": "pippa.resume/3"')
         screenshot(page, f"dashboard-task-running-{name}")
 
 

@@ -184,3 +184,68 @@ def test_local_context_sets_the_servers_context(tmp_path, monkeypatch):
     assert n_ctx("--local-context", "4096") == "4096"
     with pytest.raises(CommandError, match="must be a whole number above 0"):
         call_command("pippa_brain", "--demo-task", "--local", "--local-context", "0")
+
+
+def test_demo_steps_makes_a_longer_demo_task_the_chart_last(user):
+    from io import StringIO
+
+    from brains.local import DEMO_CONVERSATION
+    from tasks.models import Task
+
+    out = StringIO()
+    call_command(
+        "pippa_brain",
+        "--demo-task",
+        "--demo-steps",
+        "20",
+        "--max-turns",
+        "1",
+        stdout=out,
+    )
+    task = Task.objects.get(conversation__title=DEMO_CONVERSATION)
+    steps = list(task.steps.order_by("position"))
+    assert "(20 steps)" in out.getvalue()
+    assert [s.tool for s in steps] == [
+        "demo.closes",
+        *["demo.search"] * 18,
+        "demo.chart",
+    ]
+    assert steps[-1].args["source"] == 1  # the chart draws step 1's closes
+    assert len({s.title for s in steps}) > 10  # searches for different things
+
+
+@pytest.mark.parametrize("bad", ["2", "0", "many"])
+def test_a_demo_task_of_fewer_than_three_steps_is_refused_before_any_work(user, bad):
+    from tasks.models import Task
+
+    with pytest.raises(CommandError, match="3 steps or more|whole number above 0"):
+        call_command("pippa_brain", "--demo-task", "--demo-steps", bad)
+    assert not Task.objects.exists()
+
+
+def test_context_tokens_fits_each_request_of_any_brain_into_the_context(
+    make_conversation, monkeypatch
+):
+    from tests.support.fake_vendors import API_KEY, FakeOpenAI
+
+    monkeypatch.setenv("FAKE_VENDOR_KEY", API_KEY)
+    steps = [{"title": f"s{n}", "tool": "demo.search", "args": {}} for n in range(6)]
+    task = task_create(conversation=make_conversation(), title="t", steps=steps)
+    with FakeOpenAI() as fake:
+        drive_with_ollama(
+            task,
+            fake.base_url,
+            "--api-key-env",
+            "FAKE_VENDOR_KEY",
+            "--context-tokens",
+            "2048",
+            "--max-turns",
+            "8",
+        )
+    assert fake.errors == []
+    # A small context: each request holds the document and the latest turn only.
+    for request in fake.requests[1:]:
+        roles = [m["role"] for m in request.body["messages"]]
+        assert roles == ["system", "user", "assistant", "tool"]
+        document = request.body["messages"][1]["content"].split("\n")[1]
+        assert len(document) <= 1500  # the least the document is asked for

@@ -37,20 +37,20 @@ needs_local = pytest.mark.skipif(
     "run `make install-local` to build llama.cpp's server",
 )
 LEASE_SECONDS = 2
-# Room for the opening prompt (about 2,200 tokens) and one answer. A runner
-# here takes one turn after the prompt: a runaway answer (the server's tool
-# calls ignore max_tokens) ends when the context is full, and a second turn's
-# prompt would outgrow it.
+# The context of ``make local-brain``: every turn's request is fitted into
+# three quarters of it (``brains.runner.Room.for_context``), so a runaway
+# answer (the server's tool calls ignore max_tokens) that fills the context
+# is shortened in the next turn's request instead of outgrowing it.
 CONTEXT_TOKENS = 4096
+TURNS = 3
 
 
 @pytest.fixture(scope="module")
 def llama_server():
     from brains.local import LocalModelServer
 
-    # A smaller context than the product's: an answer that never closes its
-    # tool call's arguments ends when the context is full (the server's
-    # tool-calling format ignores max_tokens), here within about 1,900 tokens.
+    # An answer that never closes its tool call's arguments ends when the
+    # context is full (the server's tool-calling format ignores max_tokens).
     with LocalModelServer(context_tokens=CONTEXT_TOKENS) as server:
         yield server
 
@@ -83,11 +83,13 @@ def test_pippa_brain_local_drives_the_demo_task_to_a_clean_stop(
             "pippa_brain",
             "--local",
             "--demo-task",
-            # One turn (see CONTEXT_TOKENS).
+            "--demo-steps",
+            "20",
             "--local-context",
             str(CONTEXT_TOKENS),
+            # make local-brain gives it 24; three show each turn fits.
             "--max-turns",
-            "1",
+            str(TURNS),
         ],
         cwd=REPO,
         env=brain_env(subprocess_env),
@@ -109,11 +111,13 @@ def test_pippa_brain_local_drives_the_demo_task_to_a_clean_stop(
     task = Task.objects.get(conversation__title=DEMO_CONVERSATION)
     turns = Event.objects.filter(task=task, kind="brain_turn")
     assert task.brain == "ollama"
-    assert task.steps_total == len(DEMO_STEPS) == 3
-    assert turns.count() == 1
-    assert "ollama: 1 turn, " in out  # counted in words: one turn, not "1 turns"
+    assert task.steps_total == 20
+    assert 1 <= turns.count() <= TURNS
     assert all(t.data["model"] == MODEL_NAME for t in turns)
     assert all(t.data["total_tokens"] > 0 for t in turns)
+    # No request outgrew the context: every turn's prompt and answer fit in it.
+    assert all(t.data["total_tokens"] <= CONTEXT_TOKENS for t in turns)
+    assert all(t.data["input_tokens"] <= CONTEXT_TOKENS * 3 / 4 for t in turns)
     assert task.status in ("queued", "running", "done")
     assert task.lease_owner == ""
     assert all(n <= 1 for n in run_counts(task).values())
@@ -150,6 +154,8 @@ def test_a_runner_killed_mid_run_is_resumed_from_the_state_alone_by_a_fresh_serv
             "900",
             "--max-turns",
             str(max_turns),
+            "--context-tokens",
+            str(CONTEXT_TOKENS),
             "--lease-wait",
             "30",
         ]
@@ -207,10 +213,13 @@ def test_a_runner_killed_mid_run_is_resumed_from_the_state_alone_by_a_fresh_serv
     statuses = [status for _, status, _ in proxy.exchanges]
     assert statuses[0] == 200
     assert statuses[before:] == [200] * (len(statuses) - before)
-    # The resumed brain's first request carries the state: step 1 done, its output.
-    opening = proxy.exchanges[before][0]["messages"][1]["content"]
-    assert "Resume context" in opening
+    # The resumed brain's first request carries the state: step 1 done, its
+    # output; nothing of the killed runner's chat.
+    request = proxy.exchanges[before][0]
+    opening = request["messages"][1]["content"]
+    assert "Resume context (pippa.resume/3" in opening
     assert first.output.sha256 in opening
+    assert [m["role"] for m in request["messages"]] == ["system", "user"]
     task.refresh_from_db()
     if (
         Event.objects.filter(task=task, kind="plan_rewritten").count()

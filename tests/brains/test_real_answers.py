@@ -87,21 +87,11 @@ def test_real_arguments_that_are_not_json_are_answered_and_the_run_goes_on(
     make_conversation, user
 ):
     cut = answer("arguments_cut")
-    ran_out = RECORDED["turns"]["answers"][-1]["answer"]
-    raw = [cut["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]]
-    raw.append(
-        ran_out["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
-    )
-    for text in raw:
-        with pytest.raises(
-            json.JSONDecodeError, match="Expecting|Unterminated|Invalid"
-        ):
-            json.loads(text)
+    raw = cut["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+    with pytest.raises(json.JSONDecodeError, match="Expecting|Unterminated|Invalid"):
+        json.loads(raw)
     task, server, report = replay_run(
-        [cut, ran_out],
-        conversation=make_conversation(owner=user),
-        user=user,
-        max_turns=3,
+        [cut], conversation=make_conversation(owner=user), user=user, max_turns=3
     )
     assert server.errors == []
     assert len(server.requests) == report.turns == 3
@@ -112,7 +102,7 @@ def test_real_arguments_that_are_not_json_are_answered_and_the_run_goes_on(
     assert results[0][1]["error"].startswith(
         "the arguments of rewrite_plan are not JSON"
     )
-    assert '{ \\"steps\\": [{\\"title\\":\\"desktop view\\",' in results[0][1]["error"]
+    assert '{ \\"steps\\" : [ { \\"title\\": \\"' in results[0][1]["error"]
     # Sent back as the model sent it would not parse either: an empty object goes.
     turn = server.requests[1].body["messages"][2]
     assert turn["content"] == ""
@@ -122,7 +112,7 @@ def test_real_arguments_that_are_not_json_are_answered_and_the_run_goes_on(
     ]
     bad = Event.objects.filter(task=task, kind="brain_turn").order_by("seq")
     assert [e.data["bad_calls"] for e in bad] == [1, 1, 1]
-    assert bad[2].data["total_tokens"] == ran_out["usage"]["total_tokens"]
+    assert bad[2].data["total_tokens"] == cut["usage"]["total_tokens"]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -155,8 +145,17 @@ def test_a_real_run_of_four_turns_replays_without_an_http_error(
     )
     assert server.errors == []
     assert report.turns == 4
-    assert report.refused == 4  # a 135M model invents tools; each is told why
     assert report.total_tokens == sum(a["usage"]["total_tokens"] for a in answers)
-    errors = [r["error"] for _, r in server.tool_results(server.requests[-1].body)]
-    assert all(errors)
-    assert any("no tool named" in e for e in errors)
+    # A 135M model invents tools and writes notes: each call is answered, the
+    # invented ones with why.
+    results = [server.tool_results(r.body)[-1] for r in server.requests[1:]]
+    assert [name for name, _ in results] == report.tool_calls[:3]
+    refused = [r["error"] for _, r in results if "error" in r]
+    assert refused
+    assert all("no tool named" in e or "not JSON" in e for e in refused)
+    assert report.refused >= len(refused)
+    # Each request: the document now and the latest two turns, no more.
+    for request in server.requests:
+        roles = [m["role"] for m in request.body["messages"]]
+        assert roles[:2] == ["system", "user"]
+        assert roles.count("assistant") <= 2

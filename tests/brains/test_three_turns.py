@@ -160,3 +160,47 @@ def test_gemini_gets_its_signed_turns_back_verbatim(gemini_run):
     assert "thoughtSignature" in turn_one[1]  # the first call of the turn
     assert "thoughtSignature" not in turn_one[2]
     assert json.dumps(fake.requests[2].body).count("thoughtSignature") == 3
+
+
+# -- a run longer than the window ----------------------------------------------------
+
+LONG_PLAN = [
+    {"title": f"Search {n}", "tool": "demo.search", "args": {"query": "PIPA"}}
+    for n in range(1, 6)
+]
+
+
+@pytest.mark.parametrize(("kind", "brain", "options"), VENDORS, ids=IDS)
+def test_a_run_longer_than_the_window_sends_each_vendor_a_valid_request_every_turn(
+    kind, brain, options, make_conversation, user
+):
+    task = task_create(
+        conversation=make_conversation(owner=user), title="News", steps=LONG_PLAN
+    )
+    with FAKES[kind](**options) as fake:
+        adapter = brain_make(
+            kind=kind,
+            brain=brain,
+            model=f"{brain}-test-model",
+            base_url=fake.base_url,
+            api_key=API_KEY,
+            timeout=60,
+            retries=0,
+        )
+        report = run_brain(
+            brain=adapter, backend=LocalBackend(user=user), task_id=task.pk
+        )
+    # Six turns: five steps and the closing words; every request passed the SDK.
+    assert fake.errors == []
+    assert report.turns == 6
+    assert report.task_status == "done"
+    # The last request: the document and the latest two turns, not all five.
+    last = fake.requests[-1].body
+    (older, earlier), (latest, result) = fake.tool_results(last)
+    assert older == latest == "run_next_step"
+    assert set(earlier) == {"earlier", "summary"}  # the older result, a line
+    assert result["task"]["steps_done"] == 5  # the call just made, whole
+    if kind == "gemini":
+        # The turns kept still carry their signatures, as the model gave them.
+        for answer in fake.responses[-3:-1]:
+            assert answer["candidates"][0]["content"] in last["contents"]

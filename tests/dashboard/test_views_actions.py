@@ -136,10 +136,25 @@ def test_the_resume_context_opens_as_a_fragment_and_as_json(dad_client, conversa
     fragment = dad_client.get(url, headers={"HX-Request": "true"})
     assert fragment.status_code == 200
     assert "<html" not in fragment.content.decode()
-    assert "pippa.resume/2" in fragment.content.decode()
+    assert "pippa.resume/3" in fragment.content.decode()
     as_json = dad_client.get(url)
     assert as_json["Content-Type"] == "application/json"
-    assert as_json.json()["next_step"] == 2
+    assert as_json.json()["next"][0]["position"] == 2
+
+
+def test_the_task_page_says_in_words_what_a_brain_will_be_told_above_the_fold(
+    dad_client, conversation
+):
+    task = _failed_search_task(conversation)
+    body = dad_client.get(task.get_absolute_url()).content.decode()
+    card = body[body.index('id="resume-heading"') :]
+    words = card.index("It will be told: step 1 is done (with its result);")
+    assert "step 2, " in card
+    assert "waits for you before it can go on" in card
+    fold = card.index("For engineers: the document itself")
+    assert words < fold
+    # The JSON itself is read only when the fold is opened.
+    assert "pippa.resume/3" not in card[: card.index("</section>")]
 
 
 # -- actions ------------------------------------------------------------------

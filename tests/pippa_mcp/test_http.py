@@ -54,7 +54,10 @@ TOOLS = {
     "get_task",
     "rewrite_plan",
     "resume_context",
+    "read_steps",
+    "write_note",
     "run_next_step",
+    "complete_step",
     "pause_task",
     "resume_task",
     "cancel_task",
@@ -86,6 +89,9 @@ def test_the_tool_list_describes_each_tool_for_a_model(mcp_url, token_for, user)
     assert "snapshot" in by_name["get_task"].description
     assert "never re-run" in by_name["list_step_tools"].description
     assert "Read it first" in by_name["resume_context"].description
+    assert "at most 4,000 characters" in by_name["resume_context"].description
+    assert "page by page" in by_name["read_steps"].description
+    assert "did yourself" in by_name["complete_step"].description
     assert "write before show" in by_name["run_next_step"].description
     assert {t.uri_template for t in templates} == {
         "pippa://task/{task_id}",
@@ -283,6 +289,7 @@ def test_another_users_token_sees_none_of_it(
 
     task, artifact_id, council = run(owner_scenario)
     before = Event.objects.filter(task_id=task["id"]).count()
+    step_id = task["steps"][1]["id"]
     task_id, conversation_id = task["id"], task["conversation_id"]
     probes = [
         ("get_task", {"task_id": task_id}, f"task {task_id} not found (or not yours)"),
@@ -299,6 +306,21 @@ def test_another_users_token_sees_none_of_it(
         (
             "rewrite_plan",
             {"task_id": task_id, "steps": [{"title": "x", "tool": "test.fetch"}]},
+            f"task {task_id} not found (or not yours)",
+        ),
+        (
+            "read_steps",
+            {"task_id": task_id},
+            f"task {task_id} not found (or not yours)",
+        ),
+        (
+            "write_note",
+            {"task_id": task_id, "text": "mine"},
+            f"task {task_id} not found (or not yours)",
+        ),
+        (
+            "complete_step",
+            {"task_id": task_id, "step_id": step_id, "content": "done by me"},
             f"task {task_id} not found (or not yours)",
         ),
         (
@@ -507,6 +529,89 @@ def test_an_artifact_is_stored_with_class_and_source_refs_and_read_as_a_resource
     assert doc["sha256"] == source["sha256"]
     assert json.loads(task_doc.contents[0].text)["id"] == task["id"]
     assert Step.objects.filter(task_id=task["id"]).count() == 3
+
+
+def test_an_agent_records_the_steps_it_did_itself_and_reads_the_rest_page_by_page(
+    mcp_url, token_for, user, tool_log
+):
+    async def scenario():
+        async with http_session(mcp_url, token_for(user), name="claude-code") as mcp:
+            task = await task_create(mcp)
+            first, second, third = (s["id"] for s in task["steps"])
+            done = await call(
+                mcp,
+                "complete_step",
+                {
+                    "task_id": task["id"],
+                    "step_id": first,
+                    "content": "closes I fetched: 1, 2, 3",
+                    "media_type": "text/csv",
+                    "worker": "claude-laptop",
+                },
+            )
+            again = await call(
+                mcp,
+                "complete_step",
+                {
+                    "task_id": task["id"],
+                    "step_id": first,
+                    "content": "closes I fetched: 1, 2, 3",
+                    "media_type": "text/csv",
+                },
+            )
+            changed = await mcp.call_tool(
+                "complete_step",
+                {"task_id": task["id"], "step_id": first, "content": "other"},
+            )
+            note = await call(
+                mcp,
+                "write_note",
+                {"task_id": task["id"], "text": "Closes from the broker's CSV."},
+            )
+            ran = await call(mcp, "run_next_step", {"task_id": task["id"]})
+            drawn = await call(
+                mcp,
+                "complete_step",
+                {
+                    "task_id": task["id"],
+                    "step_id": third,
+                    "content": WIDGET,
+                    "media_type": "image/svg+xml",
+                    "source_refs": [ran["step"]["output"]["id"]],
+                },
+            )
+            context = await call(mcp, "resume_context", {"task_id": task["id"]})
+            page = await call(
+                mcp, "read_steps", {"task_id": task["id"], "status": "done", "limit": 2}
+            )
+            rest = await call(
+                mcp,
+                "read_steps",
+                {"task_id": task["id"], "from_position": page["next_from_position"]},
+            )
+            return (second, done, again, changed, note, drawn, context, page, rest)
+
+    second, done, again, changed, note, drawn, context, page, rest = run(scenario)
+    assert (done["completed"], done["already"]) == (True, False)
+    assert done["step"]["output"]["artifact_class"] == 2  # the step's own class
+    assert done["step"]["output"]["uri"].startswith("pippa://artifact/")
+    assert done["task"]["steps_done"] == 1
+    assert again["already"] is True
+    assert again["step"]["output"]["id"] == done["step"]["output"]["id"]
+    assert "its output stands" in error(changed)
+    # The widget the agent drew is a render of the step before, with its preview.
+    assert drawn["task"]["status"] == "done"
+    widget = Artifact.objects.get(pk=drawn["step"]["output"]["id"])
+    assert widget.artifact_class == 4
+    assert list(widget.source_links.values_list("source_id", flat=True)) == [
+        Step.objects.get(pk=second).output_id
+    ]
+    assert context["note"] == note
+    assert context["counts"] == {"done": 3}
+    assert [s["position"] for s in page["steps"]] == [1, 2]
+    assert [s["position"] for s in rest["steps"]] == [3]
+    # The agent's work went through the envelope; only step 2 called a tool.
+    assert invocations(tool_log) == {second: 1}
 
 
 # -- the door itself: methods, Host/Origin, body size, throttle, streams per token --

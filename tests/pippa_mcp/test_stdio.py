@@ -16,11 +16,13 @@ import pytest
 from django.core.management import CommandError, call_command
 from mcp.shared.exceptions import MCPError
 
+from artifacts.store import default_store
 from council.models import Turn
 from council.services import round_start
 from tasks.models import Conversation, Event, Step
 from tests.pippa_mcp.conftest import (
     call,
+    data,
     error,
     http_session,
     started_calls,
@@ -123,7 +125,9 @@ def test_a_server_killed_mid_step_is_resumed_by_a_client_with_another_name(
 
     context, busy, runs, after = run_async(resume, expire_lease)
     # The new client reads the same plan and the outputs made before the kill.
-    assert [s["status"] for s in context["steps"]][:3] == ["done", "done", "running"]
+    assert context["counts"] == {"done": 2, "running": 1, "pending": 1}
+    assert [s["position"] for s in context["recent"]] == [1, 2]
+    assert context["next"][0]["position"] == 3
     assert error(busy).startswith("another worker (mcp:dad:agent#")
     assert "holds the task's lease until" in error(busy)
     assert _plan(after) == _plan(before)
@@ -175,6 +179,90 @@ def test_a_server_killed_before_a_snapshots_result_committed_takes_it_again(
     saved = Event.objects.get(task_id=task_id, kind="payload_persisted").data["sha"]
     assert ran["step"]["output"]["sha256"] == saved
     assert invocations(tool_log)[ran["step"]["id"]] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("tool", "boundary", "rule", "resume_with"),
+    [
+        ("test.fetch", "after_started", "class2_fetch_again", "complete_step"),
+        ("test.snapshot", "after_blob", "class3_issue_again_unshown", "run_next_step"),
+        ("test.effect", "after_blob", "side_effects_review", "complete_step"),
+    ],
+    ids=["fetch-sent-again", "snapshot-taken-by-its-tool", "outside-effects-wait"],
+)
+def test_a_server_killed_between_complete_steps_two_commits_leaves_the_step_to_its_class(
+    stdio_session, user, tool_log, tool, boundary, rule, resume_with
+):
+    """An agent's own output goes through a tool's envelope: killed between
+    its two commits, the step is open, and its class decides what happens."""
+    plan = [
+        {"title": "What the agent did", "tool": tool, "args": {}},
+        {"title": "Then", "tool": "test.fetch", "args": {}},
+    ]
+    content = "Found it myself: the dividend is paid on 14 May."
+
+    async def until_killed():
+        async with stdio_session(
+            "--user", user.username, env={"PIPPA_CRASHPOINT": boundary}
+        ) as mcp:
+            task = await task_create(mcp, steps=plan)
+            arguments = {
+                "task_id": task["id"],
+                "step_id": task["steps"][0]["id"],
+                "content": content,
+            }
+            try:
+                await mcp.call_tool("complete_step", arguments)
+            except MCPError as exc:
+                return arguments, str(exc)
+            return arguments, "answered"
+
+    arguments, outcome = run_async(until_killed)
+    assert outcome == "Connection closed"
+    task_id, step_id = arguments["task_id"], arguments["step_id"]
+    assert Step.objects.get(pk=step_id).status == "running"
+    (started,) = Event.objects.filter(step_id=step_id, kind="tool_call_started")
+    assert started.data["by"] == "agent"
+    closing = ("payload_persisted", "tool_result_persisted")
+    assert not Event.objects.filter(step_id=step_id, kind__in=closing).exists()
+    expire_lease(task_id)
+
+    async def resume():
+        async with stdio_session("--user", user.username, name="codex-cli") as mcp:
+            context = await call(mcp, "resume_context", {"task_id": task_id})
+            if resume_with == "complete_step":
+                answer = await mcp.call_tool("complete_step", arguments)
+            else:
+                answer = await mcp.call_tool("run_next_step", {"task_id": task_id})
+            return context, answer
+
+    context, answer = run_async(resume)
+    # What the resume document said is what happened.
+    assert context["next"][0]["resume"]["rule"] == rule
+    step = Step.objects.select_related("output").get(pk=step_id)
+    resolved = Event.objects.get(step_id=step_id, kind="uncertain_resolved")
+    assert resolved.data["rule"] == rule
+    if rule == "side_effects_review":
+        # A call with outside effects is never taken as done without a person.
+        refused = data(answer)
+        assert (refused["completed"], refused["rule"]) == (False, rule)
+        assert refused["detail"] == "needs you: the tool has outside effects"
+        assert step.status == refused["step"]["status"] == "needs_review"
+        assert invocations(tool_log)[step_id] == 0
+    elif resume_with == "complete_step":
+        # Sent again, the agent's bytes are the call made again: class 2's rule.
+        assert step.status == "done"
+        assert data(answer)["rule"] == rule
+        assert default_store().get(step.output.sha256) == content.encode()
+        assert invocations(tool_log)[step_id] == 0
+    else:
+        # No snapshot was saved, so none was shown: its tool takes it anew.
+        assert step.status == "done"
+        assert data(answer)["rule"] == rule
+        assert invocations(tool_log)[step_id] == 1
+        assert default_store().get(step.output.sha256) != content.encode()
+    check_invariants([task_id])
 
 
 @pytest.mark.slow

@@ -17,7 +17,9 @@ built it before ``content: ""``), the HTTP status and the server's answer:
 - ``empty_plan``: a call to ``rewrite_plan`` asked for in so many words, at
   temperature 0, whose arguments are ``{ "steps": [] }``;
 - ``turns``: the answers of a short real run on the demo task's opening, one
-  per turn, whatever the model sent (empty plans included).
+  per turn, whatever the model sent (empty plans included); each turn is
+  built as the runner builds it (``Runner.turn_messages``: the resume
+  document, then the latest turn), in the room of a 4,096-token context.
 """
 
 from __future__ import annotations
@@ -30,23 +32,89 @@ from pathlib import Path
 
 from brains.base import Message, ToolCall
 from brains.openai_compat import OpenAICompatBrain
-from brains.runner import SYSTEM_PROMPT, TOOL_SPECS
+from brains.runner import SYSTEM_PROMPT, TOOL_SPECS, Room, Runner, Turn
 
 FIXTURE = (
     Path(__file__).resolve().parent.parent / "brains" / "fixtures" / "llama_cpp.json"
 )
 MODEL = "SmolLM2-135M-Instruct"
-# The opening a runner sends for a fresh three-step demo task (resume context
-# shortened to what the model needs to see).
-OPENING = (
-    "Task 1. Resume context (JSON, from durable state):\n"
-    '{"task": {"id": 1, "status": "queued", "steps_done": 0, "steps_total": 3}, '
-    '"steps": [{"position": 1, "title": "Fetch unadjusted daily closes", '
-    '"status": "pending", "tool": "demo.closes"}, {"position": 2, "title": '
-    '"Search the news", "status": "pending", "tool": "demo.search"}, '
-    '{"position": 3, "title": "Chart the closes", "status": "pending", "tool": '
-    '"demo.chart"}]}\nContinue the task from where it stands.'
-)
+CONTEXT_TOKENS = 4096
+# The resume document of a fresh three-step demo task (``pippa.resume/3``, as
+# ``tasks.resume_document`` writes it), which the runner opens every turn with.
+DOCUMENT = {
+    "schema": "pippa.resume/3",
+    "task": {
+        "id": 1,
+        "conversation_id": 1,
+        "title": "Chart PIPA with a local model",
+        "status": "queued",
+        "brain": "ollama",
+        "steps_total": 3,
+        "steps_done": 0,
+        "lease_owner": "",
+        "branched_from": None,
+        "branched_after_step": None,
+    },
+    "counts": {"pending": 3},
+    "next": [
+        {
+            "id": n,
+            "position": n,
+            "title": title,
+            "status": "pending",
+            "tool": tool,
+            "args": args,
+            "args_chars": len(json.dumps(args)),
+            "artifact_class": n + 1,
+            "side_effects": False,
+            "attempts": 0,
+            "max_attempts": 3,
+            "error": "",
+            "idempotency_key": f"pippa:1:{n}:0",
+            "resume": {"rule": "run", "words": "will run (attempt 1 of 3)"},
+        }
+        for n, (title, tool, args) in enumerate(
+            [
+                (
+                    "Fetch unadjusted daily closes",
+                    "demo.closes",
+                    {"symbol": "PIPA", "start": "2024-01-02", "end": "2024-06-28"},
+                ),
+                ("Search the news", "demo.search", {"query": "PIPA dividend mill"}),
+                (
+                    "Chart the closes",
+                    "demo.chart",
+                    {"source": 1, "title": "PIPA daily closes, H1 2024"},
+                ),
+            ],
+            start=1,
+        )
+    ],
+    "later": 0,
+    "recent": [],
+    "earlier_done": 0,
+    "read_steps": "every step is listed here",
+    "note": None,
+    "trimmed": [],
+}
+
+
+class DocumentOnly:
+    """A runner's backend that only answers the resume document (recording)."""
+
+    def resume_context(self, task_id: int, max_chars: int = 4000) -> dict:
+        return DOCUMENT
+
+
+def runner(brain) -> Runner:
+    return Runner(
+        brain=brain,
+        backend=DocumentOnly(),
+        task_id=1,
+        room=Room.for_context(CONTEXT_TOKENS),
+    )
+
+
 EMPTY_ASK = (
     "The plan must be emptied. Call rewrite_plan with no steps at all: "
     "an empty list, steps = []."
@@ -59,9 +127,14 @@ STEP_RESULT = {
 }
 
 
+def opening() -> str:
+    """The first message the runner sends for a fresh three-step demo task."""
+    return runner(adapter("http://127.0.0.1:9/v1")).turn_messages([])[0].text
+
+
 def conversation() -> list[Message]:
     return [
-        Message(role="user", text=OPENING),
+        Message(role="user", text=opening()),
         Message(role="assistant", text="", tool_calls=[FIRST_CALL]),
         Message(
             role="tool",
@@ -125,9 +198,11 @@ def record(base_url: str, turns: int = 4) -> dict:
     status, answer = post(base_url, empty)
     entries["empty_plan"] = {"request": empty, "status": status, "answer": answer}
     print("empty_plan", status, file=sys.stderr)
-    messages = conversation()[:1]
+    run = runner(brain)
+    window: list[Turn] = []
     answers = []
     for _ in range(turns):
+        messages = run.turn_messages(window)
         body = brain.request_body(
             system=SYSTEM_PROMPT, messages=messages, tools=TOOL_SPECS
         )
@@ -137,11 +212,11 @@ def record(base_url: str, turns: int = 4) -> dict:
         if status != 200:
             break
         reply = brain.parse_reply(answer)
-        messages.append(reply.as_message())
         if not reply.tool_calls:
             break
+        turn = Turn(reply=reply.as_message())
         for call in reply.tool_calls:
-            messages.append(
+            turn.results.append(
                 Message(
                     role="tool",
                     tool_call_id=call.id,
@@ -149,7 +224,8 @@ def record(base_url: str, turns: int = 4) -> dict:
                     result={"error": call.error or "recorded run: not carried out"},
                 )
             )
-    entries["turns"] = {"opening": OPENING, "answers": answers}
+        window.append(turn)
+    entries["turns"] = {"opening": opening(), "answers": answers}
     return entries
 
 
@@ -159,7 +235,7 @@ def main() -> None:
     else:
         from brains.local import LocalModelServer
 
-        with LocalModelServer() as server:
+        with LocalModelServer(context_tokens=CONTEXT_TOKENS) as server:
             entries = record(server.base_url)
     FIXTURE.parent.mkdir(parents=True, exist_ok=True)
     FIXTURE.write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
