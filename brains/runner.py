@@ -598,27 +598,15 @@ class Runner:
     def _write_note(self, args: dict[str, Any]) -> dict[str, Any]:
         text = args.get("text")
         if not isinstance(text, str):
-            raise ToolFailure(
-                ERR_BAD_ARGS.format(
-                    name="write_note",
-                    reason=ERR_NOTE_TEXT.format(
-                        kind="nothing" if text is None else json_kind(text)
-                    ),
-                )
-            )
+            raise _bad_args("write_note", ERR_NOTE_TEXT.format(kind=_kind(text)))
         note = self.backend.write_note(self.task_id, text)
         return {"saved": True, "artifact_id": note.get("artifact_id")}
 
     def _rewrite_plan(self, args: dict[str, Any]) -> dict[str, Any]:
         steps = args.get("steps")
         if not isinstance(steps, list):
-            raise ToolFailure(
-                ERR_BAD_ARGS.format(
-                    name="rewrite_plan",
-                    reason=ERR_STEPS_NOT_LIST.format(
-                        kind="nothing" if steps is None else json_kind(steps)
-                    ),
-                )
+            raise _bad_args(
+                "rewrite_plan", ERR_STEPS_NOT_LIST.format(kind=_kind(steps))
             )
         # Everything else (an empty plan, a step without a title, args that
         # are not an object) is the plan service's to refuse, in its words.
@@ -660,8 +648,16 @@ def _whole_number(tool: str, field: str, value: Any) -> int:
             if field == "artifact_id"
             else ERR_WHOLE_NUMBER.format(field=field, value=json.dumps(value)[:80])
         )
-        raise ToolFailure(ERR_BAD_ARGS.format(name=tool, reason=reason))
+        raise _bad_args(tool, reason)
     return value
+
+
+def _bad_args(tool: str, reason: str) -> ToolFailure:
+    return ToolFailure(ERR_BAD_ARGS.format(name=tool, reason=reason))
+
+
+def _kind(value: Any) -> str:
+    return "nothing" if value is None else json_kind(value)
 
 
 def _next_words(document: dict[str, Any]) -> str:

@@ -461,6 +461,14 @@ async def serve_stdio() -> None:
 # Strict: JSON true is not task 1, and "5" is not 5.
 Id = Annotated[int, Field(strict=True, ge=1, le=2**63 - 1)]
 Position = Annotated[int, Field(strict=True, ge=1, le=2**31 - 1)]
+# The name a calling agent gives itself; a lease is held under it.
+Worker = Annotated[
+    str,
+    Field(
+        max_length=60,
+        description="your own name, e.g. claude-laptop; the lease is held under it",
+    ),
+]
 Flag = Annotated[bool, Field(strict=True)]
 ArtifactClassValue = Annotated[shapes.ArtifactClassValue, Field(strict=True)]
 # The statuses are Step.Status's, written out for the tool's JSON schema.
@@ -554,6 +562,16 @@ def _excerpt(artifact) -> dict[str, Any]:
     if not head.is_text:
         return {"excerpt": None, "note": f"{artifact.media_type}: not text"}
     return {"excerpt": head.text, "truncated": head.truncated}
+
+
+def _content_bytes(content: str, encoding: str) -> bytes:
+    """The bytes an agent sent as text, or as base64 with encoding='base64'."""
+    if encoding != "base64":
+        return content.encode("utf-8")
+    try:
+        return base64.b64decode(content, validate=True)
+    except (binascii.Error, ValueError):
+        raise ToolError(ERR_BASE64) from None
 
 
 def _step_get(task: Task, step_id: int) -> Step:
@@ -831,13 +849,7 @@ def _step_run_answer(task: Task, run: actions.StepRun) -> dict[str, Any]:
 async def run_next_step(
     task_id: Id,
     ctx: Context | None = None,
-    worker: Annotated[
-        str,
-        Field(
-            max_length=60,
-            description="your own name, e.g. claude-laptop; the lease is held under it",
-        ),
-    ] = "",
+    worker: Worker = "",
 ) -> dict[str, Any]:
     """Run the task's next unfinished step and answer once its result is saved.
 
@@ -908,13 +920,7 @@ def complete_step(
     title: TitleOrEmpty = "",
     source_refs: Annotated[list[Id], Field(max_length=MAX_SOURCES)] = [],  # noqa: B006
     encoding: Literal["text", "base64"] = "text",
-    worker: Annotated[
-        str,
-        Field(
-            max_length=60,
-            description="your own name, e.g. claude-laptop; the lease is held under it",
-        ),
-    ] = "",
+    worker: Worker = "",
 ) -> dict[str, Any]:
     """Record a step whose work you did yourself: name the step, give its output.
 
@@ -931,13 +937,7 @@ def complete_step(
     user = current_user()
     task = task_get_for_user(user=user, task_id=task_id)
     _step_get(task, step_id)
-    if encoding == "base64":
-        try:
-            data = base64.b64decode(content, validate=True)
-        except (binascii.Error, ValueError):
-            raise ToolError(ERR_BASE64) from None
-    else:
-        data = content.encode("utf-8")
+    data = _content_bytes(content, encoding)
     sources = artifacts_get(user=user, artifact_ids=source_refs)
     completion = actions.step_complete(
         task=task,
@@ -1161,13 +1161,7 @@ def artifact_store(
     user = current_user()
     media_type_check(media_type, field="media_type")
     task = task_get_for_user(user=user, task_id=task_id)
-    if encoding == "base64":
-        try:
-            data = base64.b64decode(content, validate=True)
-        except (binascii.Error, ValueError):
-            raise ToolError(ERR_BASE64) from None
-    else:
-        data = content.encode("utf-8")
+    data = _content_bytes(content, encoding)
     if not data:
         raise ToolError(ERR_EMPTY)
     if len(data) > MAX_STORE_BYTES:

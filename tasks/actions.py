@@ -732,6 +732,7 @@ ERR_COMPLETE_STOPPED = (
     " running{hint}"
 )
 HINT_PAUSED = " (resume it first)"
+HINT_DECISION = " (a step waits for a person's decision first)"
 MSG_COMPLETED = "step {position} is done: its output is saved as artifact {id}"
 MSG_ALREADY = (
     "step {position} was already done with these very bytes (artifact {id}):"
@@ -794,7 +795,11 @@ def step_complete(
             )
         if task.status in (Task.Status.QUEUED, Task.Status.RUNNING):
             raise LeaseConflict(ERR_LEASE_CHANGING)
-        hint = HINT_PAUSED if task.status == Task.Status.PAUSED else ""
+        hint = {
+            Task.Status.PAUSED: HINT_PAUSED,
+            Task.Status.FAILED: HINT_DECISION,
+            Task.Status.NEEDS_REVIEW: HINT_DECISION,
+        }.get(task.status, "")
         raise ActionError(
             ERR_COMPLETE_STOPPED.format(status=task.get_status_display(), hint=hint)
         )

@@ -399,6 +399,13 @@ def _call(row: StepRow, worker_id: str, *, rule: str = "") -> StepOutcome:
         return _output_unsaved(
             row, worker_id, unsaved, stage="blob", needed=needed, rule=rule
         )
+    return _result(row, worker_id, payload, rule=rule)
+
+
+def _result(
+    row: StepRow, worker_id: str, payload: dict[str, Any], *, rule: str
+) -> StepOutcome:
+    """Commit 2 for a payload whose file is on disk; a failure here is the executor's."""
     crashpoint("after_blob")
     try:
         outcome = _finish(
@@ -1025,24 +1032,9 @@ def step_complete(
         payload = _persist_blob(row, media_type, output)
     except Exception as exc:  # noqa: BLE001 - the store's failure, as for a tool
         return _output_unsaved(row, worker_id, exc, stage="blob", needed=len(data))
-    crashpoint("after_blob")
     # How an open envelope was settled to let this output stand, if one was.
-    rule = next((data["rule"] for _, _, data in pre), "")
-    try:
-        outcome = _finish(
-            row,
-            worker_id,
-            payload,
-            invoked=True,
-            rule=rule,
-            pre=[(Event.Kind.PAYLOAD_PERSISTED, row.id, payload)],
-        )
-    except (DatabaseError, OSError, BlobVanished) as exc:
-        return _output_unsaved(
-            row, worker_id, exc, stage="result", rule=rule, written=payload["sha"]
-        )
-    crashpoint("after_result")
-    return outcome
+    rule = next((note["rule"] for _, _, note in pre), "")
+    return _result(row, worker_id, payload, rule=rule)
 
 
 def _complete_check(

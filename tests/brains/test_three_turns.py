@@ -62,7 +62,13 @@ IDS = ["openai", "anthropic", "gemini-signed", "gemini-signed-with-call-ids"]
 
 def three_turns(kind, brain, options, *, conversation, user):
     task = task_create(conversation=conversation, title="Closes", steps=PLAN)
-    with FAKES[kind](script=list(SCRIPT), **options) as fake:
+    fake, report = drive(kind, brain, task, user, script=list(SCRIPT), **options)
+    return kind, fake, report, task
+
+
+def drive(kind, brain, task, user, **options):
+    """Run ``task`` with the ``kind`` vendor's fake as ``brain``; return (fake, report)."""
+    with FAKES[kind](**options) as fake:
         adapter = brain_make(
             kind=kind,
             brain=brain,
@@ -77,7 +83,7 @@ def three_turns(kind, brain, options, *, conversation, user):
         report = run_brain(
             brain=adapter, backend=LocalBackend(user=user), task_id=task.pk
         )
-    return kind, fake, report, task
+    return fake, report
 
 
 @pytest.fixture(params=VENDORS, ids=IDS)
@@ -177,19 +183,7 @@ def test_a_run_longer_than_the_window_sends_each_vendor_a_valid_request_every_tu
     task = task_create(
         conversation=make_conversation(owner=user), title="News", steps=LONG_PLAN
     )
-    with FAKES[kind](**options) as fake:
-        adapter = brain_make(
-            kind=kind,
-            brain=brain,
-            model=f"{brain}-test-model",
-            base_url=fake.base_url,
-            api_key=API_KEY,
-            timeout=60,
-            retries=0,
-        )
-        report = run_brain(
-            brain=adapter, backend=LocalBackend(user=user), task_id=task.pk
-        )
+    fake, report = drive(kind, brain, task, user, **options)
     # Six turns: five steps and the closing words; every request passed the SDK.
     assert fake.errors == []
     assert report.turns == 6

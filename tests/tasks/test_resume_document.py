@@ -197,6 +197,26 @@ def test_older_steps_are_counted_and_named_but_not_listed(make_conversation):
     assert "Search 3" not in document_text(doc)
 
 
+def test_refs_never_payloads_so_the_document_does_not_grow_with_an_output(
+    make_conversation,
+):
+    sizes = []
+    for size in (100, 200_000):
+        task = task_create(
+            conversation=make_conversation(),
+            title="big",
+            steps=[{"title": "fetch", "tool": "test.fetch", "args": {"size": size}}],
+        )
+        run_task(task.pk)
+        doc = resume_payload(task)
+        (done,) = doc["recent"]
+        assert done["output"]["size"] == size
+        assert len(done["excerpt"]) <= EXCERPT_CHARS  # its first characters only
+        sizes.append(size_of := len(document_text(doc)))
+        assert size_of < 2000
+    assert abs(sizes[0] - sizes[1]) < 40
+
+
 def test_every_brain_gets_the_same_document(make_conversation):
     conversation = make_conversation()
     docs = []
