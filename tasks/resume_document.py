@@ -412,11 +412,11 @@ def document_words(payload: dict[str, Any]) -> str:
         elif len(recent) >= finished:
             results = "with its result" if finished == 1 else "with their results"
         else:
-            shown = len(recent)
+            shown, before = len(recent), finished - len(recent)
             results = (
                 f"the last {'one' if shown == 1 else shown} with"
                 f" {'its result' if shown == 1 else 'their results'},"
-                f" the {finished - shown} before on request"
+                f" the {'one' if before == 1 else before} before on request"
             )
         clauses.append(f"{done} done ({results})")
     if upcoming:
