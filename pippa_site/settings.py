@@ -326,6 +326,8 @@ PIPPA_STEP_RUNS_PER_USER = env_int("PIPPA_STEP_RUNS_PER_USER", 2)
 PIPPA_STEP_RUNS = env_int("PIPPA_STEP_RUNS", 8)
 # Active API tokens a user may hold at once.
 PIPPA_TOKENS_PER_USER = env_int("PIPPA_TOKENS_PER_USER", 10)
+# An MCP sign-in's access token lasts this long; the client refreshes it.
+PIPPA_OAUTH_ACCESS_SECONDS = env_int("PIPPA_OAUTH_ACCESS_SECONDS", 3600)
 
 # Executor knobs.
 PIPPA_LEASE_SECONDS = env_int("PIPPA_LEASE_SECONDS", 60)
