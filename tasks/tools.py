@@ -14,7 +14,9 @@ start-up so a broken module fails loudly there.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from pydantic import ConfigDict, create_model
 
 from artifacts.models import ArtifactClass
 
@@ -45,6 +48,29 @@ class Tool:
     side_effects: bool = False
     media_type: str = "application/octet-stream"
     description: str = ""
+
+    @functools.cached_property
+    def args_schema(self) -> dict[str, Any]:
+        """The JSON schema of a step's ``args``: the function's keyword arguments.
+
+        Read from its signature (everything after ``ctx``), with the types,
+        defaults and ``Field`` descriptions it declares; an argument it does not
+        name is not accepted (the call would fail), so the schema says so.
+        """
+        fields: dict[str, Any] = {}
+        params = inspect.signature(self.fn, eval_str=True).parameters
+        for param in list(params.values())[1:]:
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                continue
+            annotation = Any if param.annotation is param.empty else param.annotation
+            default = ... if param.default is param.empty else param.default
+            fields[param.name] = (annotation, default)
+        model = create_model(
+            f"{self.name} args", __config__=ConfigDict(extra="forbid"), **fields
+        )
+        schema = model.model_json_schema()
+        schema.pop("title", None)
+        return schema
 
 
 @dataclass

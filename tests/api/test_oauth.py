@@ -135,7 +135,10 @@ def test_a_redirect_uri_off_this_machine_over_plain_http_is_refused(client, uri)
         content_type="application/json",
     )
     assert response.status_code == 400
-    assert response.json()["error"] in ("invalid_redirect_uri", "invalid_client_metadata")
+    assert response.json()["error"] in (
+        "invalid_redirect_uri",
+        "invalid_client_metadata",
+    )
 
 
 # -- consent ------------------------------------------------------------------------------
@@ -430,7 +433,9 @@ def test_nobody_sees_or_signs_out_another_persons_sign_in(client, person, make_u
 
     assert "Dad&#x27;s agent" in person.get("/settings/tokens/").content.decode()
     assert "Dad&#x27;s agent" not in mallory.get("/settings/tokens/").content.decode()
-    assert mallory.get(f"/settings/tokens/sign-ins/{grant.pk}/revoke/").status_code == 404
+    assert (
+        mallory.get(f"/settings/tokens/sign-ins/{grant.pk}/revoke/").status_code == 404
+    )
     assert (
         mallory.post(f"/settings/tokens/sign-ins/{grant.pk}/revoke/").status_code == 404
     )

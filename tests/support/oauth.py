@@ -89,7 +89,9 @@ def token(client, info: dict, **form) -> tuple[int, dict]:
     if info.get("client_secret"):
         data["client_secret"] = info["client_secret"]
     response = client.post(
-        "/oauth/token/", urlencode(data), content_type="application/x-www-form-urlencoded"
+        "/oauth/token/",
+        urlencode(data),
+        content_type="application/x-www-form-urlencoded",
     )
     return response.status_code, response.json()
 
