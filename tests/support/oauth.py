@@ -112,3 +112,37 @@ def sign_in(client, person, *, name="Claude Code", days=30) -> tuple[dict, dict]
     )
     assert status == 200, tokens
     return info, tokens
+
+
+def grant_for(
+    user, *, name: str = "Claude Code", days: int = 30, base="http://testserver"
+):
+    """A sign-in of ``user`` made by the services a browser sign-in goes
+    through (registration, consent, code, exchange), without HTTP; returns
+    the tokens."""
+    from mcp.server.auth.provider import AuthorizationParams
+    from mcp.shared.auth import OAuthClientInformationFull
+
+    from api import oauth
+
+    info = OAuthClientInformationFull(
+        client_id="pending",
+        client_name=name,
+        redirect_uris=[REDIRECT],
+        token_endpoint_auth_method="none",
+    )
+    oauth.client_register(info)
+    pkce = Pkce.new()
+    params = AuthorizationParams(
+        state="s",
+        scopes=None,
+        code_challenge=pkce.challenge,
+        redirect_uri=REDIRECT,
+        redirect_uri_provided_explicitly=True,
+        resource=oauth.mcp_resource(base),
+    )
+    signed = parse_qs(urlsplit(oauth.consent_request(info, params, base=base)).query)
+    asked = oauth.consent_read(signed["request"][0])
+    back = oauth.consent_answer(asked, base=base, user=user, days=days)
+    code = parse_qs(urlsplit(back).query)["code"][0]
+    return oauth.grant_from_code(oauth.code_read(info, code))
