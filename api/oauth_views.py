@@ -227,5 +227,5 @@ def _consent_page(request, asked, signed, *, error: str = "", status: int = 200)
         **settings.SECURE_CSP,
         "form-action": [CSP.SELF, oauth.redirect_shown(asked["r"])],
     }
-    response[CSP.HEADER_ENFORCE] = build_policy(policy, get_nonce(request))
+    response[str(CSP.HEADER_ENFORCE)] = build_policy(policy, get_nonce(request))
     return response

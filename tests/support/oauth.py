@@ -114,12 +114,9 @@ def sign_in(client, person, *, name="Claude Code", days=30) -> tuple[dict, dict]
     return info, tokens
 
 
-def grant_for(
-    user, *, name: str = "Claude Code", days: int = 30, base="http://testserver"
-):
-    """A sign-in of ``user`` made by the services a browser sign-in goes
-    through (registration, consent, code, exchange), without HTTP; returns
-    the tokens."""
+def consent_path(*, name: str = "Claude Code", state="s", base="http://testserver"):
+    """A registered client and the address of its consent page (the services a
+    browser sign-in goes through, without HTTP)."""
     from mcp.server.auth.provider import AuthorizationParams
     from mcp.shared.auth import OAuthClientInformationFull
 
@@ -132,17 +129,27 @@ def grant_for(
         token_endpoint_auth_method="none",
     )
     oauth.client_register(info)
-    pkce = Pkce.new()
     params = AuthorizationParams(
-        state="s",
+        state=state,
         scopes=None,
-        code_challenge=pkce.challenge,
+        code_challenge=Pkce.new().challenge,
         redirect_uri=REDIRECT,
         redirect_uri_provided_explicitly=True,
         resource=oauth.mcp_resource(base),
     )
-    signed = parse_qs(urlsplit(oauth.consent_request(info, params, base=base)).query)
-    asked = oauth.consent_read(signed["request"][0])
+    return info, oauth.consent_request(info, params, base=base)
+
+
+def grant_for(
+    user, *, name: str = "Claude Code", days: int = 30, base="http://testserver"
+):
+    """A sign-in of ``user`` made by the services a browser sign-in goes
+    through (registration, consent, code, exchange), without HTTP; returns
+    the tokens."""
+    from api import oauth
+
+    info, path = consent_path(name=name, base=base)
+    asked = oauth.consent_read(parse_qs(urlsplit(path).query)["request"][0])
     back = oauth.consent_answer(asked, base=base, user=user, days=days)
     code = parse_qs(urlsplit(back).query)["code"][0]
     return oauth.grant_from_code(oauth.code_read(info, code))
