@@ -119,6 +119,7 @@ def _provider(mcp_url: str, person: Person, storage: Memory) -> OAuthClientProvi
 
 
 async def _calls(mcp_url: str, provider: OAuthClientProvider, calls):
+    """Call each (tool, args) in one session; ``("resources/list", None)`` lists resources."""
     with anyio.fail_after(90):
         async with (
             create_mcp_http_client(auth=provider) as http,
@@ -126,7 +127,12 @@ async def _calls(mcp_url: str, provider: OAuthClientProvider, calls):
             ClientSession(streams[0], streams[1]) as session,
         ):
             await session.initialize()
-            return [await session.call_tool(name, args) for name, args in calls]
+            return [
+                await session.list_resources()
+                if name == "resources/list"
+                else await session.call_tool(name, args)
+                for name, args in calls
+            ]
 
 
 @pytest.fixture
@@ -165,14 +171,20 @@ def test_the_python_sdk_signs_in_lists_tasks_and_is_refused_once_signed_out(
     person = Person(dad_session)
     storage = Memory()
 
-    (listed,) = run_async(
+    listed, resources = run_async(
         _calls,
         mcp_url,
         _provider(mcp_url, person, storage),
-        [("list_tasks", {"conversation_id": conversation.pk})],
+        [
+            ("list_tasks", {"conversation_id": conversation.pk}),
+            ("resources/list", None),
+        ],
     )
 
     assert [t["id"] for t in data(listed)["tasks"]] == [task.pk]
+    # The first page is the user's tasks; conversations and artifacts follow.
+    assert [r.uri for r in resources.resources] == [f"pippa://task/{task.pk}"]
+    assert resources.next_cursor
     assert len(person.pages) == 1
     assert "Python SDK agent wants to read and run your tasks" in person.pages[0]
     grant = OAuthGrant.objects.get()
