@@ -1659,7 +1659,7 @@ def resources_page(cursor: str | None) -> ListResourcesResult:
 
 
 async def _list_resources(ctx, params: PaginatedRequestParams) -> ListResourcesResult:
-    return await _in_thread(resources_page, params.cursor)
+    return await in_thread(resources_page, params.cursor)
 
 
 server._lowlevel_server.add_request_handler(
@@ -1700,4 +1700,4 @@ async def complete(ref, argument, context) -> Completion | None:
     kind, variable = TEMPLATE_KINDS.get(ref.uri, (None, None))
     if kind is None or argument.name != variable:
         return None
-    return await _in_thread(id_completions, kind, argument.value[:20])
+    return await in_thread(id_completions, kind, argument.value[:20])

@@ -1,6 +1,6 @@
 """The MCP server over streamable HTTP at /mcp/ of the ASGI application (a real
 uvicorn), driven by the SDK's own client; then the door itself, with raw
-requests: methods, Host/Origin, body size, throttle, requests per token."""
+requests: methods, Host/Origin, body size, throttle, requests per user."""
 
 from __future__ import annotations
 
@@ -510,7 +510,7 @@ def test_an_artifact_is_stored_with_class_and_source_refs_and_read_as_a_resource
     assert Step.objects.filter(task_id=task["id"]).count() == 3
 
 
-# -- the door itself: methods, Host/Origin, body size, throttle, streams per token --
+# -- the door itself: methods, Host/Origin, body size, throttle, calls per user --
 
 INIT = {
     "jsonrpc": "2.0",
