@@ -370,6 +370,25 @@ class S3Store(BlobStore):
         return response["Body"]
 
     @_bucket_call
+    def head(self, sha: str, size: int) -> bytes:
+        if size <= 0:
+            if not self.exists(sha):
+                raise BlobMissing("no blob with that sha")
+            return b""
+        try:
+            response = self.client.get_object(
+                Bucket=self.bucket, Key=self.key(sha), Range=f"bytes=0-{size - 1}"
+            )
+        except ClientError as exc:
+            if _missing(exc):
+                raise BlobMissing("no blob with that sha") from None
+            if _code(exc) == "InvalidRange":
+                return b""  # an empty object has no byte 0
+            raise
+        with response["Body"] as body:
+            return body.read(size)
+
+    @_bucket_call
     def size(self, sha: str) -> int:
         head = self._head(sha)
         if head is None:
@@ -392,21 +411,13 @@ class S3Store(BlobStore):
 
     @_bucket_call
     def heads(self, shas, size: int) -> dict[str, bytes]:
-        def head(sha: str) -> bytes | None:
-            if size <= 0:
-                return b"" if self.exists(sha) else None
+        def one(sha: str) -> bytes | None:
             try:
-                response = self.client.get_object(
-                    Bucket=self.bucket, Key=self.key(sha), Range=f"bytes=0-{size - 1}"
-                )
-            except ClientError as exc:
-                if _code(exc) == "InvalidRange":
-                    return b""  # an empty object has no byte 0: there, and empty
+                return self.head(sha, size)
+            except (BlobMissing, StoreUnavailable):
                 return None  # missing or unreadable: left out, as in a folder
-            with response["Body"] as body:
-                return body.read(size)
 
-        return self._many(head, shas)
+        return self._many(one, shas)
 
     @_bucket_call
     def states(self, shas, *, verify: bool) -> dict[str, tuple[int, bool]]:

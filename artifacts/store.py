@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from django.conf import settings
+from django.utils.module_loading import import_string
 
 from pippa_site import metrics
 
@@ -254,6 +255,12 @@ class BlobStore(ABC):
     def get(self, sha: str) -> bytes:
         with self.open(sha) as fh:
             return fh.read()
+
+    def head(self, sha: str, size: int) -> bytes:
+        """The first ``size`` bytes of one blob (an excerpt); ``BlobMissing``
+        if there is none. A bucket reads only that range."""
+        with self.open(sha) as fh:
+            return fh.read(size)
 
     def iter_chunks(self, sha: str, chunk_size: int = CHUNK) -> Iterator[bytes]:
         with self.open(sha) as fh:
@@ -649,6 +656,9 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# The stores a PIPPA_BLOB_URL may name, by its scheme.
+URL_STORES = {"s3": "artifacts.s3.S3Store"}
+
 _default: tuple[tuple, BlobStore] | None = None
 
 
@@ -665,9 +675,11 @@ def default_store() -> BlobStore:
     )
     if _default is None or _default[0] != key:
         if url:
-            from artifacts.s3 import S3Store  # boto3 only where a bucket is used
-
-            store: BlobStore = S3Store.from_url(url, refresh_after=key[3] / 2)
+            # By dotted path, like Django's backends: boto3 is imported only
+            # where a bucket is used.
+            scheme = url.partition("://")[0]
+            kind = import_string(URL_STORES[scheme])
+            store: BlobStore = kind.from_url(url, refresh_after=key[3] / 2)
         else:
             store = FolderStore(key[1], fsync=key[2])
         _default = (key, store)

@@ -205,7 +205,9 @@ def test_a_file_already_under_the_sha_is_replaced_by_bytes_synced_first(
     assert list(either_store.iter_temp_files()) == []
 
 
-def test_settle_says_yes_only_for_intact_bytes_and_syncs_them_first(folder, monkeypatch):
+def test_settle_says_yes_only_for_intact_bytes_and_syncs_them_first(
+    folder, monkeypatch
+):
     kept = folder.put_bytes(b"kept")
     torn_sha = hashlib.sha256(b"torn").hexdigest()
     (folder.root / torn_sha[:2] / torn_sha).write_bytes(b"to")

@@ -77,6 +77,7 @@ def weed_argv(binary: str, folder: Path, ports: dict[str, int]) -> list[str]:
         "-master.telemetry=false",
         "-master.volumeSizeLimitMB=256",
         "-volume.max=0",
+        "-volume.preStopSeconds=0",
     ]
 
 
@@ -125,7 +126,9 @@ class SeaweedFS:
         last: Exception | None = None
         while time.monotonic() < deadline:
             if child is not None and child.poll() is not None:
-                raise WeedUnavailable(f"weed exited with {child.returncode}: {self.log()}")
+                raise WeedUnavailable(
+                    f"weed exited with {child.returncode}: {self.log()}"
+                )
             try:
                 client = self.client()
                 with contextlib.suppress(ClientError):

@@ -124,9 +124,7 @@ def test_orphans_of_a_foreign_keys_off_delete_are_found_and_repaired_in_one_run(
     assert code == 0, remaining(report)
     assert report["clean"] is True
     assert_no_leftovers()
-    assert set(blob_store.shas()) == {
-        a.sha256 for a in survivor_artifacts.values()
-    }
+    assert set(blob_store.shas()) == {a.sha256 for a in survivor_artifacts.values()}
     assert Event.objects.filter(task__conversation=survivor).count() == 6
 
 
@@ -484,7 +482,14 @@ def test_json_goes_to_stdout_and_progress_to_stderr(user):
     code, report, stderr = doctor("--no-verify")
 
     assert code == 0
-    assert set(report) == {"clean", "repair", "problems", "seconds", "findings"}
+    assert set(report) == {
+        "clean",
+        "repair",
+        "store",
+        "problems",
+        "seconds",
+        "findings",
+    }
     assert "doctor: checking steps whose task is gone" in stderr
 
 
