@@ -25,6 +25,7 @@ from api.services import (
     token_create,
     token_revoke,
 )
+from artifacts.quota import quota_usage
 
 MSG_REVOKED = "Token “{name}” revoked. A runner that still uses it is now turned away."
 MSG_SIGNED_OUT = (
@@ -48,6 +49,7 @@ def _page(request: HttpRequest, status: int = 200, **extra) -> HttpResponse:
         "grants": grants,
         "day_choices": [(str(d) if d else NEVER, d) for d in TOKEN_DAYS],
         "days": str(DEFAULT_TOKEN_DAYS),
+        "usage": quota_usage(owner_id=request.user.pk),  # the storage partial's
         **extra,
     }
     return render(request, "api/tokens.html", context, status=status)

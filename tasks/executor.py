@@ -57,6 +57,7 @@ from django.utils import timezone
 from artifacts.gc import blobs_unlink_after_commit
 from artifacts.models import ArtifactClass
 from artifacts.preview import WIDGET_MEDIA_TYPES
+from artifacts.quota import QuotaExceeded, quota_admit
 from artifacts.services import (
     MAX_SOURCES,
     BlobVanished,
@@ -404,7 +405,7 @@ def _call(row: StepRow, worker_id: str, *, rule: str = "") -> StepOutcome:
             rule=rule,
             pre=[(Event.Kind.PAYLOAD_PERSISTED, row.id, payload)],
         )
-    except (DatabaseError, OSError, BlobVanished) as exc:
+    except (DatabaseError, OSError, BlobVanished, QuotaExceeded) as exc:
         # The file is on disk and nothing names it: it goes to the
         # pending-unlink record (unlinked only if no row names the sha).
         return _output_unsaved(
@@ -462,11 +463,12 @@ def _persist_blob(row: StepRow, default_media: str, output: _Output) -> dict[str
     crashpoint("after_tool")
     result = output.result
     store = default_store()
+    admit = quota_admit(row.owner_id)  # refused: nothing stored, output unsaved
     if output.path is not None:
         with output.path.open("rb") as fh:
-            put = store.put_file(fh)
+            put = store.put_file(fh, admit=admit)
     else:
-        put = store.put_bytes(output.data)
+        put = store.put_bytes(output.data, admit=admit)
     meta = dict(result.meta or {})
     if len(json.dumps(meta, default=str)) > MAX_PAYLOAD_META_CHARS:
         meta = {"meta_dropped": "too large for the event log"}

@@ -21,6 +21,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, connection
 
+from artifacts.quota import REASON_QUOTA, QuotaExceeded
 from tasks.tools import files_root
 
 # -- reasons ------------------------------------------------------------------
@@ -36,6 +37,8 @@ _FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 def fault_reason(exc: BaseException) -> str:
     """Name a store or database failure in plain words (with its detail)."""
+    if isinstance(exc, QuotaExceeded):
+        return str(exc)  # "storage quota reached: …", the quota and the usage
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
         return REASON_DISK_FULL
@@ -73,6 +76,13 @@ def _connection_gone(exc: BaseException, lowered: str) -> bool:
 
 def is_database_fault(exc: BaseException) -> bool:
     return isinstance(exc, DatabaseError)
+
+
+def worker_waits(reason: str) -> bool:
+    """Whether a step's unsaved output is the store's or the database's
+    fault, which the worker waits out for every task (backing off, probing);
+    an owner's full quota is that owner's, and the step waits for a person."""
+    return bool(reason) and not reason.startswith(REASON_QUOTA)
 
 
 # -- back-off -------------------------------------------------------------------

@@ -33,7 +33,7 @@ from django.db import DatabaseError, close_old_connections, connection
 from artifacts.gc import pending_unlinks_finish
 from tasks import crashpoints, hooks
 from tasks.executor import StepOutcome, step, unnamed_blobs_record
-from tasks.faults import fault_delay, fault_reason, store_probe
+from tasks.faults import fault_delay, fault_reason, store_probe, worker_waits
 from tasks.lease import LeaseLost, lease_release
 from tasks.models import Task
 from tasks.tools import tools_load
@@ -147,7 +147,7 @@ class Command(BaseCommand):
             outcome = self._step_task(task_id)
             if self._release(task_id):
                 self.current = None
-            if outcome is not None and outcome.fault:
+            if outcome is not None and worker_waits(outcome.fault):
                 self.needed = outcome.fault_bytes
                 self._fault(outcome.fault, task_id=task_id)
                 break
@@ -166,7 +166,7 @@ class Command(BaseCommand):
             self.steps += 1
             if self.verbose and outcome.position is not None:
                 self.stdout.write(_describe(outcome))
-            if outcome.fault:
+            if worker_waits(outcome.fault):
                 return outcome
             if self.options["max_steps"] and self.steps >= self.options["max_steps"]:
                 self.state["stop"] = True
