@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -51,7 +52,7 @@ from mcp.server.transport_security import (
 from starlette.requests import Request
 
 from pippa_mcp.server import acting_as, build_server, in_thread, invalid_request_id
-from pippa_site import throttle
+from pippa_site import metrics, throttle
 from pippa_site.bearer import bearer_mcp_user, bearer_token, mcp_challenge
 from pippa_site.errors import TooMany
 from pippa_site.slots import MCP_CALLS
@@ -100,6 +101,23 @@ class MCPApp:
                 self.manager = None
 
     async def __call__(self, scope, receive, send) -> None:
+        """Answer, and time the answer by door (``pippa_site.metrics``)."""
+        started = time.perf_counter()
+        status = [500]
+
+        async def sent(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self._door(scope, receive, sent)
+        finally:
+            metrics.request_observed(
+                door="mcp", status=status[0], seconds=time.perf_counter() - started
+            )
+
+    async def _door(self, scope, receive, send) -> None:
         method = scope["method"]
         if method != "POST":
             await _refuse(

@@ -133,8 +133,12 @@ def lease_taken_over() -> None:
     LEASE_TAKEOVERS.inc()
 
 
-def notification_sent(*, ok: bool) -> None:
-    NOTIFICATIONS.labels("sent" if ok else "failed").inc()
+def notifications_observed(*, sent: int, failed: int) -> None:
+    """Count messages of a delivery round, once each one's state is written."""
+    if sent:
+        NOTIFICATIONS.labels("sent").inc(sent)
+    if failed:
+        NOTIFICATIONS.labels("failed").inc(failed)
 
 
 def blob_put_done(store: str, seconds: float, size: int, created: bool) -> None:

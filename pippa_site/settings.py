@@ -137,6 +137,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Outermost: times every request by door (pippa_site.metrics).
+    "pippa_site.middleware.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files answer here, already compressed (whitenoise keeps .gz/.br).
     "whitenoise.middleware.WhiteNoiseMiddleware",

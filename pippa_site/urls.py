@@ -7,6 +7,7 @@ from django.urls import include, path, re_path
 from api import oauth_views
 from api import views as api_views
 from api.api import api
+from api.metrics import metrics_view
 from pippa_mcp.views import mcp_endpoint
 
 urlpatterns = [
@@ -37,6 +38,8 @@ urlpatterns = [
     # Anything else under the API answers in the API's own words (JSON 404).
     re_path(r"^api/", api_views.api_not_found),
     path("settings/tokens/", include("api.urls")),
+    # Prometheus: staff, or a scraper with PIPPA_METRICS_TOKEN (api.metrics).
+    path("metrics", metrics_view, name="metrics"),
     path("settings/notifications/", include("notifications.urls")),
     path("", include("dashboard.urls")),
 ]

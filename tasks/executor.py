@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
@@ -65,6 +66,7 @@ from artifacts.services import (
     sources_check,
 )
 from artifacts.store import default_store
+from pippa_site import metrics
 from tasks import statements as sql
 from tasks.crashpoints import crashpoint
 from tasks.faults import REASON_DISK_FULL, fault_reason, retry_delay
@@ -145,6 +147,7 @@ def step(*, task_id: int, worker_id: str) -> StepOutcome | None:
     call: the renewal reserving the event's seq, one ``UPDATE … RETURNING``
     that picks and starts the step, and the event; commit 1.
     """
+    started = time.perf_counter()
     picked = _begin(task_id, worker_id, durable=False)
     if picked is _EFFECTS:
         # The step has outside effects: its start goes to disk before the call.
@@ -153,8 +156,24 @@ def step(*, task_id: int, worker_id: str) -> StepOutcome | None:
         return picked
     row, uncertain = picked
     if uncertain:
-        return _resolve_uncertain(row, worker_id)
-    return _call(row, worker_id)
+        outcome = _resolve_uncertain(row, worker_id)
+    else:
+        outcome = _call(row, worker_id)
+    _observed(row, outcome, time.perf_counter() - started)
+    return outcome
+
+
+def _observed(row: StepRow, outcome: StepOutcome, seconds: float) -> None:
+    """Count the step (``pippa_site.metrics``): after its commits, never before."""
+    metrics.step_observed(
+        artifact_class=row.artifact_class,
+        tool=row.tool,
+        status=outcome.status,
+        invoked=outcome.invoked,
+        rule=outcome.rule,
+        seconds=seconds,
+        tool_failed=outcome.invoked and outcome.status in (S.PENDING, S.FAILED),
+    )
 
 
 _EFFECTS = object()  # _begin's answer: start this step again at DURABLE
