@@ -14,8 +14,6 @@ user's business). With no token set, only staff may read it.
 
 from __future__ import annotations
 
-import hmac
-
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 from django.views.decorators.cache import never_cache
@@ -37,11 +35,9 @@ def scrape_allowed(request: HttpRequest) -> bool:
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated and user.is_staff:
         return True
-    expected = settings.PIPPA_METRICS_TOKEN
-    scheme, _, raw = request.headers.get("Authorization", "").partition(" ")
-    if not expected or scheme.lower() != "bearer" or not raw.strip():
-        return False
-    return hmac.compare_digest(raw.strip().encode(), expected.encode())
+    return metrics.token_matches(
+        request.headers.get("Authorization", ""), settings.PIPPA_METRICS_TOKEN
+    )
 
 
 @never_cache

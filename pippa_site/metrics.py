@@ -20,7 +20,10 @@ mmapped file write under a lock).
 
 from __future__ import annotations
 
+import hmac
 import os
+import threading
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -179,3 +182,39 @@ class _ThisProcess:
 
     def collect(self):
         yield from REGISTRY.collect()
+
+
+def token_matches(authorization: str, expected: str) -> bool:
+    """Whether an ``Authorization`` header carries the scrape token
+    (``PIPPA_METRICS_TOKEN``), compared in constant time; never with none set."""
+    scheme, _, raw = authorization.partition(" ")
+    if not expected or scheme.lower() != "bearer" or not raw.strip():
+        return False
+    return hmac.compare_digest(raw.strip().encode(), expected.encode())
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, *args) -> None:  # a scrape every few seconds: no log line
+        pass
+
+
+def serve(*, address: str, port: int, token: str) -> WSGIServer:
+    """Serve this host's counters at ``http://address:port/metrics`` to a
+    scraper with the token, from a daemon thread: the exporter of a host
+    that runs workers and no web process (``pippa_worker --metrics-port``).
+    The database's gauges are any web host's to serve."""
+
+    def app(environ, start_response):
+        if environ.get("PATH_INFO") != "/metrics":
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"not found\n"]
+        if not token_matches(environ.get("HTTP_AUTHORIZATION", ""), token):
+            start_response("403 Forbidden", [("Content-Type", "text/plain")])
+            return [b"metrics are for a scraper with PIPPA_METRICS_TOKEN\n"]
+        body, content_type = exposition()
+        start_response("200 OK", [("Content-Type", content_type)])
+        return [body]
+
+    server = make_server(address, port, app, handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server

@@ -191,7 +191,7 @@ def test_with_no_token_set_only_staff_may_read_the_metrics(client, operator, set
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_processes_counts_reach_the_scrape_of_the_web_process(
-    client, make_conversation, subprocess_env, tmp_path, settings
+    client, make_conversation, subprocess_env, tmp_path, settings, tool_log
 ):
     """Multiprocess mode: a worker in its own process writes its counters to
     the host's metrics folder; the web process's scrape adds them up."""
@@ -217,3 +217,74 @@ def test_a_worker_processes_counts_reach_the_scrape_of_the_web_process(
         )
         assert after.get(key, 0) - before.get(key, 0) == 1, cls
     assert value(after, "pippa_tasks", status="done") == 1
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_only_host_serves_its_counters_to_a_scraper_with_the_token(
+    make_conversation, subprocess_env, tmp_path, tool_log
+):
+    """A host with workers and no web process: ``pippa_worker --metrics-port``
+    serves the host's folder of counters, 403 without the token."""
+    import time
+    import urllib.error
+    import urllib.request
+
+    from tests.support.seaweed import free_ports
+
+    task = task_create(conversation=make_conversation(), title="w", steps=PLAN[:2])
+    [port] = free_ports(1)
+    folder = tmp_path / "host-metrics"
+    folder.mkdir()
+    env = tools_env(
+        subprocess_env,
+        tmp_path / "calls.jsonl",
+        PIPPA_METRICS_TOKEN=TOKEN,
+        PROMETHEUS_MULTIPROC_DIR=str(folder),
+    )
+    child = subprocess.Popen(
+        [
+            *worker_argv(task.pk, until_idle=False, poll=0.2),
+            "--metrics-port",
+            str(port),
+        ],
+        cwd=REPO,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def fetch(token: str | None) -> tuple[int, str]:
+        request = urllib.request.Request(url)
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=5) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as refused:
+            return refused.code, ""
+
+    try:
+        deadline = time.monotonic() + 60
+        text = ""
+        while time.monotonic() < deadline:
+            try:
+                status, text = fetch(TOKEN)
+            except OSError:
+                time.sleep(0.2)
+                continue
+            if 'outcome="done"' in text and text.count('outcome="done"') >= 2:
+                break
+            time.sleep(0.2)
+        assert (
+            'pippa_steps_finished_total{artifact_class="1",outcome="done"} 1.0' in text
+        )
+        assert (
+            'pippa_steps_finished_total{artifact_class="2",outcome="done"} 1.0' in text
+        )
+        assert fetch(None)[0] == 403
+        assert fetch("wrong")[0] == 403
+    finally:
+        child.terminate()
+        child.wait(timeout=30)
