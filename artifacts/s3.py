@@ -255,6 +255,12 @@ class S3Store(BlobStore):
         self.client.create_bucket(Bucket=self.bucket)
         return True
 
+    @_bucket_call
+    def check(self) -> None:
+        """Raise ``StoreUnavailable`` unless the bucket answers (a worker's
+        probe after a fault)."""
+        self.client.head_bucket(Bucket=self.bucket)
+
     # -- writing ------------------------------------------------------------
 
     def put_bytes(self, data: bytes, *, admit: Admit | None = None) -> PutResult:

@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, connection
 
 from artifacts.quota import REASON_QUOTA, QuotaExceeded
+from artifacts.store import FolderStore, default_store
 from tasks.tools import files_root
 
 # -- reasons ------------------------------------------------------------------
@@ -151,12 +152,22 @@ def store_probe(*, needed: int = 0) -> str:
     """Return "" when the blob store and the database can be written again, else why not.
 
     The blob folder must take a small fsynced write and have ``needed`` bytes
-    (the write that failed) plus a margin free; the class-1 files root and an
+    (the write that failed) plus a margin free (a bucket must answer, and the
+    local folder its writes spool through must have that room); the class-1 files root and an
     SQLite database's folder likewise. The database must answer. A full SQLite
     file shows itself only on a real write: the next step is that write, and
     fails into a longer back-off if the space is still missing.
     """
-    reason = _probe_folder(Path(settings.BLOB_DIR) / "tmp", needed)
+    store = default_store()
+    if isinstance(store, FolderStore):
+        reason = _probe_folder(Path(settings.BLOB_DIR) / "tmp", needed)
+    else:
+        # A bucket: the server must answer, and the local spool take the write.
+        reason = _probe_folder(Path(tempfile.gettempdir()), needed)
+        try:
+            store.check()
+        except OSError as exc:
+            reason = reason or fault_reason(exc)
     if reason:
         return reason
     # Class-1 tools write under the files root (beside the blobs unless moved).

@@ -166,3 +166,18 @@ def test_pippa_bucket_without_a_bucket_says_where_the_blobs_are(settings):
     settings.PIPPA_BLOB_URL = ""
     with pytest.raises(CommandError, match="blobs are in the folder"):
         call_command("pippa_bucket")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("any_store", ["s3"], indirect=True)
+def test_a_workers_probe_after_a_fault_asks_the_bucket(store, settings, monkeypatch):
+    from tasks.faults import REASON_STORE, store_probe
+    from tests.support.seaweed import free_ports
+
+    assert store_probe() == ""
+    [port] = free_ports(1)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{port}")
+    settings.PIPPA_BLOB_URL = f"s3://{store.bucket}/{store.prefix}"  # a new client
+    settings.PIPPA_DOCTOR_GRACE_SECONDS += 1
+
+    assert store_probe().startswith(REASON_STORE)
