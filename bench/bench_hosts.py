@@ -35,7 +35,7 @@ WORDS = {"s3": "PostgreSQL + S3", "folder": "PostgreSQL + folder"}
 
 def run(report: Report) -> None:
     url = os.environ.get("PIPPA_BENCH_DATABASE_URL", DEFAULT_URL)
-    steps = 240 if report.quick else 1500
+    steps = 240 if report.quick else 900
     with tempfile.TemporaryDirectory(prefix="pippa-hosts-") as folder:
         out = os.path.join(folder, "result.json")
         env = {k: v for k, v in os.environ.items() if k != "PIPPA_DATA_DIR"}

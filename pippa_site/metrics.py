@@ -159,7 +159,12 @@ def request_observed(*, door: str, status: int, seconds: float) -> None:
 
 
 def multiprocess_dir() -> str | None:
-    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    """The host's folder of counters a scrape adds up (``PIPPA_METRICS_DIR``)."""
+    from django.conf import settings
+
+    path = str(getattr(settings, "PIPPA_METRICS_DIR", "")) or os.environ.get(
+        "PROMETHEUS_MULTIPROC_DIR", ""
+    )
     return path if path and os.path.isdir(path) else None
 
 

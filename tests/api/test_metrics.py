@@ -196,13 +196,20 @@ def test_a_worker_processes_counts_reach_the_scrape_of_the_web_process(
     """Multiprocess mode: a worker in its own process writes its counters to
     the host's metrics folder; the web process's scrape adds them up."""
     settings.PIPPA_METRICS_TOKEN = TOKEN
+    host = tmp_path / "host-metrics"  # this host's folder: the worker's files only
+    host.mkdir()
+    settings.PIPPA_METRICS_DIR = host
     task = task_create(conversation=make_conversation(), title="w", steps=PLAN[:3])
     before = scrape(client)
 
     done = subprocess.run(
         worker_argv(task.pk),
         cwd=REPO,
-        env=tools_env(subprocess_env, tmp_path / "calls.jsonl"),
+        env=tools_env(
+            subprocess_env,
+            tmp_path / "calls.jsonl",
+            PROMETHEUS_MULTIPROC_DIR=str(host),
+        ),
         capture_output=True,
         text=True,
         timeout=120,
