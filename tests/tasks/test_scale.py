@@ -140,6 +140,7 @@ def decide_as_a_person(log: Path, reruns: Counter) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(DEADLINE_SECONDS + 300)
 @pytest.mark.skipif(
     not os.environ.get("DATABASE_URL", "").startswith("postgres"),
     reason="several hosts share PostgreSQL; SQLite is one machine's file "
