@@ -214,6 +214,7 @@ class S3Store(BlobStore):
     """Blobs as objects under a prefix of one bucket."""
 
     kind = "s3"
+    remote = True
 
     def __init__(
         self,

@@ -15,7 +15,7 @@ from typing import BinaryIO
 from django.db import connection, transaction
 from django.utils import timezone
 
-from artifacts.gc import blob_guard_key, blobs_unlink_after_commit
+from artifacts.gc import blob_guard, blob_guard_key, blobs_unlink_after_commit
 from artifacts.models import Artifact, ArtifactClass, ArtifactSource
 from artifacts.quota import QuotaExceeded, quota_admit, quota_enforce
 from artifacts.store import (
@@ -196,7 +196,17 @@ def artifact_insert(
         values.append(blob_guard_key(sha256))
     else:  # SQLite: BEGIN IMMEDIATE already holds the write lock (blob_guard)
         insert = columns + f"VALUES (%s, %s, %s, %s, %s, %s, {json_mark}, %s, %s, %s) "
+    store = default_store()
     with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+        # GC unlinks a blob only under the same guard after re-checking that no
+        # row names it, so a blob seen here, after the guard, stays until this
+        # row commits; a vanished one rolls the caller's transaction back. A
+        # bucket's check is a round trip: made before the INSERT, whose
+        # trigger locks the owner's count row until the commit.
+        if store.remote:
+            blob_guard(sha256)
+            if not store.exists(sha256):
+                raise BlobVanished(ERR_BLOB_VANISHED)
         cursor.execute(
             insert + "ON CONFLICT (owner_id, sha256) DO NOTHING RETURNING id", values
         )
@@ -204,10 +214,7 @@ def artifact_insert(
         created = row is not None
         if created:  # the schema's trigger has counted it: within the quota?
             quota_enforce(cursor, owner_id=owner_id, size=size)
-        # GC unlinks a blob only under the same guard after re-checking that no
-        # row names it, so a blob seen here, after the guard, stays until this
-        # row commits; a vanished one rolls the caller's transaction back.
-        if not default_store().exists(sha256):
+        if not store.remote and not store.exists(sha256):
             raise BlobVanished(ERR_BLOB_VANISHED)
         if not created:
             cursor.execute(

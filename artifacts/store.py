@@ -158,6 +158,8 @@ class BlobStore(ABC):
 
     #: The store's kind, as metrics and the doctor name it.
     kind = ""
+    #: Whether a look (``exists``) is a network round trip, not a stat.
+    remote = False
 
     # -- writing ------------------------------------------------------------
 
