@@ -58,7 +58,7 @@ def mcp_get() -> int:
         sent.append(message)
 
     scope = {"type": "http", "method": "GET", "path": "/mcp/", "headers": []}
-    asyncio.run(MCPApp(run_sync=None)(scope, receive, send))
+    asyncio.run(MCPApp()(scope, receive, send))
     return sent[0]["status"]
 
 
