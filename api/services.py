@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -26,6 +27,11 @@ ERR_TOKEN_NAME_TAKEN = (
     "you already have an active token named “{name}”: choose another name, "
     "or revoke that one first"
 )
+ERR_TOKEN_EXPIRY = "choose how long the token lasts: {choices}"
+# How long a static token may last, in days, as the tokens page offers it
+# (None: until it is revoked). The form's default is DEFAULT_TOKEN_DAYS.
+TOKEN_DAYS = (7, 30, 90, 365, None)
+DEFAULT_TOKEN_DAYS = 90
 
 
 class TokenError(Invalid):
@@ -43,19 +49,25 @@ def token_hash(raw: str) -> str:
     return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def token_create(*, user, name: str) -> NewToken:
-    """Create a token for ``user``; return the row and the raw token (shown once).
+def token_create(*, user, name: str, days: int | None = None) -> NewToken:
+    """Create a token for ``user`` that lasts ``days`` (None: until revoked);
+    return the row and the raw token (shown once).
 
     A name the databases cannot store is refused (``TextError``, a 400);
-    bidi controls are dropped from it. A user holds at most
-    ``PIPPA_TOKENS_PER_USER`` active tokens: one more is refused until one is
-    revoked (so a per-token bound cannot be sidestepped by making tokens).
+    bidi controls are dropped from it. ``days`` is one of ``TOKEN_DAYS``. A user
+    holds at most ``PIPPA_TOKENS_PER_USER`` active tokens: one more is refused
+    until one is revoked (so a per-token bound cannot be sidestepped by making
+    tokens).
     """
     text_check(name or "", field="token name")
     name = title_clean(name or "").strip()
     if not name or len(name) > 100:
         raise TokenError(ERR_TOKEN_NAME)
+    if days not in TOKEN_DAYS:
+        choices = ", ".join(f"{d} days" if d else "never" for d in TOKEN_DAYS)
+        raise TokenError(ERR_TOKEN_EXPIRY.format(choices=choices))
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    expires_at = None if days is None else timezone.now() + timedelta(days=days)
     try:
         # Its own savepoint: a refused name leaves the caller's transaction usable.
         with transaction.atomic():
@@ -65,7 +77,11 @@ def token_create(*, user, name: str) -> NewToken:
             if ApiToken.objects.active().filter(user=user).count() >= limit:
                 raise TokenError(ERR_TOO_MANY_TOKENS.format(limit=limit))
             token = ApiToken.objects.create(
-                user=user, name=name, sha256=token_hash(raw), prefix=raw[:PREFIX_CHARS]
+                user=user,
+                name=name,
+                sha256=token_hash(raw),
+                prefix=raw[:PREFIX_CHARS],
+                expires_at=expires_at,
             )
     except IntegrityError as exc:
         # api_apitoken_active_name_uniq: a second active token of that name.
@@ -85,12 +101,12 @@ def token_revoke(*, token: ApiToken) -> ApiToken:
 
 
 def token_authenticate(*, raw: str):
-    """Return the user of an active token, or None. Records when it was last used
-    (at most one write a minute per token, so reads stay reads)."""
+    """Return the user of an active, unexpired token, or None. Records when it
+    was last used (at most one write a minute per token, so reads stay reads)."""
     if not raw or len(raw) > 200:
         return None
     token = (
-        ApiToken.objects.active()
+        ApiToken.objects.usable()
         .select_related("user")
         .filter(sha256=token_hash(raw))
         .first()

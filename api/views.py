@@ -1,4 +1,5 @@
-"""Dashboard pages for API tokens: list, create (shown once), revoke (confirmed)."""
+"""Dashboard pages for API tokens and MCP sign-ins: list both, create a token
+(shown once, with the expiry the person chooses), revoke either (confirmed)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,26 @@ from django.views.decorators.http import (
     require_POST,
 )
 
-from api.models import ApiToken
+from api.models import ApiToken, OAuthGrant
+from api.oauth import grant_revoke
 from api.services import (
+    DEFAULT_TOKEN_DAYS,
     ERR_TOKEN_REVOKED,
+    TOKEN_DAYS,
     TokenError,
     token_create,
     token_revoke,
 )
+from artifacts.quota import quota_usage
 
 MSG_REVOKED = "Token “{name}” revoked. A runner that still uses it is now turned away."
+MSG_SIGNED_OUT = (
+    "{name} is signed out: its access and refresh tokens are refused from its"
+    " next request on."
+)
+ERR_SIGNED_OUT = "that sign-in has already ended"
+# The form's value for a token that lasts until it is revoked.
+NEVER = "never"
 
 
 # The new token between the POST that made it and the page that shows it once.
@@ -31,9 +43,16 @@ NEW_TOKEN_KEY = "pippa_new_token"
 
 def _page(request: HttpRequest, status: int = 200, **extra) -> HttpResponse:
     tokens = ApiToken.objects.for_user(request.user)[:200]
-    return render(
-        request, "api/tokens.html", {"tokens": tokens, **extra}, status=status
-    )
+    grants = OAuthGrant.objects.for_user(request.user)[:200]
+    context = {
+        "tokens": tokens,
+        "grants": grants,
+        "day_choices": [(str(d) if d else NEVER, d) for d in TOKEN_DAYS],
+        "days": str(DEFAULT_TOKEN_DAYS),
+        "usage": quota_usage(owner_id=request.user.pk),  # the storage partial's
+        **extra,
+    }
+    return render(request, "api/tokens.html", context, status=status)
 
 
 @never_cache
@@ -54,10 +73,17 @@ def token_new(request: HttpRequest) -> HttpResponse:
     """Create a token, then redirect: a reload of the page that shows it makes
     no second token (POST-redirect-GET), and shows the secret no more."""
     name = request.POST.get("name", "")
+    chosen = request.POST.get("days", str(DEFAULT_TOKEN_DAYS))
     try:
-        new = token_create(user=request.user, name=name)
+        days = None if chosen == NEVER else int(chosen)
+    except ValueError:
+        days = -1  # refused by token_create, with the choices
+    try:
+        new = token_create(user=request.user, name=name, days=days)
     except TokenError as exc:
-        return _page(request, status=400, error=str(exc), name=name[:100])
+        return _page(
+            request, status=400, error=str(exc), name=name[:100], days=chosen[:10]
+        )
     request.session[NEW_TOKEN_KEY] = {"raw": new.raw, "name": new.token.name}
     return redirect("tokens:list")
 
@@ -78,6 +104,23 @@ def token_revoke_view(request: HttpRequest, token_id: int) -> HttpResponse:
         messages.error(request, str(exc))
     else:
         messages.success(request, MSG_REVOKED.format(name=token.name))
+    return redirect("tokens:list")
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def grant_revoke_view(request: HttpRequest, grant_id: int) -> HttpResponse:
+    """GET: say what signing an MCP client out does and ask; POST: sign it out."""
+    grant = get_object_or_404(OAuthGrant.objects.for_user(request.user), pk=grant_id)
+    if request.method == "GET":
+        if not grant.is_active:
+            messages.error(request, ERR_SIGNED_OUT)
+            return redirect("tokens:list")
+        return render(request, "api/grant_revoke.html", {"grant": grant})
+    if grant_revoke(grant=grant):
+        messages.success(request, MSG_SIGNED_OUT.format(name=grant.client_name))
+    else:
+        messages.error(request, ERR_SIGNED_OUT)
     return redirect("tokens:list")
 
 

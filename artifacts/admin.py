@@ -25,7 +25,8 @@ from artifacts.gc import (
     gc_plan,
     kept_refusals,
 )
-from artifacts.models import Artifact, ArtifactSource
+from artifacts.models import Artifact, ArtifactSource, StorageQuota
+from artifacts.quota import quota_usage
 from pippa_site.actors import actor_for
 from pippa_site.text import CleanTitlesMixin
 
@@ -270,3 +271,32 @@ class ArtifactAdmin(CleanTitlesMixin, admin.ModelAdmin):
             artifacts_delete_unkept(artifacts=artifacts)
         except ArtifactKept as exc:
             raise PermissionDenied(str(exc)) from None
+
+
+@admin.register(StorageQuota)
+class StorageQuotaAdmin(admin.ModelAdmin):
+    """Each user's stored bytes (kept by the schema) and their own quota,
+    which staff may set (empty: the site's PIPPA_QUOTA_BYTES; 0: no limit)."""
+
+    list_display = ("owner", "used_shown", "limit_shown")
+    search_fields = ("owner__username",)
+    fields = ("owner", "used_shown", "limit_bytes")
+    readonly_fields = ("owner", "used_shown")
+
+    def has_add_permission(self, request):
+        return False  # a user's row appears with their first artifact
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # it leaves with its user
+
+    @admin.display(description="stored", ordering="used_bytes")
+    def used_shown(self, obj):
+        return f"{filesizeformat(obj.used_bytes)} ({obj.used_bytes:,} bytes)"
+
+    @admin.display(description="quota", ordering="limit_bytes")
+    def limit_shown(self, obj):
+        usage = quota_usage(owner_id=obj.owner_id)
+        if not usage.limited:
+            return "no limit"
+        default = "" if obj.limit_bytes is not None else " (the site's default)"
+        return f"{filesizeformat(usage.limit)}{default}"

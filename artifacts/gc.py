@@ -36,7 +36,6 @@ from django.utils import timezone
 
 from artifacts.keepers import Keeper, keepers, kept_by
 from artifacts.models import Artifact, ArtifactSource, PendingUnlink
-from artifacts.services import blob_guard
 from artifacts.store import BlobStore, default_store
 from pippa_site.errors import Conflict
 
@@ -50,6 +49,24 @@ BATCH = 500
 REASON_SOURCE = "named as a source by artifact {artifact}"
 # When a keeper has no words of its own for a parent.
 REASON_KEPT = "kept by {noun} {parent}"
+
+
+def blob_guard(sha: str) -> None:
+    """Serialise "create a row for this blob" with "unlink this unnamed blob".
+
+    Call inside a transaction. SQLite's IMMEDIATE transactions already hold
+    the database's write lock; PostgreSQL takes a transaction-scoped advisory
+    lock keyed by the sha.
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [blob_guard_key(sha)])
+
+
+def blob_guard_key(sha: str) -> int:
+    """The advisory lock's key for a sha (PostgreSQL), for ``blob_guard`` and
+    the executor's artifact INSERT that takes the same lock in its FROM."""
+    return int(sha[:15], 16)
 
 
 @dataclass(frozen=True)

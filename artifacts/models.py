@@ -184,3 +184,45 @@ class PendingUnlink(models.Model):
 
     def __str__(self) -> str:
         return f"unlink {self.sha256[:12]}"
+
+
+class StorageQuota(models.Model):
+    """A user's stored bytes, and the most they may store (``artifacts.quota``).
+
+    ``used_bytes`` is the sum of the sizes of the user's artifact rows, kept
+    by the schema itself: triggers on the artifact table add a row's size
+    when it is inserted and take it off when it is deleted, whichever path
+    does it (a step's commit, an upload, the GC, the doctor, a user's
+    delete). Counted per row: bytes another owner also stored count for
+    each of them, so what one user sees never depends on what others store
+    (the shared file is a saving of the site's, not a hint about someone
+    else's data), and deleting one's own rows always frees what they count.
+
+    ``limit_bytes``: this user's own limit, set by staff; empty means the
+    site's ``PIPPA_QUOTA_BYTES``; 0 means no limit.
+    """
+
+    owner = models.OneToOneField(
+        settings.AUTH_USER_MODEL,
+        primary_key=True,
+        on_delete=models.DB_CASCADE,
+        related_name="storage_quota",
+    )
+    used_bytes = models.BigIntegerField(default=0)
+    limit_bytes = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Bytes this user may store; empty: the site's default "
+        "(PIPPA_QUOTA_BYTES); 0: no limit.",
+    )
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(limit_bytes__isnull=True) | Q(limit_bytes__gte=0),
+                name="artifacts_storagequota_limit_nonneg",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"storage of user {self.owner_id}"

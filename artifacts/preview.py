@@ -27,7 +27,13 @@ from pathlib import Path
 from django.db import transaction
 
 from artifacts.models import Artifact, ArtifactClass
-from artifacts.services import BlobVanished, artifact_record, blob_put
+from artifacts.quota import QuotaExceeded
+from artifacts.services import (
+    BlobVanished,
+    artifact_record,
+    blob_put,
+    blob_put_refused,
+)
 from artifacts.store import BlobError, default_store
 
 log = logging.getLogger("pippa.preview")
@@ -199,7 +205,12 @@ def preview_render(
         _record(artifact, {"status": STATUS_FAILED, "reason": result.reason})
         return None
     title = f"Preview of {artifact.title}" if artifact.title else "Widget preview"
-    put = blob_put(data=result.png)  # the file first: write before show
+    try:
+        # The file first (write before show), within the owner's quota.
+        put = blob_put(data=result.png, owner_id=artifact.owner_id)
+    except QuotaExceeded as exc:
+        _record(artifact, {"status": STATUS_FAILED, "reason": str(exc)})
+        return None
     for last in (False, True):
         try:
             with transaction.atomic():
@@ -226,10 +237,15 @@ def preview_render(
                 if keep is not None:
                     keep(preview)
             return preview
+        except QuotaExceeded as exc:  # another write got in first
+            blob_put_refused(sha256=put.sha256)
+            _record(artifact, {"status": STATUS_FAILED, "reason": str(exc)})
+            return None
         except BlobVanished:
             if last:
                 raise
-            put = blob_put(data=result.png)  # collected meanwhile: write it again
+            # Collected meanwhile: write it again.
+            put = blob_put(data=result.png, owner_id=artifact.owner_id)
     return None
 
 

@@ -128,8 +128,7 @@ def artifact_text_head(*, artifact: Artifact, limit: int) -> TextHead:
     if not artifact.media_type.startswith(TEXT_MEDIA_PREFIXES):
         return TextHead("", False, False, False)
     try:
-        with default_store().open(artifact.sha256) as fh:
-            raw = fh.read(limit + 1)
+        raw = default_store().head(artifact.sha256, limit + 1)
     except (BlobError, OSError):
         return TextHead("", False, True, True)
     return TextHead(

@@ -1,4 +1,8 @@
-"""Writes of artifacts: blob first, then the row that points at it."""
+"""Writes of artifacts: blob first, then the row that points at it.
+
+Every write is counted against its owner's storage quota (``artifacts.quota``)
+before its bytes are named in the store, and again in the row's transaction.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +15,11 @@ from typing import BinaryIO
 from django.db import connection, transaction
 from django.utils import timezone
 
+from artifacts.gc import blob_guard, blob_guard_key, blobs_unlink_after_commit
 from artifacts.models import Artifact, ArtifactClass, ArtifactSource
+from artifacts.quota import QuotaExceeded, quota_admit, quota_enforce
 from artifacts.store import (
+    Admit,
     BlobStore,
     PutResult,
     check_sha,
@@ -43,24 +50,6 @@ class BlobVanished(ArtifactError):
     """The blob was collected between its write and its row: write it again."""
 
 
-def blob_guard(sha: str) -> None:
-    """Serialise "create a row for this blob" with "unlink this unnamed blob".
-
-    Call inside a transaction. SQLite's IMMEDIATE transactions already hold
-    the database's write lock; PostgreSQL takes a transaction-scoped advisory
-    lock keyed by the sha.
-    """
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [blob_guard_key(sha)])
-
-
-def blob_guard_key(sha: str) -> int:
-    """The advisory lock's key for a sha (PostgreSQL), for ``blob_guard`` and
-    the executor's artifact INSERT that takes the same lock in its FROM."""
-    return int(sha[:15], 16)
-
-
 _CLASSES = frozenset(int(c) for c in ArtifactClass)
 
 
@@ -80,17 +69,33 @@ def blob_put(
     file: BinaryIO | None = None,
     max_bytes: int | None = None,
     expected_size: int | None = None,
+    owner_id: int | None = None,
     store: BlobStore | None = None,
 ) -> PutResult:
-    """Write payload bytes to the blob store (exactly one of data/stream/file)."""
+    """Write payload bytes to the blob store (exactly one of data/stream/file).
+
+    With ``owner_id``, the owner's quota admits the bytes once they are
+    hashed and before they are named (``QuotaExceeded`` leaves nothing).
+    """
     store = store or default_store()
     if sum(x is not None for x in (data, stream, file)) != 1:
         raise TypeError("pass exactly one of data=, stream=, file=")
+    admit: Admit | None = quota_admit(owner_id) if owner_id is not None else None
     if data is not None:
-        return store.put_bytes(data)
+        return store.put_bytes(data, admit=admit)
     if file is not None:
-        return store.put_file(file, max_bytes=max_bytes)
-    return store.put_stream(stream, max_bytes=max_bytes, expected_size=expected_size)
+        return store.put_file(file, max_bytes=max_bytes, admit=admit)
+    return store.put_stream(
+        stream, max_bytes=max_bytes, expected_size=expected_size, admit=admit
+    )
+
+
+def blob_put_refused(*, sha256: str) -> None:
+    """A blob written whose row the quota then refused (a writer racing past
+    the first check): named by nothing, it goes through the pending-unlink
+    record at once, unlinked unless a row of any owner names it."""
+    with transaction.atomic():
+        blobs_unlink_after_commit(shas=[sha256])
 
 
 @dataclass(frozen=True)
@@ -151,7 +156,9 @@ def artifact_insert(
     Runs inside the caller's transaction when there is one (the executor's
     result commit: ``atomic(savepoint=False)``, a few plain statements),
     under the per-sha ``blob_guard`` so a GC cannot unlink the blob before
-    this row commits.
+    this row commits. A new row past the owner's quota raises
+    ``QuotaExceeded`` (``artifacts.quota.quota_enforce``), which rolls the
+    caller's transaction back.
     """
     artifact_class = _check_class(artifact_class)
     meta = meta or {}
@@ -189,17 +196,26 @@ def artifact_insert(
         values.append(blob_guard_key(sha256))
     else:  # SQLite: BEGIN IMMEDIATE already holds the write lock (blob_guard)
         insert = columns + f"VALUES (%s, %s, %s, %s, %s, %s, {json_mark}, %s, %s, %s) "
+    store = default_store()
     with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+        # GC unlinks a blob only under the same guard after re-checking that no
+        # row names it, so a blob seen here, after the guard, stays until this
+        # row commits; a vanished one rolls the caller's transaction back. A
+        # bucket's check is a round trip: made before the INSERT, whose
+        # trigger locks the owner's count row until the commit.
+        if store.remote:
+            blob_guard(sha256)
+            if not store.exists(sha256):
+                raise BlobVanished(ERR_BLOB_VANISHED)
         cursor.execute(
             insert + "ON CONFLICT (owner_id, sha256) DO NOTHING RETURNING id", values
         )
         row = cursor.fetchone()
-        # GC unlinks a blob only under the same guard after re-checking that no
-        # row names it, so a blob seen here, after the guard, stays until this
-        # row commits; a vanished one rolls the caller's transaction back.
-        if not default_store().exists(sha256):
-            raise BlobVanished(ERR_BLOB_VANISHED)
         created = row is not None
+        if created:  # the schema's trigger has counted it: within the quota?
+            quota_enforce(cursor, owner_id=owner_id, size=size)
+        if not store.remote and not store.exists(sha256):
+            raise BlobVanished(ERR_BLOB_VANISHED)
         if not created:
             cursor.execute(
                 f"SELECT id FROM {table} WHERE owner_id = %s AND sha256 = %s",
@@ -265,13 +281,16 @@ def artifact_store(
     """Store payload bytes and their artifact row: write before show.
 
     1. Validate what can be validated before any I/O.
-    2. Write the blob (linked under its sha, the file and its folder fsynced).
+    2. Write the blob (durably stored under its sha), once the owner's quota
+       admitted it.
     3. Create or find the owner's row. A crash between 2 and 3 leaves an
        unreferenced blob, which the doctor sweeps after its grace period.
     """
     _check_class(artifact_class)
     owner = _owner_pk(owner)
-    put = blob_put(data=data, stream=stream, file=file, max_bytes=max_bytes)
+    put = blob_put(
+        data=data, stream=stream, file=file, max_bytes=max_bytes, owner_id=owner
+    )
     record = functools.partial(
         artifact_record,
         owner=owner,
@@ -283,10 +302,13 @@ def artifact_store(
     )
     try:
         return record(put=put)
+    except QuotaExceeded:
+        blob_put_refused(sha256=put.sha256)
+        raise
     except BlobVanished:
         if data is None:
             raise  # a stream cannot be replayed; the caller sends it again
-        return record(put=blob_put(data=data))
+        return record(put=blob_put(data=data, owner_id=owner))
 
 
 def artifact_verify(*, artifact: Artifact, store: BlobStore | None = None) -> str:

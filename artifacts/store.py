@@ -1,13 +1,31 @@
-"""The content-addressed blob store: payload bytes on disk, named by sha256.
+"""The content-addressed blob store: payload bytes named by their sha256.
 
-Layout: ``<BLOB_DIR>/ab/abcd…`` (256 fan-out folders: created once each, so a
-write rarely pays for a new folder's fsync; a million blobs is ~4k per folder) and
-``<BLOB_DIR>/tmp/`` for writes in flight.
+``BlobStore`` is the interface every caller uses; ``default_store()`` gives
+the configured one. Two stores implement it:
+
+- ``FolderStore`` (the default): files under ``PIPPA_BLOB_DIR`` on the local
+  disk. This module.
+- ``artifacts.s3.S3Store``: objects in an S3-compatible bucket, chosen by
+  ``PIPPA_BLOB_URL=s3://bucket/prefix`` (endpoint and credentials from the
+  environment), so workers on several hosts share only the database and the
+  bucket.
+
+What both promise ("write before show"): ``put_*`` returns only once the
+bytes are durably stored under their sha (a file and its folder fsynced; an
+object the server acknowledged after checking the sha256 sent with it), so no
+row can name a blob before it is there; nothing trusts a blob for being
+there (a second write of the same sha checks or replaces what it finds);
+a write that fails, or that ``admit`` refuses, leaves nothing named; reads
+stream.
+
+The folder store's layout: ``<BLOB_DIR>/ab/abcd…`` (256 fan-out folders:
+created once each, so a write rarely pays for a new folder's fsync; a million
+blobs is ~4k per folder) and ``<BLOB_DIR>/tmp/`` for writes in flight.
 
 A write streams the bytes, hashing as it goes, into a file with no name yet
 (``O_TMPFILE`` in ``tmp/``), links it under its sha, then fsyncs the file and
 the folder; only after both does ``put_*`` return, so no row can name a file
-before its bytes and its name are on disk ("write before show"). Linking
+before its bytes and its name are on disk. Linking
 before the file's fsync lets that one fsync carry the data, the inode and the
 new name together; the folder's fsync then finds little left to write (on
 this machine's ext4 it saved a third of a step's disk time against the temp
@@ -25,12 +43,11 @@ Where a file with no name cannot be made (not Linux, a filesystem without
 ``tmp/``: fsync, rename onto the sha, fsync the folder. A crash there leaves
 at most a temp file, which the doctor sweeps.
 
-Every payload is a file, whatever its size: the database holds refs (shas),
-never payload bytes. ``BlobStore`` touches the filesystem only, never the
-database.
+Every payload is a blob, whatever its size: the database holds refs (shas),
+never payload bytes. No store touches the database.
 
-The store is private to the service's account: folders are made 0700 and
-blob files 0400, whatever the process's umask (``PRIVATE_DIR``,
+The folder store is private to the service's account: folders are made 0700
+and blob files 0400, whatever the process's umask (``PRIVATE_DIR``,
 ``PRIVATE_FILE``); ``pippa_doctor`` reports looser modes and ``--repair``
 tightens them.
 """
@@ -41,12 +58,17 @@ import hashlib
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Iterator
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from django.conf import settings
+from django.utils.module_loading import import_string
+
+from pippa_site import metrics
 
 SHA256_RE = re.compile(r"\A[0-9a-f]{64}\Z")
 CHUNK = 1024 * 1024
@@ -59,6 +81,10 @@ ERR_INCOMPLETE = "received {got} of the {expected} bytes declared; nothing was s
 # The data folder, the blob folders and the blob files: the service's account only.
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o400
+
+# Called with (sha, size) once the bytes are hashed and before they are named:
+# raising there (a quota, say) leaves nothing stored.
+Admit = Callable[[str, int], None]
 
 
 class BlobError(Exception):
@@ -81,6 +107,10 @@ class BlobIncomplete(BlobError, ValueError):
     """The stream ended before the size it declared: nothing was stored."""
 
 
+# What the caller sent, not the store failing: not counted as a put error.
+CALLER_ERRORS = (BlobTooLarge, BlobIncomplete, InvalidSha)
+
+
 @dataclass(frozen=True)
 class PutResult:
     sha256: str
@@ -88,11 +118,20 @@ class PutResult:
     created: bool  # False when the bytes were already stored (dedup)
 
 
+@dataclass(frozen=True)
+class StoredBlob:
+    """One blob as a listing sees it: for the doctor's sweep of unnamed blobs."""
+
+    sha256: str
+    size: int
+    modified: float  # seconds since the epoch: a file's mtime, an object's LastModified
+
+
 def check_sha(sha: object) -> str:
     """Return ``sha`` if it is 64 lowercase hex characters, else raise.
 
-    Runs before any path is built, so ``../`` and friends never reach the
-    filesystem.
+    Runs before any path or key is built, so ``../`` and friends never reach
+    the filesystem or the bucket.
     """
     if not isinstance(sha, str) or not SHA256_RE.match(sha):
         raise InvalidSha(ERR_BAD_SHA)
@@ -107,8 +146,174 @@ def _fsync_dir(path: Path | str) -> None:
         os.close(fd)
 
 
-class BlobStore:
-    """Blobs under one root folder. ``default_store()`` gives the configured one."""
+class BlobStore(ABC):
+    """What every blob store does; ``default_store()`` gives the configured one.
+
+    Writes: ``put_stream`` (and ``put_bytes``, ``put_file`` over it) store
+    bytes under their sha and return only once they are durable; ``admit``
+    is asked before they are named. Reads stream (``open``, ``iter_chunks``);
+    ``heads`` and ``states`` serve pages and the doctor many shas at a time.
+    ``unlink`` is for ``artifacts.gc`` only, under the per-sha guard.
+    """
+
+    #: The store's kind, as metrics and the doctor name it.
+    kind = ""
+    #: Whether a look (``exists``) is a network round trip, not a stat.
+    remote = False
+
+    # -- writing ------------------------------------------------------------
+
+    def put_stream(
+        self,
+        chunks: Iterable[bytes],
+        *,
+        max_bytes: int | None = None,
+        expected_size: int | None = None,
+        admit: Admit | None = None,
+    ) -> PutResult:
+        """Store the concatenation of ``chunks``; hold at most one chunk in memory.
+
+        With ``expected_size`` (an upload's Content-Length), any other count
+        is ``BlobIncomplete``: a body cut short is never stored; more than
+        ``max_bytes`` is ``BlobTooLarge``. Whatever goes wrong before the
+        blob is named (``admit`` refusing included), nothing is left.
+        """
+        return self._timed(
+            self._put_stream,
+            chunks,
+            max_bytes=max_bytes,
+            expected_size=expected_size,
+            admit=admit,
+        )
+
+    def put_bytes(self, data: bytes, *, admit: Admit | None = None) -> PutResult:
+        return self.put_stream(_chunks_of(data), admit=admit)
+
+    def put_file(
+        self,
+        fh: BinaryIO,
+        *,
+        max_bytes: int | None = None,
+        admit: Admit | None = None,
+    ) -> PutResult:
+        return self.put_stream(
+            iter(lambda: fh.read(CHUNK), b""), max_bytes=max_bytes, admit=admit
+        )
+
+    def _timed(self, put: Callable[..., PutResult], *args, **kwargs) -> PutResult:
+        """Run a put and record it (``pippa_site.metrics``) once it returned or failed:
+        never before the bytes are durable."""
+        started = time.perf_counter()
+        try:
+            result = put(*args, **kwargs)
+        except CALLER_ERRORS:
+            raise
+        except Exception:
+            metrics.blob_put_failed(self.kind)
+            raise
+        metrics.blob_put_done(
+            self.kind, time.perf_counter() - started, result.size, result.created
+        )
+        return result
+
+    @abstractmethod
+    def _put_stream(
+        self,
+        chunks: Iterable[bytes],
+        *,
+        max_bytes: int | None,
+        expected_size: int | None,
+        admit: Admit | None,
+    ) -> PutResult: ...
+
+    @abstractmethod
+    def settle(self, sha: str) -> bool:
+        """Whether the blob is there with bytes that hash to ``sha``, made
+        durable before saying so: for a caller about to name a blob it did
+        not write itself."""
+
+    # -- reading ------------------------------------------------------------
+
+    @abstractmethod
+    def exists(self, sha: str) -> bool: ...
+
+    @abstractmethod
+    def open(self, sha: str) -> BinaryIO:
+        """A read-only stream of the blob's bytes; ``BlobMissing`` if none."""
+
+    @abstractmethod
+    def size(self, sha: str) -> int: ...
+
+    @abstractmethod
+    def heads(self, shas, size: int) -> dict[str, bytes]:
+        """The first ``size`` bytes of each blob there is: a page's excerpts."""
+
+    @abstractmethod
+    def states(self, shas, *, verify: bool) -> dict[str, tuple[int, bool]]:
+        """{sha: (size, intact)} for each of ``shas`` there is; a missing one
+        is left out. ``intact`` is whether the bytes hash to their sha (always
+        True when not ``verify``): the doctor's integrity scan."""
+
+    def get(self, sha: str) -> bytes:
+        with self.open(sha) as fh:
+            return fh.read()
+
+    def head(self, sha: str, size: int) -> bytes:
+        """The first ``size`` bytes of one blob (an excerpt); ``BlobMissing``
+        if there is none. A bucket reads only that range."""
+        with self.open(sha) as fh:
+            return fh.read(size)
+
+    def iter_chunks(self, sha: str, chunk_size: int = CHUNK) -> Iterator[bytes]:
+        with self.open(sha) as fh:
+            yield from iter(lambda: fh.read(chunk_size), b"")
+
+    def verify(self, sha: str) -> bool:
+        """Return True if the blob exists and its bytes hash to ``sha``."""
+        try:
+            fh = self.open(sha)
+        except BlobMissing:
+            return False
+        with fh:
+            return read_digest(fh)[1] == sha
+
+    # -- listing ------------------------------------------------------------
+
+    @abstractmethod
+    def iter_blobs(self) -> Iterator[StoredBlob]:
+        """Every well-named blob there is (the doctor's listing)."""
+
+    def shas(self) -> Iterator[str]:
+        for blob in self.iter_blobs():
+            yield blob.sha256
+
+    def iter_temp_files(self) -> Iterator[Path]:
+        """Local temp files a crashed write may have left (the doctor's sweep)."""
+        return iter(())
+
+    def loose_paths(self) -> list[tuple[Path, int]]:
+        """(path, the mode it should have) for each local file or folder of
+        the store that other accounts may read (``pippa_doctor``)."""
+        return []
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Where the blobs are, in words (the doctor's report)."""
+
+    # -- removing -----------------------------------------------------------
+
+    @abstractmethod
+    def unlink(self, sha: str) -> bool:
+        """Remove a blob; return whether one was there.
+
+        Callers hold the per-sha guard (``artifacts.gc.blobs_unlink``).
+        """
+
+
+class FolderStore(BlobStore):
+    """Blobs as files under one root folder on the local disk (the default)."""
+
+    kind = "folder"
 
     def __init__(self, root: Path | str, *, fsync: bool = True):
         self.root = Path(root)
@@ -130,9 +335,16 @@ class BlobStore:
         sha = check_sha(sha)
         return os.path.isfile(os.path.join(self._root, sha[:2], sha))
 
-    def iter_shas(self) -> Iterator[tuple[str, Path]]:
-        """Yield (sha, path) for every blob (``iter_files``)."""
-        yield from self.iter_files()
+    def describe(self) -> str:
+        return f"the folder {self.root}"
+
+    def iter_blobs(self) -> Iterator[StoredBlob]:
+        for sha, path in self.iter_files():
+            try:
+                info = os.stat(path)
+            except FileNotFoundError:
+                continue
+            yield StoredBlob(sha, info.st_size, info.st_mtime)
 
     def iter_files(self) -> Iterator[tuple[str, Path]]:
         """Yield (sha, path) for every well-named blob file on disk."""
@@ -207,26 +419,16 @@ class BlobStore:
             _fsync_dir(self.root)
             _fsync_dir(self.root.parent)
 
-    def put_bytes(self, data: bytes) -> PutResult:
-        return self.put_stream(_chunks_of(data))
-
-    def put_file(self, fh: BinaryIO, *, max_bytes: int | None = None) -> PutResult:
-        return self.put_stream(iter(lambda: fh.read(CHUNK), b""), max_bytes=max_bytes)
-
-    def put_stream(
+    def _put_stream(
         self,
         chunks: Iterable[bytes],
         *,
-        max_bytes: int | None = None,
-        expected_size: int | None = None,
+        max_bytes: int | None,
+        expected_size: int | None,
+        admit: Admit | None,
     ) -> PutResult:
-        """Store the concatenation of ``chunks``; hold at most one chunk in memory.
-
-        The bytes stream into a file in ``tmp/`` (same filesystem), hashed as
-        they go. With ``expected_size`` (an upload's Content-Length), any
-        other count is ``BlobIncomplete``: a body cut short is never stored.
-        Whatever goes wrong before the file is named, nothing is left. Then
-        the file is named by its sha and it and its folder are fsynced (the
+        """Stream into a file in ``tmp/`` (same filesystem), hashed as it
+        goes; then name it by its sha and fsync it and its folder (the
         module's docstring has the order and why). If a blob of that sha is
         there already it is replaced by these bytes: the same by
         construction, and a copy that was damaged or lost on disk is healed;
@@ -237,10 +439,12 @@ class BlobStore:
         if self._anonymous is None:
             self._anonymous = self._anonymous_files_work()
         if not self._anonymous:
-            return self._put_via_rename(chunks, max_bytes, expected_size)
+            return self._put_via_rename(chunks, max_bytes, expected_size, admit)
         fd = os.open(self._tmp, os.O_TMPFILE | os.O_WRONLY, PRIVATE_FILE)
         with os.fdopen(fd, "wb") as out:
-            sha, size = _write_hashed(out, chunks, max_bytes, expected_size)
+            sha, size = write_hashed(out, chunks, max_bytes, expected_size)
+            if admit is not None:
+                admit(sha, size)  # refused: the file with no name goes with fd
             folder = os.open(
                 os.path.join(self._root, sha[:2]), os.O_RDONLY | os.O_DIRECTORY
             )
@@ -266,13 +470,19 @@ class BlobStore:
         return PutResult(sha, size, created=created)
 
     def _put_via_rename(
-        self, chunks: Iterable[bytes], max_bytes: int | None, expected_size: int | None
+        self,
+        chunks: Iterable[bytes],
+        max_bytes: int | None,
+        expected_size: int | None,
+        admit: Admit | None,
     ) -> PutResult:
         """The fallback write: named temp file, fsync, rename, fsync the folder."""
         fd, tmp = tempfile.mkstemp(dir=self._tmp, prefix="put-")
         try:
             with os.fdopen(fd, "wb") as out:
-                sha, size = _write_hashed(out, chunks, max_bytes, expected_size)
+                sha, size = write_hashed(out, chunks, max_bytes, expected_size)
+                if admit is not None:
+                    admit(sha, size)
                 if self.fsync:
                     os.fsync(fd)
             folder = os.path.join(self._root, sha[:2])
@@ -311,17 +521,15 @@ class BlobStore:
         return True
 
     def settle(self, sha: str) -> bool:
-        """Whether the blob is there with bytes that hash to ``sha``, made
-        durable (file and folder fsynced) before saying so. For a caller about
-        to name a blob it did not write itself: a file under a sha may be one
-        whose bytes a power cut kept from the disk (module docstring)."""
+        """File and folder fsynced before saying yes: a file under a sha may
+        be one whose bytes a power cut kept from the disk (module docstring)."""
         sha = check_sha(sha)
         try:
             fd = os.open(os.path.join(self._root, sha[:2], sha), os.O_RDONLY)
         except FileNotFoundError:
             return False
         with os.fdopen(fd, "rb") as fh:
-            if _read_digest(fh)[1] != sha:
+            if read_digest(fh)[1] != sha:
                 return False
             if self.fsync:
                 os.fsync(fd)
@@ -338,7 +546,6 @@ class BlobStore:
             raise BlobMissing(ERR_MISSING) from None
 
     def heads(self, shas, size: int) -> dict[str, bytes]:
-        """The first ``size`` bytes of each blob there is: a page's excerpts."""
         found: dict[str, bytes] = {}
         for sha in dict.fromkeys(shas):
             try:
@@ -348,14 +555,6 @@ class BlobStore:
                 pass
         return found
 
-    def get(self, sha: str) -> bytes:
-        with self.open(sha) as fh:
-            return fh.read()
-
-    def iter_chunks(self, sha: str, chunk_size: int = CHUNK) -> Iterator[bytes]:
-        with self.open(sha) as fh:
-            yield from iter(lambda: fh.read(chunk_size), b"")
-
     def size(self, sha: str) -> int:
         try:
             return self.path(sha).stat().st_size
@@ -363,10 +562,7 @@ class BlobStore:
             raise BlobMissing(ERR_MISSING) from None
 
     def states(self, shas, *, verify: bool) -> dict[str, tuple[int, bool]]:
-        """{sha: (size, intact)} for each of ``shas`` there is; a missing one
-        is left out. ``intact`` is whether the bytes hash to their sha (always
-        True when not ``verify``). The doctor's integrity scan, by string paths.
-        """
+        """By string paths: the doctor scans every blob."""
         found: dict[str, tuple[int, bool]] = {}
         for sha in dict.fromkeys(shas):
             if not isinstance(sha, str) or not SHA256_RE.match(sha):
@@ -377,28 +573,15 @@ class BlobStore:
                     found[sha] = (os.stat(path).st_size, True)
                     continue
                 with open(path, "rb") as fh:
-                    size, digest = _read_digest(fh)
+                    size, digest = read_digest(fh)
                 found[sha] = (size, digest == sha)
             except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
                 pass  # missing: left out
         return found
 
-    def verify(self, sha: str) -> bool:
-        """Return True if the blob exists and its bytes hash to ``sha``."""
-        try:
-            fh = self.open(sha)
-        except BlobMissing:
-            return False
-        with fh:
-            return _read_digest(fh)[1] == sha
-
     # -- removing -----------------------------------------------------------
 
     def unlink(self, sha: str) -> bool:
-        """Remove a blob file; return whether one was there.
-
-        Callers hold the per-sha guard (``artifacts.gc.blobs_unlink``).
-        """
         try:
             self.path(sha).unlink()
         except FileNotFoundError:
@@ -428,7 +611,7 @@ def _link(fd: int, folder: int, name: str) -> bool:
     return True
 
 
-def _write_hashed(
+def write_hashed(
     out: BinaryIO,
     chunks: Iterable[bytes],
     max_bytes: int | None,
@@ -462,7 +645,7 @@ def _chunks_of(data: bytes) -> Iterator[memoryview]:
         yield view[start : start + CHUNK]
 
 
-def _read_digest(fh: BinaryIO) -> tuple[int, str]:
+def read_digest(fh: BinaryIO) -> tuple[int, str]:
     """(size, sha256 hex) of what is left to read in ``fh``, a chunk at a time."""
     digest, size = hashlib.sha256(), 0
     for chunk in iter(lambda: fh.read(CHUNK), b""):
@@ -475,13 +658,31 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# The stores a PIPPA_BLOB_URL may name, by its scheme.
+URL_STORES = {"s3": "artifacts.s3.S3Store"}
+
 _default: tuple[tuple, BlobStore] | None = None
 
 
 def default_store() -> BlobStore:
-    """The configured store; one object per setting (the step asks twice)."""
+    """The configured store, one object per setting (the step asks twice):
+    the bucket ``PIPPA_BLOB_URL`` names, else the folder ``BLOB_DIR``."""
     global _default
-    key = (settings.BLOB_DIR, getattr(settings, "PIPPA_FSYNC", True))
+    url = getattr(settings, "PIPPA_BLOB_URL", "")
+    key = (
+        url,
+        settings.BLOB_DIR,
+        getattr(settings, "PIPPA_FSYNC", True),
+        settings.PIPPA_DOCTOR_GRACE_SECONDS,
+    )
     if _default is None or _default[0] != key:
-        _default = (key, BlobStore(key[0], fsync=key[1]))
+        if url:
+            # By dotted path, like Django's backends: boto3 is imported only
+            # where a bucket is used.
+            scheme = url.partition("://")[0]
+            kind = import_string(URL_STORES[scheme])
+            store: BlobStore = kind.from_url(url, refresh_after=key[3] / 2)
+        else:
+            store = FolderStore(key[1], fsync=key[2])
+        _default = (key, store)
     return _default[1]

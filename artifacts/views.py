@@ -61,6 +61,8 @@ def _payload_response(
         as_attachment=download,
         filename=_filename(artifact),
     )
+    if not response.has_header("Content-Length"):  # a bucket's stream
+        response["Content-Length"] = str(artifact.size)
     response["Content-Security-Policy"] = SOURCE_CSP
     response["X-Content-Type-Options"] = "nosniff"
     response["Cross-Origin-Resource-Policy"] = "same-origin"
@@ -174,8 +176,7 @@ HEAD_BYTES = 4096
 def _head_text(artifact: Artifact) -> tuple[str, bool] | None:
     """The start of a text artifact (text, cut short?), or None when unreadable."""
     try:
-        with default_store().open(artifact.sha256) as fh:
-            head = fh.read(HEAD_BYTES + 1)
+        head = default_store().head(artifact.sha256, HEAD_BYTES + 1)
     except (BlobError, OSError):
         return None
     return head[:HEAD_BYTES].decode("utf-8", errors="replace"), len(head) > HEAD_BYTES

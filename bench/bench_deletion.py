@@ -28,7 +28,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from artifacts.models import Artifact, ArtifactSource
-from artifacts.store import BlobStore
+from artifacts.store import FolderStore
 from bench.harness import Report
 from tasks.models import Conversation, Task, TaskArtifact
 
@@ -48,7 +48,7 @@ def _build(
     """
     tag = uuid.uuid4().hex[:12]
     user = get_user_model().objects.create_user(f"bench-del-{tag}")
-    store = BlobStore(settings.BLOB_DIR, fsync=False)
+    store = FolderStore(settings.BLOB_DIR, fsync=False)
     now = timezone.now()
     created = connection.ops.adapt_datetimefield_value(now)
     with transaction.atomic():
@@ -146,7 +146,7 @@ def _build(
 
 
 def _raw_delete(conv_id: int, removed: list[int], shas: list[str]) -> None:
-    store = BlobStore(settings.BLOB_DIR, fsync=False)
+    store = FolderStore(settings.BLOB_DIR, fsync=False)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("DELETE FROM tasks_conversation WHERE id = %s", [conv_id])
         for start in range(0, len(removed), 500):
@@ -172,7 +172,7 @@ def _bench_delete(report: Report) -> None:
     assert result.events == events
     assert result.steps == steps
     assert len(result.removed_artifacts) == len(removed), "GC disagrees with the model"
-    assert not any(BlobStore(settings.BLOB_DIR).exists(s) for s in shas[:50])
+    assert not any(FolderStore(settings.BLOB_DIR).exists(s) for s in shas[:50])
 
     conv_id, removed, shas = _build(events=events, steps=steps, artifacts=artifacts)
     start = time.perf_counter()

@@ -9,7 +9,7 @@ in the same two commits the design requires:
    ``synchronous=NORMAL`` (the tool has no outside effects: losing this
    commit re-runs a call whose result nobody saw).
 2. The 1 KiB payload as a blob file (linked under its sha, then the file
-   and its folder fsynced: the same ``BlobStore`` code on both sides).
+   and its folder fsynced: the same ``FolderStore`` code on both sides).
 3. At ``synchronous=FULL`` (the result is shown after it): insert the
    artifact row (ON CONFLICT on sha), the ownership link, mark the step done
    with its output ref, reserve two seqs and bump progress, insert
@@ -33,7 +33,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.utils import timezone
 
-from artifacts.store import BlobStore
+from artifacts.store import FolderStore
 from tasks.executor import step
 from tasks.models import Conversation, Task
 from tasks.plan import task_create
@@ -106,7 +106,7 @@ class RawExecutor:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA foreign_keys=ON")
-        self.store = BlobStore(blob_dir, fsync=fsync)
+        self.store = FolderStore(blob_dir, fsync=fsync)
         self.worker = "bench:raw"
 
     @staticmethod

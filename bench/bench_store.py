@@ -1,6 +1,6 @@
 """Blob store throughput and event append rate, each against a raw baseline.
 
-Blob store: ``BlobStore.put_bytes`` (hash while writing, a file with no name linked
+Blob store: ``FolderStore.put_bytes`` (hash while writing, a file with no name linked
 under its sha, fsync it and its folder) against a plain ``open/write/fsync/rename`` of the same
 bytes. Event log: ``event_append`` (one transaction: seq UPDATE … RETURNING + INSERT)
 against raw ``sqlite3`` doing the same two statements per transaction.
@@ -17,7 +17,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection
 
-from artifacts.store import BlobStore
+from artifacts.store import FolderStore
 from bench.harness import Report
 
 
@@ -48,7 +48,7 @@ def _bench_blobs(report: Report) -> None:
             ("64 MiB", 64 * 1024 * 1024, 1),
         ]
     root = Path(tempfile.mkdtemp(prefix="blobs-", dir=settings.DATA_DIR))
-    store = BlobStore(root / "store")
+    store = FolderStore(root / "store")
     plain = root / "plain"
     plain.mkdir()
     for label, size, count in sizes:

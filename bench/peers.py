@@ -26,7 +26,7 @@ Systems, each as its users would set it up on SQLite:
   ``synchronous=NORMAL``.
 - ``langgraph_files``: LangGraph doing the design's work, as shipped otherwise:
   each node writes its payload as a content-addressed file with our
-  ``BlobStore`` (linked under its sha, the file and its folder fsynced) and
+  ``FolderStore`` (linked under its sha, the file and its folder fsynced) and
   its state holds the sha, so the checkpoint holds a ref, never the payload.
   Not a target: the like-for-like figure beside the one the issue asks for.
 - ``dbos``: a DBOS workflow of N ``@DBOS.step`` calls on a SQLite system
@@ -197,9 +197,9 @@ def run_langgraph(
     )
     data_dir.mkdir(parents=True, exist_ok=True)
     if files:
-        from artifacts.store import BlobStore  # a filesystem class: no Django set-up
+        from artifacts.store import FolderStore  # a filesystem class: no Django set-up
 
-        store = BlobStore(data_dir / "blobs")
+        store = FolderStore(data_dir / "blobs")
     conn = sqlite3.connect(data_dir / "langgraph.sqlite", check_same_thread=False)
     saver = SqliteSaver(conn)
     saver.setup()

@@ -811,8 +811,7 @@ class LocalBackend:
             raise ToolFailure(str(exc)) from None
         payload = json.loads(json.dumps(artifact_payload(artifact), default=str))
         try:
-            with default_store().open(artifact.sha256) as fh:
-                head = fh.read(limit + 1)
+            head = default_store().head(artifact.sha256, limit + 1)
         except BlobMissing:
             return {**payload, "error": "the artifact's payload is missing"}
         return {**payload, **_excerpt(head, artifact.media_type, limit)}

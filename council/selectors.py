@@ -234,12 +234,18 @@ def context_for(*, council_round: CouncilRound, participant_id=None) -> dict:
     return live_context(council_round=council_round, participant=participant)
 
 
-def rounds_payload(*, conversation) -> list[dict]:
-    """The council rounds of a conversation with their participants, as JSON."""
-    rounds = conversation.council_rounds.prefetch_related("participants").order_by(
+def rounds_of(*, conversation):
+    """A conversation's council rounds in order, with their participants."""
+    return conversation.council_rounds.prefetch_related("participants").order_by(
         "number"
     )
-    return [round_payload(council_round=r) for r in rounds]
+
+
+def rounds_payload(*, conversation) -> list[dict]:
+    """The council rounds of a conversation with their participants, as JSON."""
+    return [
+        round_payload(council_round=r) for r in rounds_of(conversation=conversation)
+    ]
 
 
 def round_payload(*, council_round: CouncilRound) -> dict:

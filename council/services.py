@@ -15,7 +15,6 @@ from collections.abc import Sequence
 
 from django.db import transaction
 from django.db.models import Max, Prefetch
-from django.urls import reverse
 
 from artifacts.models import Artifact, ArtifactClass
 from artifacts.preview import (
@@ -36,7 +35,7 @@ from pippa_site.text import (
     text_check,
     title_clean,
 )
-from tasks.documents import artifact_ref
+from tasks.documents import artifact_content_url, artifact_ref
 from tasks.models import Brain, Conversation
 
 CONTEXT_SCHEMA = "pippa.council.context/1"
@@ -44,7 +43,9 @@ CONTEXT_MEDIA_TYPE = "application/json"
 CONTEXT_NOTE = (
     "Earlier turns of this council round, oldest first. Artifacts are refs, "
     "never payloads: GET source_url for an artifact's raw bytes (for a widget, "
-    "its SVG source) or preview_url for a PNG preview. Cite an artifact by id."
+    "its SVG source) or preview_url for a PNG preview, with the bearer token "
+    "you read this with (the JSON API); over MCP, call artifact_read with the "
+    "id. Cite an artifact by id."
 )
 MAX_WIDGET_BYTES = 16 * 1024 * 1024
 
@@ -122,17 +123,20 @@ def round_start(
 def participant_ref(artifact: Artifact, *, role: str | None = None) -> dict:
     """Return the ref a participant receives for ``artifact``: metadata and URLs only.
 
-    The ref of ``tasks.documents.artifact_ref``, plus where to read
-    the source and the preview, and the sources it was made from.
+    The ref of ``tasks.documents.artifact_ref``, plus where to read the source
+    and the preview (the JSON API's content address, which the bearer token
+    the participant reads its context with reaches; never a dashboard page,
+    which would send a token to the login form), and the sources it was made
+    from (``council.shapes.ParticipantRef``).
     """
     status = preview_status(artifact)
     preview_url = None
     preview: dict | None = None
     if artifact.media_type == PREVIEW_MEDIA_TYPE:
-        preview_url = reverse("artifacts:preview", args=[artifact.pk])
+        preview_url = artifact_content_url(artifact.pk)
     elif artifact.media_type in WIDGET_MEDIA_TYPES:
         if status.get("status") == STATUS_OK:
-            preview_url = reverse("artifacts:preview", args=[artifact.pk])
+            preview_url = artifact_content_url(status["artifact_id"])
             preview = {
                 "status": STATUS_OK,
                 "id": status.get("artifact_id"),
@@ -142,7 +146,7 @@ def participant_ref(artifact: Artifact, *, role: str | None = None) -> dict:
             preview = {"status": status.get("status"), "reason": status.get("reason")}
     ref = {
         **artifact_ref(artifact),
-        "source_url": reverse("artifacts:source", args=[artifact.pk]),
+        "source_url": artifact_content_url(artifact.pk),
         "preview_url": preview_url,
         "source_refs": [
             {"id": link.source_id, "sha256": link.source.sha256}

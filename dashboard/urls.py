@@ -34,6 +34,7 @@ urlpatterns = [
         name="step_saved_output",
     ),
     path("tasks/<int:pk>/branch/", views.task_branch, name="task_branch"),
+    path("tasks/<int:pk>/upload/", views.task_upload, name="task_upload"),
     path(
         "tasks/<int:pk>/steps/<int:step_id>/retry/",
         views.step_retry,

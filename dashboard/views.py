@@ -23,7 +23,7 @@ from django.http import (
     HttpResponseBadRequest,
 )
 from django.shortcuts import redirect, render, resolve_url
-from django.template.defaultfilters import pluralize
+from django.template.defaultfilters import filesizeformat, pluralize
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
@@ -326,7 +326,11 @@ def _status_context(task: Task, rows: list) -> dict:
 
 
 def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpResponse:
-    context: dict = {"task": task, "follow": "page" not in request.GET}
+    context: dict = {
+        "task": task,
+        "follow": "page" not in request.GET,
+        "upload_limit": settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
+    }
     if fragment != "events":
         step_page, rows, clock = task_timeline(task=task, page=request.GET.get("page"))
         context.update(step_page=step_page, rows=rows, clock=clock)
@@ -753,3 +757,51 @@ def _branch_confirm_context(task: Task, position: int, url: str) -> dict:
         "button": f"Yes, branch after step {position}",
         "danger": bool(warning),
     }
+
+
+MSG_ATTACHED = "Attached “{title}” ({size}) to this task."
+MSG_ALREADY_ATTACHED = "You had stored these bytes already: “{title}” is attached."
+ERR_NO_FILE = "Choose a file to attach."
+ERR_UPLOAD_TOO_LARGE = (
+    "That file is larger than this page takes ({limit}); attach it through the "
+    "JSON API instead."
+)
+
+
+@require_POST
+@dashboard_login_required
+def task_upload(request: HttpRequest, pk: int) -> HttpResponse:
+    """Attach a file to one of the user's own tasks, as the API's upload does
+    (``tasks.services.task_artifact_upload``: the owner's quota, write before
+    show); every refusal is a message on the task page, and leaves nothing."""
+    task = task_get_for_user(user=request.user, task_id=pk)
+    upload = request.FILES.get("file")
+    if upload is None:
+        messages.error(request, ERR_NO_FILE)
+        return redirect(task)
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if upload.size > limit:
+        messages.error(
+            request, ERR_UPLOAD_TOO_LARGE.format(limit=filesizeformat(limit))
+        )
+        return redirect(task)
+    title = request.POST.get("title", "").strip() or upload.name
+    try:
+        artifact = task_services.task_artifact_upload(
+            task=task,
+            stream=upload.chunks(),
+            media_type=upload.content_type or "application/octet-stream",
+            artifact_class=request.POST.get("artifact_class", "3"),
+            title=title,
+            max_bytes=limit,
+            expected_size=upload.size,
+        )
+    except PippaError as exc:
+        messages.error(request, str(exc))
+        return redirect(task)
+    if getattr(artifact, "_created", True):
+        size = filesizeformat(artifact.size)
+        messages.success(request, MSG_ATTACHED.format(title=artifact.title, size=size))
+    else:
+        messages.success(request, MSG_ALREADY_ATTACHED.format(title=artifact.title))
+    return redirect(task)

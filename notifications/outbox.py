@@ -44,6 +44,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from notifications.models import Notice, NotifySettings
+from pippa_site import metrics
 from pippa_site.errors import Invalid
 from pippa_site.text import text_refused
 from tasks import hooks
@@ -316,6 +317,8 @@ def notify_deliver(*, worker_id: str, limit: int = 20) -> DeliveryReport:
             # The claim runs out and the message is tried again, same id.
             log.exception("%s: message to user %s not sent", worker_id, owner_id)
             report.failed += 1
+    # Counted once each message's state is written (sent, or back-off).
+    metrics.notifications_observed(sent=report.messages, failed=report.failed)
     return report
 
 

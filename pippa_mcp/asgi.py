@@ -11,13 +11,15 @@ request reaches it, this door:
   ``GET /mcp/`` right after ``initialize`` and carry on after a 405);
 - checks ``Host`` and ``Origin`` with the SDK's ``TransportSecurityMiddleware``,
   against ``ALLOWED_HOSTS`` and ``CSRF_TRUSTED_ORIGINS`` (421 / 403);
-- authenticates the bearer token with the JSON API's service
-  (``api.services.token_authenticate``) on a worker thread, counting a failed
-  token with the API's throttle (``pippa_site.throttle``): 401, or 429 with
-  ``Retry-After`` once the address is locked out;
-- bounds each user's requests in flight, whichever of the user's tokens they
-  come with (``PIPPA_MCP_CALLS_PER_USER``, ``pippa_site.slots``: 429 with
-  ``Retry-After``);
+- authenticates the bearer token (a static API token, or the access token of
+  an MCP sign-in issued for this ``/mcp/``: ``pippa_site.bearer.bearer_mcp_user``)
+  on a worker thread, counting a failed token with the API's throttle
+  (``pippa_site.throttle``): 401 with ``WWW-Authenticate: Bearer
+  resource_metadata=...`` (where a client learns to sign in, RFC 9728), or
+  429 with ``Retry-After`` once the address is locked out;
+- bounds each user's requests in flight, whichever of the user's tokens or
+  sign-ins they come with (``PIPPA_MCP_CALLS_PER_USER``, ``pippa_site.slots``:
+  429 with ``Retry-After``);
 - reads the body up to ``PIPPA_MCP_MAX_BODY_BYTES``; a larger one is read to
   its end (up to a bound, within a time limit) and answered 413 with a JSON-RPC
   error, so the client's connection and session carry on; past the bound it is
@@ -33,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -48,15 +51,18 @@ from mcp.server.transport_security import (
 )
 from starlette.requests import Request
 
-from pippa_mcp.server import acting_as, build_server, in_thread
-from pippa_site import throttle
-from pippa_site.bearer import bearer_token, bearer_user
+from pippa_mcp.server import acting_as, build_server, in_thread, invalid_request_id
+from pippa_site import metrics, throttle
+from pippa_site.bearer import bearer_mcp_user, bearer_token, mcp_challenge
 from pippa_site.errors import TooMany
 from pippa_site.slots import MCP_CALLS
 
 log = logging.getLogger("pippa.mcp")
 
-ERR_AUTH = "missing, unknown or revoked API token (send Authorization: Bearer <token>)"
+ERR_AUTH = (
+    "missing, unknown, expired or revoked token (send Authorization: Bearer"
+    " <token>: an API token, or sign in: see WWW-Authenticate)"
+)
 ERR_METHOD = "this MCP server is stateless: send JSON-RPC messages with POST"
 ERR_TOO_LARGE = "request body too large (at most {limit} bytes)"
 ERR_SLOW_BODY = "the request body did not arrive in time"
@@ -95,6 +101,23 @@ class MCPApp:
                 self.manager = None
 
     async def __call__(self, scope, receive, send) -> None:
+        """Answer, and time the answer by door (``pippa_site.metrics``)."""
+        started = time.perf_counter()
+        status = [500]
+
+        async def sent(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self._door(scope, receive, sent)
+        finally:
+            metrics.request_observed(
+                door="mcp", status=status[0], seconds=time.perf_counter() - started
+            )
+
+    async def _door(self, scope, receive, send) -> None:
         method = scope["method"]
         if method != "POST":
             await _refuse(
@@ -115,9 +138,10 @@ class MCPApp:
             return
         raw = bearer_token(scope)
         if raw is None:
-            await _refuse(receive, send, 401, ERR_AUTH, headers=_CHALLENGE)
+            challenge = [(b"www-authenticate", mcp_challenge(scope))]
+            await _refuse(receive, send, 401, ERR_AUTH, headers=challenge)
             return
-        user, status, seconds = await in_thread(bearer_user, scope, raw)
+        user, status, seconds = await in_thread(bearer_mcp_user, scope, raw)
         if user is None:
             if status == 429:
                 await _refuse(
@@ -128,7 +152,14 @@ class MCPApp:
                     headers=_retry(seconds),
                 )
             else:
-                await _refuse(receive, send, 401, ERR_AUTH, headers=_CHALLENGE)
+                challenge = mcp_challenge(scope, error="invalid_token")
+                await _refuse(
+                    receive,
+                    send,
+                    401,
+                    ERR_AUTH,
+                    headers=[(b"www-authenticate", challenge)],
+                )
             return
         try:
             MCP_CALLS.take(user.pk)
@@ -171,6 +202,10 @@ class MCPApp:
             )
             return
 
+        if (reason := invalid_request_id(bytes(body))) is not None:
+            await _answer_error(send, 400, reason)
+            return
+
         replayed = False
 
         async def replay() -> dict[str, Any]:
@@ -182,9 +217,6 @@ class MCPApp:
 
         with acting_as(user):
             await self.manager.handle_request(scope, replay, send)
-
-
-_CHALLENGE = [(b"www-authenticate", b'Bearer realm="pippa"')]
 
 
 def _retry(seconds: int) -> list[tuple[bytes, bytes]]:

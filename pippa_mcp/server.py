@@ -27,6 +27,7 @@ import functools
 import inspect
 import json
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -36,8 +37,12 @@ from typing import Annotated, Any, Literal
 
 import anyio
 import anyio.to_thread
+from django.conf import settings
 from django.db import DatabaseError, DataError, close_old_connections, connections
+from django.db.models import CharField
+from django.db.models.functions import Cast
 from django.http import Http404
+from django.template.defaultfilters import filesizeformat
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import (
@@ -45,19 +50,29 @@ from mcp.server.mcpserver.exceptions import (
     ToolError,
     UnexpectedToolError,
 )
+from mcp.server.mcpserver.utilities.context_injection import find_context_parameter
 from mcp.server.stdio import stdio_server
 from mcp.shared._context_streams import create_context_streams
+from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from mcp.types import (
+    INVALID_PARAMS,
     PARSE_ERROR,
+    CallToolResult,
+    Completion,
     ErrorData,
     ImageContent,
     JSONRPCError,
+    ListResourcesResult,
+    PaginatedRequestParams,
+    Resource,
+    ResourceTemplateReference,
     TextContent,
     ToolAnnotations,
 )
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from artifacts.models import Artifact, ArtifactClass
 from artifacts.preview import preview_artifact_for, preview_status
 from artifacts.selectors import artifact_text_head
 from artifacts.services import MAX_SOURCES
@@ -68,11 +83,35 @@ from council.selectors import (
     participant_get,
     round_get_for_user,
     round_payload,
-    rounds_payload,
+    rounds_of,
 )
 from council.services import participant_ref
 from council.services import round_start as council_round_create
 from council.services import turn_add as council_turn_create
+from council.shapes import CouncilContext, RoundOut
+from pippa_mcp.shapes import (
+    ArtifactReadOut,
+    Choice,
+    CompletedStep,
+    ConversationItem,
+    ConversationPage,
+    DecideAnswer,
+    DecisionOut,
+    DecisionPage,
+    PreviewRef,
+    RoundPage,
+    StepRunAnswer,
+    StepState,
+    StepToolOut,
+    StepToolPage,
+    StoredArtifact,
+    TaskActionAnswer,
+    TaskBrief,
+    TaskDoc,
+    TaskPage,
+    TaskWithUsage,
+    TurnAdded,
+)
 from pippa_site.errors import PippaError
 from pippa_site.slots import STEP_RUNS
 from pippa_site.text import json_check, media_type_check
@@ -97,11 +136,20 @@ from tasks.resume_document import (
     MAX_PAGE_STEPS,
     PAGE_STEPS,
     note_document,
-    resume_payload,
+    resume_document,
     steps_read,
 )
 from tasks.services import NOTE_MAX_CHARS, task_artifact_upload, task_note_write
-from tasks.shapes import MediaType, StepCount, Title, TitleOrEmpty, ToolName
+from tasks.shapes import (
+    MediaType,
+    ResumeNoteOut,
+    ResumeOut,
+    StepCount,
+    StepPageOut,
+    Title,
+    TitleOrEmpty,
+    ToolName,
+)
 from tasks.tools import tools_all
 from tasks.usage import task_token_usage
 from tasks.words import CHOICES
@@ -112,11 +160,20 @@ SERVER_NAME = "pippa"
 MAX_STORE_BYTES = 1024 * 1024
 MAX_SOURCE_CHARS = 256 * 1024
 EXCERPT_BYTES = 600
+# Rows a page of a list holds unless the caller asks for fewer (at most MAX_PAGE).
+PAGE_ROWS = 50
+MAX_PAGE = 200
+# Ids a completion offers at most (the protocol's own limit).
+MAX_COMPLETIONS = 100
 # Seconds between "still running" progress notifications of a long step.
 PROGRESS_INTERVAL = 1.0
 
 ERR_NO_USER = "this MCP server is not signed in as any user"
 ERR_BAD_ARGS = "bad arguments for {tool}: {reasons}"
+ERR_UNKNOWN_ARGS = (
+    "{tool} does not take the {noun} {unknown}; it takes: {accepted}"
+    " (check the spelling: an argument it does not know is never ignored)"
+)
 ERR_DATABASE = "the database is unavailable right now; try the call again shortly"
 ERR_CONVERSATION_CHOICE = (
     "give either conversation_id (an existing conversation) or conversation_title"
@@ -131,16 +188,25 @@ ERR_BINARY = (
 ERR_NO_PREVIEW = "artifact {id} has no PNG preview{reason}"
 ERR_EMPTY = "content is empty: send the artifact's text (or base64 bytes)"
 ERR_TOO_LARGE = (
-    f"content is larger than {MAX_STORE_BYTES} bytes; upload big payloads over the"
-    " JSON API (POST /api/v1/tasks/{{id}}/artifacts)"
+    "content is {size:,} bytes, more than the {limit:,} this tool takes; upload a"
+    " payload that big over the JSON API (POST /api/v1/tasks/{id}/artifacts, with"
+    " an API token from /settings/tokens/: it streams up to {upload_limit})"
 )
 ERR_BASE64 = "content is not valid base64 (encoding='base64')"
 ERR_NO_WIDGET_OR_TEXT = "a turn needs text or a widget"
+ERR_REQUEST_ID = (
+    "Invalid Request: a request's id must be a string or an integer (not null),"
+    " not {id}"
+)
 ERR_UNREADABLE = (
     "the message could not be read ({reason}); if its arguments are deeply"
     " nested, send flatter JSON"
 )
 ERR_NO_STEP = "step {step} is not a step of task {task}"
+ERR_CURSOR = (
+    "cursor {cursor!r} is not one {listing} gave out; leave it out to start"
+    " from the first page"
+)
 ERR_CONFIRM = "{reason} Call decide_step again with confirm=true."
 # What run_next_step says when nothing ran, naming the tool that goes on.
 MCP_PAUSED = "the task is paused; call resume_task to queue it, then run_next_step"
@@ -265,7 +331,7 @@ def guarded(fn: Callable) -> Callable:
         async def run_async(*args, **kwargs):
             try:
                 _check_arguments(fn, args, kwargs)
-                return await fn(*args, **kwargs)
+                return _as_json(await fn(*args, **kwargs))
             except Exception as exc:
                 error = _as_tool_error(exc)
                 if error is None:
@@ -278,7 +344,7 @@ def guarded(fn: Callable) -> Callable:
     def run(*args, **kwargs):
         try:
             _check_arguments(fn, args, kwargs)
-            return fn(*args, **kwargs)
+            return _as_json(fn(*args, **kwargs))
         except Exception as exc:
             error = _as_tool_error(exc)
             if error is None:
@@ -286,6 +352,18 @@ def guarded(fn: Callable) -> Callable:
             raise error from None
 
     return run
+
+
+def _as_json(answer: Any) -> Any:
+    """A shape as the JSON a client reads (its wire keys); anything else as it is.
+
+    The SDK validates the answer against the tool's declared shape again
+    before it leaves the server, so a direct caller (a test) and a client see
+    the same keys and values.
+    """
+    if isinstance(answer, shapes.Shape):
+        return answer.model_dump(mode="json", by_alias=True)
+    return answer
 
 
 def _connected(fn: Callable) -> Callable:
@@ -318,9 +396,30 @@ async def in_thread(fn: Callable, *args, limiter=None, **kwargs):
 
 
 class PippaMCPServer(MCPServer):
-    """MCPServer whose argument errors read as one plain sentence."""
+    """MCPServer whose tools take only the arguments they name, and whose
+    argument errors read as one plain sentence.
+
+    Every tool's input schema says ``additionalProperties: false``, and a call
+    with an argument the tool does not take is refused with a sentence that
+    names it and the ones it takes: a misspelled flag (``queued`` for
+    ``queue``) is never silently dropped.
+    """
+
+    async def list_tools(self):
+        tools = await super().list_tools()
+        for listed in tools:
+            listed.input_schema = {**listed.input_schema, "additionalProperties": False}
+        return tools
 
     async def call_tool(self, name, arguments, context=None):
+        accepted = _ACCEPTS.get(name)
+        unknown = [
+            key
+            for key in arguments or {}
+            if accepted is not None and key not in accepted
+        ]
+        if unknown:
+            raise ToolError(_unknown_arguments(name, unknown, accepted))
         try:
             return await super().call_tool(name, arguments, context)
         except UnexpectedToolError:
@@ -334,6 +433,13 @@ class PippaMCPServer(MCPServer):
             # The SDK prefixes "Error executing tool <name>: "; the sentence is enough.
             message = str(exc).removeprefix(f"Error executing tool {name}: ")
             raise ToolError(message) from None
+
+
+def _unknown_arguments(name: str, unknown: list[str], accepted: tuple[str, ...]) -> str:
+    named = ", ".join(repr(key[:60]) for key in unknown[:5])
+    takes = ", ".join(accepted) if accepted else "no arguments"
+    noun = "argument" if len(unknown) == 1 else "arguments"
+    return ERR_UNKNOWN_ARGS.format(tool=name, noun=noun, unknown=named, accepted=takes)
 
 
 def _reasons(error: ValidationError) -> str:
@@ -350,12 +456,17 @@ server = PippaMCPServer(
     title="Pippa Stateful",
     instructions=INSTRUCTIONS,
     version="1",
+    # No resources/subscribe and no subscriptions/listen: over stateless HTTP
+    # there is no stream a change made by another request or process could
+    # reach, so none is advertised (poll get_task instead).
+    subscriptions=False,
 )
 # Pippa has no prompts: a capability is advertised only with content behind it.
 for _method in ("prompts/list", "prompts/get"):
     server._lowlevel_server._request_handlers.pop(_method, None)
 
-READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+# The arguments each tool takes, by tool name (its signature, less the Context).
+_ACCEPTS: dict[str, tuple[str, ...]] = {}
 
 
 def build_server() -> PippaMCPServer:
@@ -363,19 +474,42 @@ def build_server() -> PippaMCPServer:
     return server
 
 
-def tool(*, read_only: bool = False) -> Callable[[Callable], Callable]:
+def tool(
+    *,
+    title: str | None = None,
+    read_only: bool = False,
+    destructive: bool = False,
+    idempotent: bool = False,
+    open_world: bool = False,
+) -> Callable[[Callable], Callable]:
     """Register a plain function as a tool on ``server``; return it as a door.
+
+    ``title`` is what a client shows a person; the four hints say what a call
+    does to the world, every one of them spelled out (a client assumes a
+    hint left out is the worst case: destructive, open world). A read is
+    neither destructive nor anything but idempotent. The function's return
+    type is a shape (``pippa_mcp.shapes``): the SDK publishes it as the
+    tool's output schema and checks every answer against it.
 
     The returned function (``guarded``) is what the module exports and what
     tests call; the server runs a synchronous one in a worker thread with its
     own database connection.
     """
+    annotations = ToolAnnotations(
+        title=title,
+        read_only_hint=read_only,
+        destructive_hint=destructive and not read_only,
+        idempotent_hint=idempotent or read_only,
+        open_world_hint=open_world,
+    )
 
     def register(fn: Callable) -> Callable:
         door = guarded(fn)
         run = door if inspect.iscoroutinefunction(fn) else _connected(door)
-        server.add_tool(
-            run, name=fn.__name__, annotations=READ_ONLY if read_only else None
+        server.add_tool(run, name=fn.__name__, title=title, annotations=annotations)
+        context = find_context_parameter(fn)
+        _ACCEPTS[fn.__name__] = tuple(
+            name for name in _signature(fn).parameters if name != context
         )
         return door
 
@@ -397,6 +531,33 @@ def _request_id(line: str) -> int | str | None:
             isinstance(found, int) and not isinstance(found, bool)
         ):
             return found
+    return None
+
+
+def invalid_request_id(body: bytes) -> str | None:
+    """Why a request in ``body`` has an id JSON-RPC does not allow, or None.
+
+    MCP's ids are strings or integers, never null; a request whose id is
+    null, a fraction or NaN would otherwise be taken for a notification (the
+    SDK parses it so) and dropped without an answer. The door answers it
+    with JSON-RPC's Invalid Request error and a null id instead.
+    """
+    try:
+        message = json.loads(body)
+    except (ValueError, RecursionError):
+        return None  # not JSON: the SDK answers the parse error
+    messages = message if isinstance(message, list) else [message]
+    for item in messages:
+        if not isinstance(item, dict) or "method" not in item or "id" not in item:
+            continue
+        found = item["id"]
+        if isinstance(found, str) or (
+            isinstance(found, int) and not isinstance(found, bool)
+        ):
+            continue
+        if isinstance(found, float) and math.isfinite(found) and found.is_integer():
+            continue  # 7.0 is the integer 7, as the SDK reads it
+        return ERR_REQUEST_ID.format(id=json.dumps(found)[:40])
     return None
 
 
@@ -470,6 +631,17 @@ Worker = Annotated[
     ),
 ]
 Flag = Annotated[bool, Field(strict=True)]
+Limit = Annotated[
+    int,
+    Field(strict=True, ge=1, le=MAX_PAGE, description=f"rows a page, 1 to {MAX_PAGE}"),
+]
+Cursor = Annotated[
+    str | None,
+    Field(
+        max_length=200,
+        description="next_cursor of the page before; leave it out for the first page",
+    ),
+]
 ArtifactClassValue = Annotated[shapes.ArtifactClassValue, Field(strict=True)]
 # The statuses are Step.Status's, written out for the tool's JSON schema.
 StepStatus = Literal[tuple(Step.Status.values)]
@@ -522,6 +694,44 @@ def _models(items: list, model: type[BaseModel]) -> list:
     return [i if isinstance(i, model) else model.model_validate(i) for i in items]
 
 
+# -- pages ----------------------------------------------------------------------------
+
+
+def _cursor_read(cursor: str | None, listing: str) -> Any:
+    """The key a page starts after, from a cursor this listing gave out; else a refusal."""
+    if cursor is None:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        kind, after = json.loads(raw)
+    except (binascii.Error, ValueError, TypeError):
+        kind, after = None, None
+    if kind != listing or isinstance(after, bool) or not isinstance(after, int | str):
+        raise ToolError(ERR_CURSOR.format(cursor=cursor[:40], listing=listing))
+    return after
+
+
+def _cursor(listing: str, after: int | str) -> str:
+    raw = json.dumps([listing, after]).encode()
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def _page_of(rows, limit: int) -> tuple[list, bool]:
+    """The first ``limit`` rows, and whether there are more (one row is read past)."""
+    taken = list(rows[: limit + 1])
+    return taken[:limit], len(taken) > limit
+
+
+def _page_message(count: int, *, more: bool, first: bool, noun: str, empty: str) -> str:
+    """What a page holds, in a sentence a model reads even when it is empty."""
+    if not count:
+        return empty if first else f"No more {noun}: the page before was the last."
+    words = f"{count} {noun}"
+    return (
+        f"{words}; more on the next page (pass next_cursor)." if more else f"{words}."
+    )
+
+
 # -- documents ------------------------------------------------------------------------
 
 
@@ -534,6 +744,7 @@ def _plain_json(value: Any) -> Any:
 
 
 def _task_doc(task: Task) -> dict[str, Any]:
+    """The task document (``TaskDoc``): the plan, each output ref with its uri."""
     doc = task_payload(task)
     doc["uri"] = _uri("task", task.pk)
     for step in doc["steps"]:
@@ -542,17 +753,23 @@ def _task_doc(task: Task) -> dict[str, Any]:
     return _plain_json(doc)
 
 
-def _task_brief(task: Task, *, refresh: bool = True) -> dict[str, Any]:
+def _task_brief(task: Task, *, refresh: bool = True) -> TaskBrief:
     """A task without its steps (``task_summary``, the one shape), with its uri."""
     if refresh:
         task.refresh_from_db()
-    return {**task_summary(task), "uri": _uri("task", task.pk)}
+    return TaskBrief(**task_summary(task), uri=_uri("task", task.pk))
 
 
 def _artifact_doc(artifact) -> dict[str, Any]:
     doc = _plain_json(artifact_payload(artifact))
     doc["uri"] = _uri("artifact", artifact.pk)
     return doc
+
+
+def _conversation_doc(conversation: Conversation) -> ConversationItem:
+    return ConversationItem(
+        **conversation_payload(conversation), uri=_uri("conversation", conversation.pk)
+    )
 
 
 def _excerpt(artifact) -> dict[str, Any]:
@@ -584,54 +801,108 @@ def _step_get(task: Task, step_id: int) -> Step:
 # -- conversations and tasks ------------------------------------------------------
 
 
-@tool(read_only=True)
-def list_conversations() -> list[dict[str, Any]]:
+@tool(title="List your conversations", read_only=True)
+def list_conversations(
+    cursor: Cursor = None, limit: Limit = PAGE_ROWS
+) -> ConversationPage:
     """List your conversations, newest first, with the ids of their tasks.
 
     A conversation holds tasks and council rounds; a task's plan lives here,
-    keyed by conversation, so it survives your session ending.
+    keyed by conversation, so it survives your session ending. At most
+    limit a page; pass next_cursor as cursor for the next page.
     """
-    rows = Conversation.objects.for_user(current_user()).order_by("-updated_at")
-    return _plain_json([conversation_payload(c) for c in rows[:200]])
+    after = _cursor_read(cursor, "list_conversations")
+    rows = Conversation.objects.for_user(current_user()).order_by("-id")
+    if after is not None:
+        rows = rows.filter(id__lt=after)
+    page, more = _page_of(rows, limit)
+    return ConversationPage(
+        conversations=[_conversation_doc(c) for c in page],
+        next_cursor=_cursor("list_conversations", page[-1].pk) if more else None,
+        message=_page_message(
+            len(page),
+            more=more,
+            first=after is None,
+            noun="conversations, newest first",
+            empty="You have no conversations yet: create_task with a"
+            " conversation_title starts one.",
+        ),
+    )
 
 
-@tool(read_only=True)
-def list_tasks(conversation_id: Id) -> list[dict[str, Any]]:
-    """List the tasks of one conversation with status and progress (no steps).
+@tool(title="List a conversation's tasks", read_only=True)
+def list_tasks(
+    conversation_id: Id, cursor: Cursor = None, limit: Limit = PAGE_ROWS
+) -> TaskPage:
+    """List the tasks of one conversation, oldest first, with status and progress.
 
-    Call get_task for a task's plan, or resume_context before continuing it.
+    No steps: call get_task for a task's plan, or resume_context before
+    continuing it. At most limit a page; pass next_cursor as cursor for the
+    next page.
     """
+    after = _cursor_read(cursor, "list_tasks")
     conversation = conversation_get_for_user(
         user=current_user(), conversation_id=conversation_id
     )
-    return [
-        _task_brief(t, refresh=False)
-        for t in conversation.tasks.order_by("created_at", "id")
-    ]
+    rows = conversation.tasks.order_by("id")
+    if after is not None:
+        rows = rows.filter(id__gt=after)
+    page, more = _page_of(rows, limit)
+    return TaskPage(
+        tasks=[_task_brief(t, refresh=False) for t in page],
+        next_cursor=_cursor("list_tasks", page[-1].pk) if more else None,
+        message=_page_message(
+            len(page),
+            more=more,
+            first=after is None,
+            noun="tasks, oldest first",
+            empty=f"Conversation {conversation.pk} has no tasks yet: create_task"
+            f" with conversation_id={conversation.pk} adds one.",
+        ),
+    )
 
 
-@tool(read_only=True)
-def list_step_tools() -> list[dict[str, Any]]:
-    """List the tools a plan's steps may run, with the artifact class of each.
+@tool(title="List the tools a step may run", read_only=True)
+def list_step_tools(cursor: Cursor = None, limit: Limit = PAGE_ROWS) -> StepToolPage:
+    """List the tools a plan's steps may run: class, arguments, side effects.
 
     The class decides what resume does with the step's output: 1 file
     (reuse if intact), 2 fetch (fetch again), 3 snapshot (never re-run once
     saved), 4 render (re-render only from intact sources). A tool with
     side_effects is never re-run from an uncertain state; a person decides.
+    args_schema is the JSON schema of a step's args for that tool (e.g.
+    demo.chart's source: the position of the step whose output it draws).
     """
-    return [
-        {
-            "name": t.name,
-            "artifact_class": t.artifact_class,
-            "side_effects": t.side_effects,
-            "media_type": t.media_type,
-            "description": (t.description or "").strip()[:500],
-        }
-        for t in tools_all()
-    ]
+    after = _cursor_read(cursor, "list_step_tools")
+    rows = sorted(tools_all(), key=lambda t: t.name)
+    if after is not None:
+        rows = [t for t in rows if t.name > after]
+    page, more = _page_of(rows, limit)
+    return StepToolPage(
+        tools=[
+            StepToolOut(
+                name=t.name,
+                artifact_class=t.artifact_class,
+                side_effects=t.side_effects,
+                media_type=t.media_type,
+                description=(t.description or "").strip()[:500],
+                args_schema=t.args_schema,
+            )
+            for t in page
+        ],
+        next_cursor=_cursor("list_step_tools", page[-1].name) if more else None,
+        message=_page_message(
+            len(page),
+            more=more,
+            first=after is None,
+            noun="step tools, by name",
+            empty="No step tools are registered (PIPPA_TOOLS names the modules"
+            " that register them).",
+        ),
+    )
 
 
-@tool()
+@tool(title="Create a task with its plan")
 def create_task(
     title: Title,
     steps: Annotated[list[StepIn], StepCount],
@@ -639,7 +910,7 @@ def create_task(
     conversation_title: TitleOrEmpty | None = None,
     brain: str = "other",
     queue: Flag = True,
-) -> dict[str, Any]:
+) -> TaskDoc:
     """Create a task with its plan (an ordered list of steps) in a conversation.
 
     Give conversation_id to add it to an existing conversation, or
@@ -676,8 +947,8 @@ def create_task(
     return _task_doc(task)
 
 
-@tool(read_only=True)
-def get_task(task_id: Id) -> dict[str, Any]:
+@tool(title="Read a task and its plan", read_only=True)
+def get_task(task_id: Id) -> TaskWithUsage:
     """Return a task and its plan: each step's status, tool, attempts and output ref.
 
     A step's output is a ref (id, sha256, artifact_class, media_type, uri),
@@ -691,11 +962,11 @@ def get_task(task_id: Id) -> dict[str, Any]:
     return {**_task_doc(task), "usage": task_token_usage(task=task).as_data()}
 
 
-@tool()
+@tool(title="Rewrite a task's plan", destructive=True, idempotent=True)
 def rewrite_plan(
     task_id: Id,
-    steps: Annotated[list[PlanItem], Field(min_length=1, max_length=200)],
-) -> dict[str, Any]:
+    steps: Annotated[list[PlanItem], StepCount],
+) -> TaskDoc:
     """Replace the task's whole plan, the way you rewrite a todo list.
 
     List every step in order. Keep an existing step by giving its id (and
@@ -711,8 +982,8 @@ def rewrite_plan(
     return _task_doc(plan_rewrite(task=task, steps=items))
 
 
-@tool(read_only=True)
-def resume_context(task_id: Id) -> dict[str, Any]:
+@tool(title="Read what to do next on a task", read_only=True)
+def resume_context(task_id: Id) -> ResumeOut:
     """Return the resume context: what a resumed brain reads before continuing.
 
     Read it first whenever you pick up a task you did not just create (new
@@ -724,17 +995,17 @@ def resume_context(task_id: Id) -> dict[str, Any]:
     count the steps it does not list: read them with read_steps.
     """
     task = task_get_for_user(user=current_user(), task_id=task_id)
-    return resume_payload(task)
+    return resume_document(task)
 
 
-@tool(read_only=True)
+@tool(title="Read a task's steps page by page", read_only=True)
 def read_steps(
     task_id: Id,
     from_position: Position = 1,
     to_position: Position | None = None,
     status: StepStatus | None = None,
     limit: Annotated[int, Field(strict=True, ge=1, le=MAX_PAGE_STEPS)] = PAGE_STEPS,
-) -> dict[str, Any]:
+) -> StepPageOut:
     """Read a task's steps page by page, in plan order (get_task's step shape).
 
     Give a range of positions (from_position, to_position), or a status
@@ -751,14 +1022,14 @@ def read_steps(
         status=status,
         limit=limit,
     )
-    return page.model_dump(mode="json")
+    return page
 
 
-@tool()
+@tool(title="Leave yourself a note on a task", idempotent=True)
 def write_note(
     task_id: Id,
     text: Annotated[str, Field(min_length=1, max_length=NOTE_MAX_CHARS)],
-) -> dict[str, Any]:
+) -> ResumeNoteOut:
     """Leave yourself a short note on the task, for every later turn and session.
 
     What you must remember between turns (a decision, what to check next,
@@ -770,7 +1041,7 @@ def write_note(
     """
     task = task_get_for_user(user=current_user(), task_id=task_id)
     task_note_write(task=task, text=text, actor=_actor())
-    return note_document(task).model_dump(mode="json")
+    return note_document(task)
 
 
 # -- running, stopping and deciding -----------------------------------------------
@@ -818,7 +1089,7 @@ async def _with_heartbeats(ctx, fn, done: float, total: float, label: str):
     return result["run"]
 
 
-def _step_run_answer(task: Task, run: actions.StepRun) -> dict[str, Any]:
+def _step_run_answer(task: Task, run: actions.StepRun) -> StepRunAnswer:
     """What run_next_step answers: the run, the step and its output ref, the task."""
     task.refresh_from_db()
     detail = run.detail
@@ -828,29 +1099,29 @@ def _step_run_answer(task: Task, run: actions.StepRun) -> dict[str, Any]:
         detail = MCP_DECISION.format(
             position=run.step.position, status=run.step.get_status_display()
         )
-    out: dict[str, Any] = {
-        "ran": run.ran,
-        "detail": detail,
-        "rule": run.rule,
-        "step": None,
-        "task": _task_brief(task, refresh=False),
-    }
+    ran = None
     step = run.step
     if step is not None:
-        out["step"] = _plain_json(step_payload(step))
+        ran = _plain_json(step_payload(step))
         if step.output is not None:
-            out["step"]["output"].update(
+            ran["output"].update(
                 uri=_uri("artifact", step.output.pk), **_excerpt(step.output)
             )
-    return out
+    return StepRunAnswer(
+        ran=run.ran,
+        detail=detail,
+        rule=run.rule,
+        step=ran,
+        task=_task_brief(task, refresh=False),
+    )
 
 
-@tool()
+@tool(title="Run the task's next step", open_world=True)
 async def run_next_step(
     task_id: Id,
     ctx: Context | None = None,
     worker: Worker = "",
-) -> dict[str, Any]:
+) -> StepRunAnswer:
     """Run the task's next unfinished step and answer once its result is saved.
 
     The executor takes the task's lease, calls the step's tool, writes the
@@ -904,14 +1175,14 @@ async def run_next_step(
 
     out = await in_thread(_step_run_answer, task, run)
     # Progress only ever grows, so a call that ran nothing sends no second one.
-    if ctx is not None and out["task"]["steps_done"] > done:
+    if ctx is not None and out.task.steps_done > done:
         await ctx.report_progress(
-            out["task"]["steps_done"], max(out["task"]["steps_total"], 1), run.detail
+            out.task.steps_done, max(out.task.steps_total, 1), run.detail
         )
     return out
 
 
-@tool()
+@tool(title="Record a step you did yourself", idempotent=True)
 def complete_step(
     task_id: Id,
     step_id: Id,
@@ -921,7 +1192,7 @@ def complete_step(
     source_refs: Annotated[list[Id], Field(max_length=MAX_SOURCES)] = [],  # noqa: B006
     encoding: Literal["text", "base64"] = "text",
     worker: Worker = "",
-) -> dict[str, Any]:
+) -> CompletedStep:
     """Record a step whose work you did yourself: name the step, give its output.
 
     The output (up to 1 MiB: text, or base64 with encoding='base64') is saved
@@ -955,8 +1226,8 @@ def complete_step(
     return out
 
 
-@tool()
-def pause_task(task_id: Id) -> dict[str, Any]:
+@tool(title="Pause a task", idempotent=True)
+def pause_task(task_id: Id) -> TaskActionAnswer:
     """Pause a queued or running task: it stops after the step it is on.
 
     Nothing runs it (run_next_step included) until resume_task. The same
@@ -964,11 +1235,13 @@ def pause_task(task_id: Id) -> dict[str, Any]:
     """
     task = task_get_for_user(user=current_user(), task_id=task_id)
     actions.task_pause(task=task, actor=_actor())
-    return {"message": MSG_PAUSED.format(title=task.title), "task": _task_brief(task)}
+    return TaskActionAnswer(
+        message=MSG_PAUSED.format(title=task.title), task=_task_brief(task)
+    )
 
 
-@tool()
-def resume_task(task_id: Id) -> dict[str, Any]:
+@tool(title="Resume a task", idempotent=True)
+def resume_task(task_id: Id) -> TaskActionAnswer:
     """Queue a paused or interrupted task again (the dashboard's Resume).
 
     Refused while a step waits for a decision (see decision_choices) and for
@@ -976,11 +1249,13 @@ def resume_task(task_id: Id) -> dict[str, Any]:
     """
     task = task_get_for_user(user=current_user(), task_id=task_id)
     actions.task_resume(task=task, actor=_actor())
-    return {"message": MSG_QUEUED.format(title=task.title), "task": _task_brief(task)}
+    return TaskActionAnswer(
+        message=MSG_QUEUED.format(title=task.title), task=_task_brief(task)
+    )
 
 
-@tool()
-def cancel_task(task_id: Id) -> dict[str, Any]:
+@tool(title="Cancel a task for good", destructive=True, idempotent=True)
+def cancel_task(task_id: Id) -> TaskActionAnswer:
     """Cancel an unfinished task for good (the dashboard's Cancel).
 
     A step running now finishes and its output is saved; no further step
@@ -988,67 +1263,87 @@ def cancel_task(task_id: Id) -> dict[str, Any]:
     """
     task = task_get_for_user(user=current_user(), task_id=task_id)
     actions.task_cancel(task=task, actor=_actor())
-    return {
-        "message": MSG_CANCELLED.format(title=task.title),
-        "task": _task_brief(task),
-    }
+    return TaskActionAnswer(
+        message=MSG_CANCELLED.format(title=task.title), task=_task_brief(task)
+    )
 
 
-def _decision_doc(decision: actions.Decision) -> dict[str, Any]:
+def _decision_doc(decision: actions.Decision) -> DecisionOut:
     step = decision.step
-    return {
-        "step_id": step.pk,
-        "position": step.position,
-        "title": step.title,
-        "tool": step.tool,
-        "status": step.status,
-        "side_effects": step.side_effects,
-        "what_happened": decision.advice.words,
-        "rule": decision.advice.rule,
-        "plain_words": decision.plain_words,
-        "choices": [
-            {
-                "action": c.action,
-                "label": c.label,
-                "words": c.words,
-                "recommended": c.recommended,
-                "needs_confirm": c.confirm,
-                "warning": c.warning,
-            }
+    return DecisionOut(
+        step_id=step.pk,
+        position=step.position,
+        title=step.title,
+        tool=step.tool,
+        status=step.status,
+        side_effects=step.side_effects,
+        what_happened=decision.advice.words,
+        rule=decision.advice.rule,
+        plain_words=decision.plain_words,
+        choices=[
+            Choice(
+                action=c.action,
+                label=c.label,
+                words=c.words,
+                recommended=c.recommended,
+                needs_confirm=c.confirm,
+                warning=c.warning,
+            )
             for c in decision.choices
         ],
-    }
+    )
 
 
-@tool(read_only=True)
-def decision_choices(task_id: Id) -> list[dict[str, Any]]:
+@tool(title="List the decisions a task waits for", read_only=True)
+def decision_choices(
+    task_id: Id, cursor: Cursor = None, limit: Limit = PAGE_ROWS
+) -> DecisionPage:
     """List the steps that wait for a decision, each with its ways forward.
 
     The same choices, in the same words, as the dashboard's decision card:
     adopt (use the saved output), rerun (run the same call again), retry
     (start the step over), skip, fail. The recommended one comes first. A
     choice with needs_confirm reaches outside Pippa again: read its warning,
-    and pass confirm=true to decide_step only when you mean it. An empty list
-    means nothing waits for you.
+    and pass confirm=true to decide_step only when you mean it. An empty
+    list (the message says so) means nothing waits for you.
     """
+    after = _cursor_read(cursor, "decision_choices")
     task = task_get_for_user(user=current_user(), task_id=task_id)
     steps = Step.objects.filter(task=task, status__in=actions.ATTENTION_STEPS)
-    decisions = []
+    if after is not None:
+        steps = steps.filter(position__gt=after)
+    decisions: list[tuple[int, DecisionOut]] = []
+    more = False
     for step in steps.order_by("position"):
         step.task = task
         decision = actions.step_decision(step=step, task=task)
-        if decision is not None:
-            decisions.append(_decision_doc(decision))
-    return decisions
+        if decision is None:
+            continue
+        if len(decisions) == limit:
+            more = True
+            break
+        decisions.append((step.position, _decision_doc(decision)))
+    return DecisionPage(
+        decisions=[d for _, d in decisions],
+        next_cursor=_cursor("decision_choices", decisions[-1][0]) if more else None,
+        message=_page_message(
+            len(decisions),
+            more=more,
+            first=after is None,
+            noun="steps wait for a decision",
+            empty=f"No step of task {task.pk} waits for a decision"
+            f" (the task is {task.get_status_display()}).",
+        ),
+    )
 
 
-@tool()
+@tool(title="Decide a step that waits", destructive=True)
 def decide_step(
     task_id: Id,
     step_id: Id,
     action: DecisionAction,
     confirm: Flag = False,
-) -> dict[str, Any]:
+) -> DecideAnswer:
     """Take one of decision_choices' ways forward for a step that waits for a decision.
 
     Only a choice decision_choices offers now is accepted. One that reaches
@@ -1065,22 +1360,22 @@ def decide_step(
         raise ToolError(ERR_CONFIRM.format(reason=str(exc))) from None
     step.refresh_from_db()
     label = CHOICES[action][0]
-    return {
-        "message": MSG_DECIDED.format(position=step.position, label=label),
-        "step": {"id": step.pk, "position": step.position, "status": step.status},
-        "task": _task_brief(task),
-    }
+    return DecideAnswer(
+        message=MSG_DECIDED.format(position=step.position, label=label),
+        step=StepState(id=step.pk, position=step.position, status=step.status),
+        task=_task_brief(task),
+    )
 
 
 # -- artifacts -----------------------------------------------------------------------
 
 
-@tool(read_only=True)
+@tool(title="Read an artifact", read_only=True)
 def artifact_read(
     artifact_id: Id,
     view: Literal["auto", "source", "preview"] = "auto",
     sha256: Annotated[str, Field(max_length=64)] = "",
-) -> list[TextContent | ImageContent]:
+) -> Annotated[CallToolResult, ArtifactReadOut]:
     """Read an artifact by its ref: its source as text, or its PNG preview as an image.
 
     view='source' gives an SVG widget's markup or a text payload (capped at
@@ -1088,7 +1383,8 @@ def artifact_read(
     to look at instead of parsing markup; 'auto' picks source for text and
     the image for PNGs. Pass the sha256 from the ref to make sure you read
     the bytes it names. Reading is read-only: no lease, no state change.
-    The first content block is the artifact's metadata as JSON.
+    The first content block is the artifact's metadata as JSON (the
+    structured answer); the second is the text or the image.
     """
     artifact = artifact_get(user=current_user(), artifact_id=artifact_id)
     if sha256 and sha256.lower() != artifact.sha256:
@@ -1112,15 +1408,19 @@ def artifact_read(
             png = default_store().get(image.sha256)
         except BlobError:
             raise ToolError(ERR_BLOB_MISSING.format(id=image.pk)) from None
-        meta["preview"] = {"id": image.pk, "sha256": image.sha256}
-        return [
-            TextContent(type="text", text=json.dumps(meta)),
+        read = ArtifactReadOut(
+            artifact=meta,
+            view="preview",
+            preview=PreviewRef(id=image.pk, sha256=image.sha256),
+        )
+        return _read_answer(
+            read,
             ImageContent(
                 type="image",
                 data=base64.b64encode(png).decode("ascii"),
                 mime_type="image/png",
             ),
-        ]
+        )
     head = artifact_text_head(artifact=artifact, limit=MAX_SOURCE_CHARS)
     if not head.is_text:
         raise ToolError(
@@ -1128,14 +1428,20 @@ def artifact_read(
         )
     if head.missing:
         raise ToolError(ERR_BLOB_MISSING.format(id=artifact.pk))
-    meta["truncated"] = head.truncated
-    return [
-        TextContent(type="text", text=json.dumps(meta)),
-        TextContent(type="text", text=head.text),
-    ]
+    read = ArtifactReadOut(artifact=meta, view="source", truncated=head.truncated)
+    return _read_answer(read, TextContent(type="text", text=head.text))
 
 
-@tool()
+def _read_answer(read: ArtifactReadOut, content) -> CallToolResult:
+    """The metadata as structured content (and as JSON text first), then the content."""
+    doc = read.model_dump(mode="json")
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps(doc)), content],
+        structured_content=doc,
+    )
+
+
+@tool(title="Store an artifact of a task", idempotent=True)
 def artifact_store(
     task_id: Id,
     content: Annotated[str, Field(max_length=2 * MAX_STORE_BYTES)],
@@ -1145,7 +1451,7 @@ def artifact_store(
     source_refs: Annotated[list[Id], Field(max_length=MAX_SOURCES)] = [],  # noqa: B006
     step_id: Id | None = None,
     encoding: Literal["text", "base64"] = "text",
-) -> dict[str, Any]:
+) -> StoredArtifact:
     """Store a small artifact (up to 1 MiB) that this task persisted; return its ref.
 
     The bytes are written to the content-addressed store before the row
@@ -1165,7 +1471,14 @@ def artifact_store(
     if not data:
         raise ToolError(ERR_EMPTY)
     if len(data) > MAX_STORE_BYTES:
-        raise ToolError(ERR_TOO_LARGE)
+        raise ToolError(
+            ERR_TOO_LARGE.format(
+                size=len(data),
+                limit=MAX_STORE_BYTES,
+                id=task.pk,
+                upload_limit=filesizeformat(settings.PIPPA_MAX_UPLOAD_BYTES),
+            )
+        )
     sources = artifacts_get(user=user, artifact_ids=source_refs)
     artifact = task_artifact_upload(
         task=task,
@@ -1177,27 +1490,27 @@ def artifact_store(
         source_ids=[s.pk for s in sources],
         max_bytes=MAX_STORE_BYTES,
     )
-    doc = _artifact_doc(artifact)
-    doc["already_stored"] = not getattr(artifact, "_created", True)
-    if doc["already_stored"]:
-        doc["note"] = ALREADY_STORED.format(
+    already = not getattr(artifact, "_created", True)
+    note = None
+    if already:
+        note = ALREADY_STORED.format(
             id=artifact.pk,
             artifact_class=artifact.artifact_class,
             media_type=artifact.media_type,
             title=artifact.title,
         )
-    return doc
+    return StoredArtifact(**_artifact_doc(artifact), already_stored=already, note=note)
 
 
 # -- council ----------------------------------------------------------------------
 
 
-@tool()
+@tool(title="Start a council round")
 def council_round_start(
     conversation_id: Id,
     topic: Title,
     participants: Annotated[list[Participant], Field(min_length=1, max_length=20)],
-) -> dict[str, Any]:
+) -> RoundOut:
     """Start the next council round of a conversation with named participants.
 
     Participants speak in the order given; council_context tells each one
@@ -1214,24 +1527,46 @@ def council_round_start(
     return round_payload(council_round=council_round)
 
 
-@tool(read_only=True)
-def council_rounds(conversation_id: Id) -> list[dict[str, Any]]:
-    """List a conversation's council rounds with their participants' ids."""
+@tool(title="List a conversation's council rounds", read_only=True)
+def council_rounds(
+    conversation_id: Id, cursor: Cursor = None, limit: Limit = PAGE_ROWS
+) -> RoundPage:
+    """List a conversation's council rounds, oldest first, with their participants' ids.
+
+    At most limit a page; pass next_cursor as cursor for the next page.
+    """
+    after = _cursor_read(cursor, "council_rounds")
     conversation = conversation_get_for_user(
         user=current_user(), conversation_id=conversation_id
     )
-    return rounds_payload(conversation=conversation)
+    rows = rounds_of(conversation=conversation)
+    if after is not None:
+        rows = rows.filter(number__gt=after)
+    page, more = _page_of(rows, limit)
+    return RoundPage(
+        rounds=[round_payload(council_round=r) for r in page],
+        next_cursor=_cursor("council_rounds", page[-1].number) if more else None,
+        message=_page_message(
+            len(page),
+            more=more,
+            first=after is None,
+            noun="council rounds, oldest first",
+            empty=f"Conversation {conversation.pk} has no council rounds yet:"
+            " council_round_start starts one.",
+        ),
+    )
 
 
-@tool(read_only=True)
-def council_context(round_id: Id, participant_id: Id | None = None) -> dict[str, Any]:
+@tool(title="Read a council round's context", read_only=True)
+def council_context(round_id: Id, participant_id: Id | None = None) -> CouncilContext:
     """Return the context the next speaker of a council round receives.
 
     Earlier turns' text and artifact_refs[] (id, sha256, artifact_class,
     class_label, media_type, title, size, source_url, preview_url, preview
     state, source_refs): refs, never payloads. To see a widget, call
     artifact_read with its id: view='source' for the SVG markup,
-    view='preview' for the PNG. Read-only.
+    view='preview' for the PNG (source_url and preview_url are the JSON
+    API's addresses of the same bytes, for an API token). Read-only.
     """
     council_round = round_get_for_user(
         user=current_user(), round_id=round_id, staff=False
@@ -1239,7 +1574,7 @@ def council_context(round_id: Id, participant_id: Id | None = None) -> dict[str,
     return context_for(council_round=council_round, participant_id=participant_id)
 
 
-@tool()
+@tool(title="Speak in a council round")
 def council_turn_add(
     round_id: Id,
     participant_id: Id,
@@ -1248,7 +1583,7 @@ def council_turn_add(
     widget_title: TitleOrEmpty = "",
     widget_source_refs: Annotated[list[Id], Field(max_length=MAX_SOURCES)] = [],  # noqa: B006
     cites: Annotated[list[Id], Field(max_length=50)] = [],  # noqa: B006
-) -> dict[str, Any]:
+) -> TurnAdded:
     """Speak in a council round: your text, an optional SVG widget, and citations.
 
     The widget is stored as a class-4 (render) artifact and its PNG preview
@@ -1279,12 +1614,12 @@ def council_turn_add(
             role=TurnArtifact.Role.PRODUCED
         ).select_related("artifact")
     ]
-    return {
-        "turn_id": turn.pk,
-        "order": turn.order,
-        "round_id": council_round.pk,
-        "artifact_refs": produced,
-    }
+    return TurnAdded(
+        turn_id=turn.pk,
+        order=turn.order,
+        round_id=council_round.pk,
+        artifact_refs=produced,
+    )
 
 
 # -- resources --------------------------------------------------------------------
@@ -1342,3 +1677,147 @@ def artifact_resource(artifact_id: str) -> str:
         return doc
 
     return json.dumps(_resource_read(read))
+
+
+@server.resource(
+    "pippa://conversation/{conversation_id}",
+    name="conversation",
+    description="A conversation and the ids of its tasks, oldest first (JSON).",
+    mime_type="application/json",
+)
+def conversation_resource(conversation_id: str) -> str:
+    def read():
+        conversation = conversation_get_for_user(
+            user=current_user(), conversation_id=_resource_id(conversation_id)
+        )
+        return _conversation_doc(conversation)
+
+    return json.dumps(_resource_read(read))
+
+
+# -- listing and completing the resources ----------------------------------------
+
+# resources/list walks the user's rows kind by kind, newest first in each.
+RESOURCE_KINDS = ("task", "conversation", "artifact")
+
+
+def _owned(kind: str, user):
+    model = {"task": Task, "conversation": Conversation, "artifact": Artifact}[kind]
+    return model.objects.for_user(user).order_by("-id")
+
+
+def _listed(kind: str, row) -> Resource:
+    """How a row shows in resources/list: its address, title and state in words."""
+    if kind == "task":
+        words = (
+            f"task: {row.get_status_display()}, {row.steps_done} of"
+            f" {row.steps_total} steps done (conversation {row.conversation_id})"
+        )
+    elif kind == "conversation":
+        words = "conversation: its tasks' ids (list_tasks for their state)"
+    else:
+        words = (
+            f"artifact: class {row.artifact_class}"
+            f" ({ArtifactClass(row.artifact_class).label}), {row.media_type},"
+            f" {row.size:,} bytes"
+        )
+    return Resource(
+        uri=_uri(kind, row.pk),
+        name=f"{kind}-{row.pk}",
+        title=row.title or f"{kind} {row.pk}",
+        description=words,
+        mime_type="application/json",
+    )
+
+
+def resources_page(cursor: str | None) -> ListResourcesResult:
+    """One page of the user's tasks, then conversations, then artifacts.
+
+    A page holds rows of one kind; the cursor says which kind and the id the
+    page starts after. A cursor this list did not give out is an invalid
+    parameter (JSON-RPC -32602), as the protocol asks.
+    """
+    user = current_user()
+    kind, after = RESOURCE_KINDS[0], None
+    if cursor is not None:
+        try:
+            raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+            listing, kind, after = json.loads(raw)
+        except (binascii.Error, ValueError, TypeError):
+            listing = None
+        if (
+            listing != "resources"
+            or kind not in RESOURCE_KINDS
+            or not (after is None or (type(after) is int))
+        ):
+            raise MCPError(
+                code=INVALID_PARAMS,
+                message=ERR_CURSOR.format(cursor=cursor[:40], listing="resources/list"),
+            )
+    kinds = RESOURCE_KINDS[RESOURCE_KINDS.index(kind) :]
+    for position, kind in enumerate(kinds):
+        rows = _owned(kind, user)
+        if after is not None:
+            rows = rows.filter(id__lt=after)
+        page, more = _page_of(rows, PAGE_ROWS)
+        after = None
+        if not page and position + 1 < len(kinds):
+            continue
+        if more:
+            following = json.dumps(["resources", kind, page[-1].pk])
+        elif position + 1 < len(kinds):
+            following = json.dumps(["resources", kinds[position + 1], None])
+        else:
+            following = None
+        return ListResourcesResult(
+            resources=[_listed(kind, row) for row in page],
+            next_cursor=None
+            if following is None
+            else base64.urlsafe_b64encode(following.encode()).decode().rstrip("="),
+        )
+    return ListResourcesResult(resources=[])
+
+
+async def _list_resources(ctx, params: PaginatedRequestParams) -> ListResourcesResult:
+    return await in_thread(resources_page, params.cursor)
+
+
+server._lowlevel_server.add_request_handler(
+    "resources/list", PaginatedRequestParams, _list_resources
+)
+
+# The template variable each kind's id fills.
+TEMPLATE_KINDS = {
+    "pippa://task/{task_id}": ("task", "task_id"),
+    "pippa://artifact/{artifact_id}": ("artifact", "artifact_id"),
+    "pippa://conversation/{conversation_id}": ("conversation", "conversation_id"),
+}
+
+
+def id_completions(kind: str, typed: str) -> Completion:
+    """The user's ids of ``kind`` that start with what was typed, newest first."""
+    if typed and not typed.isdigit():
+        return Completion(values=[], total=0, has_more=False)
+    rows = _owned(kind, current_user())
+    if typed:
+        rows = rows.annotate(id_text=Cast("id", CharField())).filter(
+            id_text__startswith=typed
+        )
+    ids = [str(pk) for pk in rows.values_list("id", flat=True)[: MAX_COMPLETIONS + 1]]
+    more = len(ids) > MAX_COMPLETIONS
+    return Completion(
+        values=ids[:MAX_COMPLETIONS],
+        total=rows.count() if more else len(ids),
+        has_more=more,
+    )
+
+
+@server.completion()
+async def complete(ref, argument, context) -> Completion | None:
+    """Complete a resource template's id with the user's own ids (no prompts here)."""
+    if not isinstance(ref, ResourceTemplateReference):
+        return None
+    kind, variable = TEMPLATE_KINDS.get(ref.uri, (None, None))
+    if kind is None or argument.name != variable:
+        return None
+    return await in_thread(id_completions, kind, argument.value[:20])

@@ -1,5 +1,9 @@
-"""Site middleware: response compression for text only, the text guard, and
-the session cookie guard.
+"""Site middleware: request timing, response compression for text only, the
+text guard, and the session cookie guard.
+
+Timing: ``RequestMetricsMiddleware``, outermost, records how long each request
+took by door (``pippa_site.metrics``): dashboard, admin, api, mcp (MCP over
+HTTP is timed by ``pippa_mcp.asgi``, which answers it before Django).
 
 Compression: pages, fragments and JSON compress well and are sent often (a live
 task page polls); PNG previews and other payloads are already compressed or are
@@ -16,12 +20,50 @@ PostgreSQL, instead of a 500 on one and stored bytes on the other.
 
 from __future__ import annotations
 
+import time
+
 from django.conf import settings
 from django.contrib.sessions.backends.base import VALID_KEY_CHARS
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse
 from django.middleware.gzip import GZipMiddleware
 
+from pippa_site import metrics
 from pippa_site.text import ERR_BAD_TEXT, text_refused
+
+
+def door_of(path: str) -> str | None:
+    """The door a request came through, by its path; None for what is not a
+    door (static files, the metrics themselves)."""
+    if path.startswith("/api/"):
+        return "api"
+    if path.startswith("/admin/"):
+        return "admin"
+    if path.startswith("/mcp"):
+        return "mcp"
+    if path.startswith(f"/{settings.STATIC_URL.strip('/')}/") or path == "/metrics":
+        return None
+    return "dashboard"
+
+
+class RequestMetricsMiddleware:
+    """Time every request by door, once its response is made (a streamed
+    body's sending is the server's, not counted)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        started = time.perf_counter()
+        response = self.get_response(request)
+        door = door_of(request.path)
+        if door is not None:
+            metrics.request_observed(
+                door=door,
+                status=response.status_code,
+                seconds=time.perf_counter() - started,
+            )
+        return response
+
 
 COMPRESSIBLE_TYPES = (
     "text/html",

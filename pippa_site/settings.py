@@ -47,6 +47,30 @@ DATA_DIR = Path(env_str("PIPPA_DATA_DIR", str(BASE_DIR / "var"))).resolve()
 DATA_DIR.mkdir(parents=True, exist_ok=True)
 DATA_DIR.chmod(0o700)  # the service's account only, whatever the umask
 BLOB_DIR = Path(env_str("PIPPA_BLOB_DIR", str(DATA_DIR / "blobs"))).resolve()
+# Blobs in an S3-compatible bucket instead of BLOB_DIR: s3://bucket/prefix, with
+# the endpoint and credentials from boto3's own variables (AWS_ENDPOINT_URL_S3 or
+# AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION).
+# Workers on several hosts then share only the database and the bucket
+# (docs/hosts.md).
+PIPPA_BLOB_URL = env_str("PIPPA_BLOB_URL")
+if PIPPA_BLOB_URL and not re.match(
+    r"\As3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/|\Z)", PIPPA_BLOB_URL
+):
+    raise ValueError(
+        "PIPPA_BLOB_URL must be s3://bucket or s3://bucket/prefix "
+        "(a bucket name of 3-63 lowercase letters, digits, dots and hyphens)"
+    )
+
+# Metrics (pippa_site.metrics): every process of a host writes its counters to
+# this folder (prometheus-client's multiprocess mode); a scrape of /metrics adds
+# them up. Emptied by `make run` before it starts the host's processes.
+PIPPA_METRICS_DIR = Path(
+    env_str("PROMETHEUS_MULTIPROC_DIR", str(DATA_DIR / "metrics"))
+).resolve()
+PIPPA_METRICS_DIR.mkdir(parents=True, exist_ok=True)
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(PIPPA_METRICS_DIR)
+# A Prometheus server's bearer token for /metrics (staff may read it signed in).
+PIPPA_METRICS_TOKEN = env_str("PIPPA_METRICS_TOKEN")
 
 
 def _secret_key() -> str:
@@ -113,6 +137,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Outermost: times every request by door (pippa_site.metrics).
+    "pippa_site.middleware.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files answer here, already compressed (whitenoise keeps .gz/.br).
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -326,6 +352,8 @@ PIPPA_STEP_RUNS_PER_USER = env_int("PIPPA_STEP_RUNS_PER_USER", 2)
 PIPPA_STEP_RUNS = env_int("PIPPA_STEP_RUNS", 8)
 # Active API tokens a user may hold at once.
 PIPPA_TOKENS_PER_USER = env_int("PIPPA_TOKENS_PER_USER", 10)
+# An MCP sign-in's access token lasts this long; the client refreshes it.
+PIPPA_OAUTH_ACCESS_SECONDS = env_int("PIPPA_OAUTH_ACCESS_SECONDS", 3600)
 
 # Executor knobs.
 PIPPA_LEASE_SECONDS = env_int("PIPPA_LEASE_SECONDS", 60)
@@ -345,6 +373,9 @@ PIPPA_FILES_DIR = env_str("PIPPA_FILES_DIR") or None
 PIPPA_DOCTOR_GRACE_SECONDS = env_int("PIPPA_DOCTOR_GRACE_SECONDS", 3600)
 # Largest request body an upload may stream into the blob store.
 PIPPA_MAX_UPLOAD_BYTES = env_int("PIPPA_MAX_UPLOAD_BYTES", 256 * 1024 * 1024)
+# Bytes of payloads each user's artifact rows may name, unless staff set the
+# user's own quota (artifacts.quota); 0: no limit.
+PIPPA_QUOTA_BYTES = env_int("PIPPA_QUOTA_BYTES", 5 * 1024**3)
 # The Messages API version the Anthropic adapter asks for (the anthropic-version
 # header): the one Anthropic's own Python SDK sends as of anthropic 2.14.
 PIPPA_ANTHROPIC_VERSION = env_str("PIPPA_ANTHROPIC_VERSION", "2026-10-21")

@@ -654,6 +654,18 @@ class StepRun:
     waiting: str = ""
 
 
+def _step_waiting(task) -> Step | None:
+    """The first step of a failed or needs-review task that waits for a decision."""
+    if task.status not in (Task.Status.FAILED, Task.Status.NEEDS_REVIEW):
+        return None
+    return (
+        Step.objects.select_related("output")
+        .filter(task=task, status__in=(Step.Status.FAILED, Step.Status.NEEDS_REVIEW))
+        .order_by("position")
+        .first()
+    )
+
+
 def step_run(*, task, worker_id: str) -> StepRun:
     """Ask the executor for one step; return once its result is persisted.
 
@@ -691,6 +703,18 @@ def step_run(*, task, worker_id: str) -> StepRun:
             else:
                 detail = ERR_LEASE_CHANGING
             return StepRun(ran=False, detail=detail, step=None, lease_busy=True)
+        waiting = _step_waiting(task)
+        if waiting is not None:
+            # A failed or stopped task: the step a person must decide on is
+            # the answer, not "nothing to run" (the door names what decides).
+            return StepRun(
+                ran=False,
+                detail=ERR_BLOCKED.format(
+                    position=waiting.position, status=waiting.get_status_display()
+                ),
+                step=waiting,
+                waiting="decision",
+            )
         return StepRun(
             ran=False, detail=ERR_NOTHING_TO_RUN.format(status=task.status), step=None
         )

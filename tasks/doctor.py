@@ -65,7 +65,7 @@ from artifacts.gc import (
     unowned_artifacts_delete,
 )
 from artifacts.models import Artifact, ArtifactSource, PendingUnlink
-from artifacts.store import BlobStore, default_store
+from artifacts.store import BlobStore, StoredBlob, default_store
 from pippa_site.private import loose_paths
 from tasks.hooks import step_waiting_send
 from tasks.lease import lease_release
@@ -116,6 +116,7 @@ class Finding:
 class DoctorReport:
     repair: bool
     findings: list[Finding] = field(default_factory=list)
+    store: str = ""  # where the blobs are, in words (BlobStore.describe)
     seconds: float = 0.0
     # Tasks the repair logged an event on (a lease released, a call handed
     # to a person): the admin names the staff user on each of them.
@@ -136,6 +137,7 @@ class DoctorReport:
         return {
             "clean": self.clean,
             "repair": self.repair,
+            "store": self.store,
             "problems": self.problems,
             "seconds": round(self.seconds, 3),
             "findings": [f.as_dict() for f in self.findings],
@@ -284,33 +286,30 @@ def _in_flight_payloads() -> set[str]:
     }
 
 
-def _orphan_blobs(store: BlobStore, cutoff: float) -> list[tuple[str, Any]]:
-    """(sha, path) of blob files older than ``cutoff`` that no row names, that
-    no open envelope may still adopt and that no pending unlink already has."""
+def _orphan_blobs(store: BlobStore, cutoff: float) -> list[tuple[str, float]]:
+    """(sha, modified) of blobs older than ``cutoff`` that no row names, that
+    no open envelope may still adopt and that no pending unlink already has:
+    the store's listing (a folder's files, a bucket's objects) against the
+    database."""
     found = []
-    pending: list[tuple[str, Any]] = []
+    pending: list[StoredBlob] = []
     spoken_for = _in_flight_payloads() | set(
         PendingUnlink.objects.values_list("sha256", flat=True)
     )
 
     def flush():
         named = spoken_for | set(
-            Artifact.objects.filter(sha256__in=[s for s, _ in pending]).values_list(
+            Artifact.objects.filter(sha256__in=[b.sha256 for b in pending]).values_list(
                 "sha256", flat=True
             )
         )
-        for sha, path in pending:
-            if sha in named:
-                continue
-            try:
-                if path.stat().st_mtime < cutoff:
-                    found.append((sha, path))
-            except FileNotFoundError:
-                pass
+        for blob in pending:
+            if blob.sha256 not in named and blob.modified < cutoff:
+                found.append((blob.sha256, blob.modified))
         pending.clear()
 
-    for sha, path in store.iter_files():
-        pending.append((sha, path))
+    for blob in store.iter_blobs():
+        pending.append(blob)
         if len(pending) >= 500:
             flush()
     if pending:
@@ -612,8 +611,9 @@ def doctor_run(
     store: BlobStore | None = None,
     progress: Progress | None = None,
 ) -> DoctorReport:
-    """Check the database and the blob folder; with ``repair``, fix what can be
-    fixed (see the module docstring for the order) and check again."""
+    """Check the database and the blob store (a folder's files or a bucket's
+    objects, listed against the rows); with ``repair``, fix what can be fixed
+    (see the module docstring for the order) and check again."""
     started = time.perf_counter()
     if grace_seconds is None:
         grace_seconds = getattr(
@@ -628,6 +628,7 @@ def doctor_run(
     with _one_read():
         before = run.check(integrity=True)
     report = _report(repair, before)
+    report.store = run.store.describe()
     if repair:
         repaired = _repair(run, before, report)
         spans = {check.key: before[check.key][2] for check in _orphan_checks()}

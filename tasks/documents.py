@@ -96,6 +96,11 @@ def artifact_ref(artifact: Artifact) -> dict[str, Any]:
     return ArtifactRefOut.model_validate(artifact).model_dump()
 
 
+def artifact_content_url(artifact_id: int) -> str:
+    """Where a bearer token reads an artifact's bytes: the JSON API's address."""
+    return f"/api/v1/artifacts/{artifact_id}/content"
+
+
 def artifact_document(artifact: Artifact) -> ArtifactOut:
     """An artifact's ref, its sources' ids and where its bytes are."""
     return ArtifactOut(
@@ -106,7 +111,7 @@ def artifact_document(artifact: Artifact) -> ArtifactOut:
             )
         ),
         created_at=artifact.created_at,
-        content_url=f"/api/v1/artifacts/{artifact.pk}/content",
+        content_url=artifact_content_url(artifact.pk),
     )
 
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
@@ -58,6 +59,7 @@ from django.utils import timezone
 from artifacts.gc import blobs_unlink_after_commit
 from artifacts.models import ArtifactClass
 from artifacts.preview import WIDGET_MEDIA_TYPES
+from artifacts.quota import QuotaExceeded, quota_admit
 from artifacts.services import (
     MAX_SOURCES,
     BlobVanished,
@@ -65,6 +67,7 @@ from artifacts.services import (
     sources_check,
 )
 from artifacts.store import default_store
+from pippa_site import metrics
 from pippa_site.errors import Conflict
 from tasks import statements as sql
 from tasks.crashpoints import crashpoint
@@ -147,6 +150,7 @@ def step(*, task_id: int, worker_id: str) -> StepOutcome | None:
     call: the renewal reserving the event's seq, one ``UPDATE … RETURNING``
     that picks and starts the step, and the event; commit 1.
     """
+    started = time.perf_counter()
     picked = _begin(task_id, worker_id, durable=False)
     if picked is _EFFECTS:
         # The step has outside effects: its start goes to disk before the call.
@@ -155,8 +159,24 @@ def step(*, task_id: int, worker_id: str) -> StepOutcome | None:
         return picked
     row, uncertain = picked
     if uncertain:
-        return _resolve_uncertain(row, worker_id)
-    return _call(row, worker_id)
+        outcome = _resolve_uncertain(row, worker_id)
+    else:
+        outcome = _call(row, worker_id)
+    _observed(row, outcome, time.perf_counter() - started)
+    return outcome
+
+
+def _observed(row: StepRow, outcome: StepOutcome, seconds: float) -> None:
+    """Count the step (``pippa_site.metrics``): after its commits, never before."""
+    metrics.step_observed(
+        artifact_class=row.artifact_class,
+        tool=row.tool,
+        status=outcome.status,
+        invoked=outcome.invoked,
+        rule=outcome.rule,
+        seconds=seconds,
+        tool_failed=outcome.invoked and outcome.status in (S.PENDING, S.FAILED),
+    )
 
 
 _EFFECTS = object()  # _begin's answer: start this step again at DURABLE
@@ -416,7 +436,7 @@ def _result(
             rule=rule,
             pre=[(Event.Kind.PAYLOAD_PERSISTED, row.id, payload)],
         )
-    except (DatabaseError, OSError, BlobVanished) as exc:
+    except (DatabaseError, OSError, BlobVanished, QuotaExceeded) as exc:
         # The file is on disk and nothing names it: it goes to the
         # pending-unlink record (unlinked only if no row names the sha).
         return _output_unsaved(
@@ -474,11 +494,12 @@ def _persist_blob(row: StepRow, default_media: str, output: _Output) -> dict[str
     crashpoint("after_tool")
     result = output.result
     store = default_store()
+    admit = quota_admit(row.owner_id)  # refused: nothing stored, output unsaved
     if output.path is not None:
         with output.path.open("rb") as fh:
-            put = store.put_file(fh)
+            put = store.put_file(fh, admit=admit)
     else:
-        put = store.put_bytes(output.data)
+        put = store.put_bytes(output.data, admit=admit)
     meta = dict(result.meta or {})
     if len(json.dumps(meta, default=str)) > MAX_PAYLOAD_META_CHARS:
         meta = {"meta_dropped": "too large for the event log"}
@@ -968,6 +989,7 @@ def step_complete(
        done, ``tool_result_persisted``. A crash between the commits leaves an
        open envelope that its class settles, as for a tool.
     """
+    started = time.perf_counter()
     found = Step.objects.filter(pk=step_id, task_id=task_id).first()
     if found is None:
         raise StepRefused(ERR_STEP_GONE.format(id=step_id, task=task_id))
@@ -1007,7 +1029,7 @@ def step_complete(
     if pre is None:
         return _already(current)
     if isinstance(pre, ResumeAdvice):
-        return StepOutcome(
+        outcome = StepOutcome(
             task_id=task_id,
             task_status=task_status,
             step_id=row.id,
@@ -1016,6 +1038,8 @@ def step_complete(
             rule=pre.rule,
             error=pre.words,
         )
+        _observed(row, outcome, time.perf_counter() - started)
+        return outcome
     crashpoint("after_started")
     output = _Output(
         ToolResult(
@@ -1031,10 +1055,13 @@ def step_complete(
     try:
         payload = _persist_blob(row, media_type, output)
     except Exception as exc:  # noqa: BLE001 - the store's failure, as for a tool
-        return _output_unsaved(row, worker_id, exc, stage="blob", needed=len(data))
-    # How an open envelope was settled to let this output stand, if one was.
-    rule = next((note["rule"] for _, _, note in pre), "")
-    return _result(row, worker_id, payload, rule=rule)
+        outcome = _output_unsaved(row, worker_id, exc, stage="blob", needed=len(data))
+    else:
+        # How an open envelope was settled to let this output stand, if one was.
+        rule = next((note["rule"] for _, _, note in pre), "")
+        outcome = _result(row, worker_id, payload, rule=rule)
+    _observed(row, outcome, time.perf_counter() - started)
+    return outcome
 
 
 def _complete_check(

@@ -21,6 +21,8 @@ from pathlib import Path
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, connection
 
+from artifacts.quota import REASON_QUOTA, QuotaExceeded
+from artifacts.store import FolderStore, default_store
 from tasks.tools import files_root
 
 # -- reasons ------------------------------------------------------------------
@@ -36,6 +38,8 @@ _FULL_ERRNOS = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 def fault_reason(exc: BaseException) -> str:
     """Name a store or database failure in plain words (with its detail)."""
+    if isinstance(exc, QuotaExceeded):
+        return str(exc)  # "storage quota reached: …", the quota and the usage
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
         return REASON_DISK_FULL
@@ -73,6 +77,13 @@ def _connection_gone(exc: BaseException, lowered: str) -> bool:
 
 def is_database_fault(exc: BaseException) -> bool:
     return isinstance(exc, DatabaseError)
+
+
+def worker_waits(reason: str) -> bool:
+    """Whether a step's unsaved output is the store's or the database's
+    fault, which the worker waits out for every task (backing off, probing);
+    an owner's full quota is that owner's, and the step waits for a person."""
+    return bool(reason) and not reason.startswith(REASON_QUOTA)
 
 
 # -- back-off -------------------------------------------------------------------
@@ -141,12 +152,22 @@ def store_probe(*, needed: int = 0) -> str:
     """Return "" when the blob store and the database can be written again, else why not.
 
     The blob folder must take a small fsynced write and have ``needed`` bytes
-    (the write that failed) plus a margin free; the class-1 files root and an
+    (the write that failed) plus a margin free (a bucket must answer, and the
+    local folder its writes spool through must have that room); the class-1 files root and an
     SQLite database's folder likewise. The database must answer. A full SQLite
     file shows itself only on a real write: the next step is that write, and
     fails into a longer back-off if the space is still missing.
     """
-    reason = _probe_folder(Path(settings.BLOB_DIR) / "tmp", needed)
+    store = default_store()
+    if isinstance(store, FolderStore):
+        reason = _probe_folder(Path(settings.BLOB_DIR) / "tmp", needed)
+    else:
+        # A bucket: the server must answer, and the local spool take the write.
+        reason = _probe_folder(Path(tempfile.gettempdir()), needed)
+        try:
+            store.check()
+        except OSError as exc:
+            reason = reason or fault_reason(exc)
     if reason:
         return reason
     # Class-1 tools write under the files root (beside the blobs unless moved).

@@ -38,6 +38,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
+from pippa_site import metrics
 from pippa_site.errors import LeaseConflict
 from tasks import statements as sql
 from tasks.faults import fault_reason
@@ -126,6 +127,7 @@ def lease_take(cur, task_id: int, worker_id: str, *, reserve: int = 0) -> Lease 
     if row is None:
         return None
     if previous:
+        transaction.on_commit(metrics.lease_taken_over)  # counted once it holds
         entry: Entry = (
             Event.Kind.LEASE_TAKEN_OVER,
             None,

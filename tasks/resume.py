@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from artifacts.models import Artifact, ArtifactClass
+from artifacts.quota import REASON_QUOTA
 from artifacts.store import CHUNK, default_store
 from tasks.models import Event, Step, Task
 from tasks.tools import files_root
@@ -177,6 +178,14 @@ def uncertain_decide(step: Step, env: Envelope) -> ResumeAdvice:
     if step.side_effects:
         return ResumeAdvice(
             "side_effects_review", "needs you: the tool has outside effects", REVIEW
+        )
+    if env.unsaved.startswith(REASON_QUOTA):
+        # Whatever the class: calling the tool again would meet the same
+        # quota; a person frees space or raises it, then retries.
+        return ResumeAdvice(
+            "quota_review",
+            f"needs you: the tool ran; its output could not be saved: {env.unsaved}",
+            REVIEW,
         )
     cls = step.artifact_class
     if cls == ArtifactClass.FILE:

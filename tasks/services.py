@@ -19,7 +19,14 @@ from artifacts.gc import (
 )
 from artifacts.keepers import conversation_artifact_ids
 from artifacts.models import Artifact, ArtifactClass
-from artifacts.services import _check_class, artifact_record, blob_put, sources_check
+from artifacts.quota import QuotaExceeded
+from artifacts.services import (
+    _check_class,
+    artifact_record,
+    blob_put,
+    blob_put_refused,
+    sources_check,
+)
 from pippa_site.errors import Invalid, NotFound
 from pippa_site.text import TITLE_MAX, media_type_check, text_check, title_clean
 from tasks import statements
@@ -189,7 +196,9 @@ def task_artifact_upload(
 
     1. Check the media type (``type/subtype``), the step and the sources
        (each one of the task owner's rows), before any I/O.
-    2. Stream the body into the blob store (at most one chunk in memory).
+    2. Stream the body into the blob store (at most one chunk in memory),
+       named only once the owner's quota admits it (``QuotaExceeded``, with
+       the quota and the usage in its words, leaves nothing).
        Over ``max_bytes`` raises ``BlobTooLarge``; fewer or more bytes than
        ``expected_size`` (the declared Content-Length: a client gone
        mid-body) raise ``BlobIncomplete``; a read error raises as it is.
@@ -210,7 +219,39 @@ def task_artifact_upload(
     if step_id is not None and not Step.objects.filter(pk=step_id, task=task).exists():
         raise UploadError(ERR_BAD_STEP.format(id=step_id, task=task.pk))
     source_ids = sources_check(owner_id=owner_id, source_ids=source_ids)
-    put = blob_put(stream=stream, max_bytes=max_bytes, expected_size=expected_size)
+    put = blob_put(
+        stream=stream,
+        max_bytes=max_bytes,
+        expected_size=expected_size,
+        owner_id=owner_id,
+    )
+    try:
+        artifact = _upload_record(
+            task=task,
+            put=put,
+            media_type=media_type,
+            artifact_class=artifact_class,
+            title=title,
+            source_ids=source_ids,
+            step_id=step_id,
+            meta=meta,
+            log=log,
+        )
+    except QuotaExceeded:
+        blob_put_refused(sha256=put.sha256)
+        raise
+    if artifact.media_type in WIDGET_MEDIA_TYPES:
+        task_widget_preview(artifact_id=artifact.pk, task_id=task.pk, step_id=step_id)
+        artifact.refresh_from_db(fields=["meta"])
+    return artifact
+
+
+def _upload_record(
+    *, task, put, media_type, artifact_class, title, source_ids, step_id, meta, log
+) -> Artifact:
+    """The uploaded blob's row, the task's link and ``log``'s event, in one
+    transaction."""
+    owner_id = task.conversation.owner_id
     with transaction.atomic():
         artifact = artifact_record(
             owner=owner_id,
@@ -236,9 +277,6 @@ def task_artifact_upload(
                 step_id=step_id,
                 data={**ref, "size": artifact.size, **data},
             )
-    if artifact.media_type in WIDGET_MEDIA_TYPES:
-        task_widget_preview(artifact_id=artifact.pk, task_id=task.pk, step_id=step_id)
-        artifact.refresh_from_db(fields=["meta"])
     return artifact
 
 

@@ -14,7 +14,9 @@ start-up so a broken module fails loudly there.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from pydantic import ConfigDict, PydanticUserError, create_model
 
 from artifacts.models import ArtifactClass
 
@@ -31,6 +34,7 @@ ERR_UNKNOWN_TOOL = "no tool named {name!r} is registered"
 ERR_DUPLICATE_TOOL = "a different tool is already registered as {name!r}"
 ERR_BAD_TOOL_CLASS = "a tool's artifact class must be 1, 2, 3 or 4"
 ERR_NO_EARLIER_OUTPUT = "step {position} has no saved output to read"
+ERR_NO_ARGS_SCHEMA = "its arguments' types have no JSON schema ({why})"
 
 
 class ToolNotFound(LookupError):
@@ -45,6 +49,44 @@ class Tool:
     side_effects: bool = False
     media_type: str = "application/octet-stream"
     description: str = ""
+
+    @functools.cached_property
+    def args_schema(self) -> dict[str, Any]:
+        """The JSON schema of a step's ``args``: the function's keyword arguments.
+
+        Read from its signature (everything after ``ctx``), with the types,
+        defaults and ``Field`` descriptions it declares; an argument it does not
+        name is not accepted (the call would fail), so the schema says so,
+        unless it takes ``**kwargs``. A type with no JSON schema (or one its
+        module cannot name) gives a schema that says so instead of failing the
+        list.
+        """
+        try:
+            params = inspect.signature(self.fn, eval_str=True).parameters
+            fields: dict[str, Any] = {}
+            # **kwargs takes any name: the schema then names what it declares only.
+            extra = "forbid"
+            for param in list(params.values())[1:]:
+                if param.kind == param.VAR_KEYWORD:
+                    extra = "allow"
+                if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                    continue
+                annotation = (
+                    Any if param.annotation is param.empty else param.annotation
+                )
+                default = ... if param.default is param.empty else param.default
+                fields[param.name] = (annotation, default)
+            model = create_model(
+                f"{self.name} args",
+                __config__=ConfigDict(extra=extra, arbitrary_types_allowed=True),
+                **fields,
+            )
+            schema = model.model_json_schema()
+        except (PydanticUserError, NameError, TypeError, ValueError) as exc:
+            why = str(exc).splitlines()[0]
+            return {"type": "object", "description": ERR_NO_ARGS_SCHEMA.format(why=why)}
+        schema.pop("title", None)
+        return schema
 
 
 @dataclass

@@ -19,7 +19,7 @@ from django.test import override_settings
 
 from artifacts.models import ArtifactClass
 from artifacts.services import artifact_store
-from artifacts.store import BlobStore
+from artifacts.store import BlobStore, FolderStore, default_store
 from tasks.tools import tools_load
 from tests.support.faults import Tmpfs, TmpfsUnavailable
 from tests.support.workers import worker_argv
@@ -132,8 +132,10 @@ def _empty_default_cache():
 
 @pytest.fixture(autouse=True)
 def _isolated_blobs(settings, tmp_path):
-    """Every test gets its own blob folder."""
+    """Every test gets its own blob folder (and the folder store: only
+    ``any_store`` puts a test on a bucket)."""
     settings.BLOB_DIR = tmp_path / "blobs"
+    settings.PIPPA_BLOB_URL = ""
     settings.WHITENOISE_AUTOREFRESH = True
     settings.STORAGES = {
         **settings.STORAGES,
@@ -145,8 +147,45 @@ def _isolated_blobs(settings, tmp_path):
 
 
 @pytest.fixture
-def blob_store(settings) -> BlobStore:
-    return BlobStore(settings.BLOB_DIR)
+def blob_store(settings) -> FolderStore:
+    return FolderStore(settings.BLOB_DIR)
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory, worker_id):
+    """A real S3-compatible server (SeaweedFS), one for the whole run: the
+    xdist workers share it (``tests.support.seaweed.shared``). Skipped, saying
+    why, only where ``weed`` cannot start."""
+    from tests.support.seaweed import WeedUnavailable, shared
+
+    base = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        base = base.parent  # the run's folder, the same for every worker
+    try:
+        with shared(base / "seaweedfs") as server:
+            yield server
+    except WeedUnavailable as exc:
+        pytest.skip(f"SeaweedFS could not start here: {exc}")
+
+
+@pytest.fixture(params=["folder", pytest.param("s3", marks=pytest.mark.slow)])
+def any_store(request, settings, monkeypatch) -> BlobStore:
+    """The configured blob store, once as the local folder (the default) and
+    once as a prefix of its own in a SeaweedFS bucket (``PIPPA_BLOB_URL``):
+    for the tests about what every store must do. The S3 run is slow (it
+    starts a server once per run)."""
+    if request.param == "s3":
+        import uuid
+
+        from tests.support.seaweed import BUCKET, s3_variables
+
+        server = request.getfixturevalue("seaweedfs")
+        for name, value in s3_variables(server.endpoint).items():
+            monkeypatch.setenv(name, value)
+        settings.PIPPA_BLOB_URL = f"s3://{BUCKET}/{uuid.uuid4().hex}"
+    else:
+        settings.PIPPA_BLOB_URL = ""
+    return default_store()
 
 
 @pytest.fixture
@@ -177,10 +216,16 @@ def subprocess_env(settings, tmp_path):
     Use with ``transactional_db`` so the rows a test writes are committed.
     """
     db = connection.settings_dict
-    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL"}}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DATABASE_URL", "PIPPA_BLOB_URL"}
+    }
     env["DJANGO_SETTINGS_MODULE"] = "pippa_site.settings"
     env["PIPPA_DATA_DIR"] = str(tmp_path / "child-data")
     env["PIPPA_BLOB_DIR"] = str(settings.BLOB_DIR)
+    if settings.PIPPA_BLOB_URL:  # any_store's S3 run: its bucket and endpoint
+        env["PIPPA_BLOB_URL"] = settings.PIPPA_BLOB_URL
     env["PYTHONPATH"] = str(REPO)
     env["SECRET_KEY"] = "test-only-secret-key-for-child-processes-0123456789"
     if db["ENGINE"].endswith("sqlite3"):

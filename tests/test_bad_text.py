@@ -112,7 +112,7 @@ def test_nul_in_an_upload_title_query_is_a_400_and_stores_nothing(
     assert response.status_code == 400
     assert "Query parameter 'title'" in response.json()["detail"]
     assert not Artifact.objects.exists()
-    assert list(blob_store.iter_shas()) == []
+    assert list(blob_store.shas()) == []
 
 
 def test_nul_in_the_dashboard_search_is_a_400_not_a_500(client, user):
@@ -253,7 +253,7 @@ def test_an_upload_whose_content_type_is_not_a_media_type_is_a_400(
     assert response.status_code == 400
     assert "Content-Type must be a media type" in response.json()["detail"]
     assert not Artifact.objects.exists()
-    assert list(blob_store.iter_shas()) == []
+    assert list(blob_store.shas()) == []
 
 
 @pytest.mark.parametrize(

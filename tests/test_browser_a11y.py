@@ -14,10 +14,12 @@ import subprocess
 import pytest
 from django.urls import reverse
 
+from api.models import OAuthGrant
 from api.services import token_create
 from council.demo import demo_round_load
 from council.models import Turn
 from tests.conftest import REPO
+from tests.support.oauth import consent_path, grant_for
 from tests.tasks.dashboard_data import showcase
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -59,6 +61,8 @@ def dads_pages(
         if link.artifact.media_type == "image/svg+xml"
     )
     token = token_create(user=dad, name="laptop runner").token
+    grant_for(dad, name="Claude Code")
+    _, consent = consent_path(name="Codex")
     conversation = data["conversation"]
     outside = data["review"].steps.get(position=2)  # sends an email: confirmed first
     return dad, {
@@ -74,6 +78,10 @@ def dads_pages(
         "context a turn received": f"/council/turns/{turn.pk}/context/",
         "API tokens": "/settings/tokens/",
         "revoke a token": f"/settings/tokens/{token.pk}/revoke/",
+        "an MCP client asks to sign in": consent,
+        "sign an MCP client out": reverse(
+            "tokens:revoke_grant", args=[OAuthGrant.objects.get(user=dad).pk]
+        ),
         "delete a conversation": f"/conversations/{conversation.pk}/delete/",
         "confirm sending again": reverse(
             "dashboard:step_resolve", args=[data["review"].pk, outside.pk]

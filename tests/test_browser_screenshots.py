@@ -18,6 +18,7 @@ from api.services import token_create
 from council.demo import demo_round_load
 from council.models import Turn
 from tests.conftest import REPO
+from tests.support.oauth import consent_path, grant_for
 from tests.tasks.dashboard_data import showcase
 
 pytestmark = [
@@ -58,6 +59,8 @@ def test_take_the_readme_screenshots(
         if link.artifact.media_type == "image/svg+xml"
     )
     token_create(user=dad, name="codex runner on the laptop")
+    grant_for(dad, name="Claude Code")
+    _, sign_in = consent_path(name="Claude Code", base=live_server.url)
     pages = {
         "conversations": "/",
         "conversation": data["conversation"].get_absolute_url(),
@@ -67,6 +70,7 @@ def test_take_the_readme_screenshots(
         "artifact": widget.get_absolute_url(),
         "council-round": council_round.get_absolute_url(),
         "tokens": "/settings/tokens/",
+        "mcp-sign-in": sign_in,
     }
     for scheme in ("light", "dark"):
         for width, (w, h) in SIZES.items():

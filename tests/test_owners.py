@@ -13,7 +13,7 @@ import pytest
 from django.contrib.auth.models import AnonymousUser
 from django.http import Http404
 
-from api.models import ApiToken
+from api.models import ApiToken, OAuthGrant
 from api.services import token_create
 from artifacts.models import Artifact
 from artifacts.selectors import artifact_get_for_user, artifact_user_may_see
@@ -23,6 +23,7 @@ from pippa_site.owners import sees_every_row, user_sees_row
 from tasks.documents import conversation_get_for_user, task_get_for_user
 from tasks.models import Conversation, Step, Task, TaskArtifact
 from tests.support.leftovers import conversation_with_everything
+from tests.support.oauth import grant_for
 
 OWNED_MODELS = [
     Conversation,
@@ -34,6 +35,7 @@ OWNED_MODELS = [
     Turn,
     TurnArtifact,
     ApiToken,
+    OAuthGrant,
 ]
 
 
@@ -45,6 +47,7 @@ def world(make_user):
     for person in (alice, bob):
         conversation_with_everything(owner=person)
         token_create(user=person, name="runner")
+        grant_for(person)
     return alice, bob, staff
 
 

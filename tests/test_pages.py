@@ -19,6 +19,7 @@ from council.models import Turn
 from council.services import round_start, turn_add
 from tasks.models import Task
 from tasks.plan import task_create
+from tests.support.oauth import grant_for
 from tests.tasks.dashboard_data import add_steps
 
 pytestmark = pytest.mark.django_db
@@ -299,8 +300,12 @@ def test_nobody_sees_the_revoke_page_of_another_users_token(client, user, make_u
     assert client.get(reverse("tokens:revoke", args=[new.token.pk])).status_code == 404
 
 
-def test_the_tokens_table_has_no_empty_header(dad_client, user):
+def test_the_tokens_tables_have_no_empty_header(dad_client, user):
     token_create(user=user, name="laptop")
+    grant_for(user)
     body = dad_client.get(reverse("tokens:list")).content.decode()
     headers = re.findall(r'<th scope="col">(.*?)</th>', body)
-    assert headers == ["Name", "Starts with", "Created", "Last used", "State", "Action"]
+    assert headers == [
+        *("Name", "Starts with", "Created", "Last used", "Expires", "State", "Action"),
+        *("App", "Signed in", "Last used", "Ends", "State", "Action"),
+    ]

@@ -12,7 +12,7 @@ import sys
 import pytest
 from django.db import connection
 
-from artifacts.store import BlobStore
+from artifacts.store import FolderStore
 from tasks.doctor import doctor_run
 from tests.conftest import REPO
 
@@ -26,7 +26,7 @@ def finding(report, key):
 
 
 def test_blobs_are_private_even_under_an_open_umask(tmp_path):
-    store = BlobStore(tmp_path / "blobs")
+    store = FolderStore(tmp_path / "blobs")
     old = os.umask(0)
     try:
         put = store.put_bytes(b"the household's bank statement")

@@ -103,8 +103,7 @@ def output_excerpt(
 def _blob_excerpt(sha: str) -> tuple[str, bool, bool]:
     """Return (text, truncated, missing) for the head of a text blob."""
     try:
-        with default_store().open(sha) as fh:
-            head = fh.read(EXCERPT_BYTES + 1)
+        head = default_store().head(sha, EXCERPT_BYTES + 1)
     except (BlobError, OSError):
         return "", False, True
     return _excerpt_of(head)
@@ -153,8 +152,7 @@ def _headlines(sha: str, media: str) -> list[dict]:
     if "json" not in media:
         return []
     try:
-        with default_store().open(sha) as fh:
-            data = json.loads(fh.read(256 * 1024))
+        data = json.loads(default_store().head(sha, 256 * 1024))
     except (BlobError, OSError, ValueError):
         return []
     results = data.get("results") if isinstance(data, dict) else None

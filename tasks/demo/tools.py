@@ -25,6 +25,9 @@ import random
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field
 
 from tasks.tools import ToolContext, ToolResult, tool
 
@@ -34,6 +37,20 @@ CORPUS_FILE = DATA / "corpus.json"
 MAX_PAUSE = 30.0
 
 ERR_NO_CLOSES = "no closes for {symbol} between {start} and {end}"
+
+# What a step's args mean, for the schema list_step_tools shows (Tool.args_schema).
+Pause = Annotated[
+    float,
+    Field(
+        description=f"seconds to wait before working (the demo's pace), at most {MAX_PAUSE:g}"
+    ),
+]
+Day = Annotated[
+    str,
+    Field(
+        description="a date, YYYY-MM-DD (the bundled data: 2024-01-02 to 2024-06-28)"
+    ),
+]
 ERR_OUTAGE = "the search service is unavailable (simulated outage)"
 
 
@@ -90,10 +107,12 @@ def _atomic_write(path: Path, data: bytes) -> None:
 def demo_image(
     ctx: ToolContext,
     *,
-    text: str = "Pippa",
-    width: int = 320,
-    height: int = 160,
-    pause: float = 0,
+    text: Annotated[
+        str, Field(description="the card's text (60 characters shown)")
+    ] = "Pippa",
+    width: Annotated[int, Field(description="pixels, 32 to 1024")] = 320,
+    height: Annotated[int, Field(description="pixels, 32 to 1024")] = 160,
+    pause: Pause = 0,
 ) -> ToolResult:
     """Render a title card as a PNG file."""
     from PIL import Image, ImageDraw
@@ -132,10 +151,12 @@ def _hsl(h: int, s: float, lightness: float) -> tuple[int, int, int]:
 def demo_closes(
     ctx: ToolContext,
     *,
-    symbol: str = "PIPA",
-    start: str = "2024-01-02",
-    end: str = "2024-06-28",
-    pause: float = 0,
+    symbol: Annotated[
+        str, Field(description="the ticker (the bundled data has PIPA)")
+    ] = "PIPA",
+    start: Day = "2024-01-02",
+    end: Day = "2024-06-28",
+    pause: Pause = 0,
 ) -> ToolResult:
     """Fetch unadjusted daily closes for a fixed past range (bundled data)."""
     side_channel_note(ctx, "demo.closes", "start")
@@ -166,10 +187,17 @@ def demo_closes(
 def demo_search(
     ctx: ToolContext,
     *,
-    query: str = "PIPA",
-    k: int = 5,
-    pause: float = 0,
-    fail_until_generation: int = 0,
+    query: Annotated[
+        str, Field(description="words to search the bundled corpus for")
+    ] = "PIPA",
+    k: Annotated[int, Field(description="how many results, 1 to 20")] = 5,
+    pause: Pause = 0,
+    fail_until_generation: Annotated[
+        int,
+        Field(
+            description="simulate an outage: fail until the step is retried this many times"
+        ),
+    ] = 0,
 ) -> ToolResult:
     """Search the bundled corpus; ranking ties and timestamps vary per call."""
     side_channel_note(ctx, "demo.search", "start")
@@ -212,9 +240,15 @@ def demo_search(
 def demo_chart(
     ctx: ToolContext,
     *,
-    source: int = 2,
-    title: str = "Daily closes",
-    pause: float = 0,
+    source: Annotated[
+        int,
+        Field(
+            description="the position (1, 2, ...) of an earlier step of this task"
+            " whose output is demo.closes' CSV: the chart draws it"
+        ),
+    ] = 2,
+    title: Annotated[str, Field(description="the chart's title")] = "Daily closes",
+    pause: Pause = 0,
 ) -> ToolResult:
     """Draw an SVG line chart of a class-2 closes output (an earlier step)."""
     side_channel_note(ctx, "demo.chart", "start")
@@ -262,7 +296,11 @@ def _xml_escape(text: str) -> str:
     media_type="application/json",
 )
 def demo_notify(
-    ctx: ToolContext, *, to: str = "dad", message: str = "", pause: float = 0
+    ctx: ToolContext,
+    *,
+    to: Annotated[str, Field(description="who the note is for")] = "dad",
+    message: Annotated[str, Field(description="the note (500 characters kept)")] = "",
+    pause: Pause = 0,
 ) -> ToolResult:
     """Send a note to an outbox file; a repeated idempotency key is dropped there."""
     side_channel_note(ctx, "demo.notify", "start")

@@ -413,7 +413,7 @@ def test_an_upload_with_an_invalid_class_is_a_422_and_writes_nothing(
     assert response.status_code == 422
     assert "artifact_class" in response.json()["detail"]
     assert table_counts() == before
-    assert list(blob_store.iter_shas()) == []
+    assert list(blob_store.shas()) == []
 
 
 def test_an_oversized_upload_is_a_413_and_leaves_no_blob(
@@ -426,7 +426,7 @@ def test_an_oversized_upload_is_a_413_and_leaves_no_blob(
     assert response.status_code == 413
     assert "1024 bytes" in response.json()["detail"]
     assert table_counts() == before
-    assert list(blob_store.iter_shas()) == []
+    assert list(blob_store.shas()) == []
     assert list(blob_store.iter_temp_files()) == []
 
 

@@ -1,10 +1,13 @@
-"""API tokens: made on the dashboard, shown once, stored hashed, revocable."""
+"""API tokens: made on the dashboard, shown once, stored hashed, expiring when
+the person chose, revocable."""
 
 from __future__ import annotations
 
 import hashlib
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from api.models import ApiToken
 from api.services import token_create, token_revoke
@@ -143,3 +146,45 @@ def test_staff_can_revoke_a_token_in_the_admin_but_not_create_one(client, make_u
     )
     assert b"Revoked 1 token" in response.content
     assert ApiToken.objects.get(pk=new.token.pk).revoked_at is not None
+
+
+# -- expiry ---------------------------------------------------------------------------
+
+
+def test_a_token_lasts_as_long_as_the_person_chose_on_the_page(client, user):
+    client.force_login(user)
+    page = client.get("/settings/tokens/").content.decode()
+    assert '<option value="90" selected>in 90 days</option>' in page
+    assert '<option value="never">never (until you revoke it)</option>' in page
+
+    client.post("/settings/tokens/new/", {"name": "week", "days": "7"})
+    client.post("/settings/tokens/new/", {"name": "forever", "days": "never"})
+    week = ApiToken.objects.get(name="week")
+    assert (
+        timedelta(days=6, hours=23)
+        < week.expires_at - timezone.now()
+        <= timedelta(days=7)
+    )
+    assert ApiToken.objects.get(name="forever").expires_at is None
+
+
+def test_a_length_the_page_does_not_offer_is_refused_and_makes_no_token(client, user):
+    client.force_login(user)
+    response = client.post("/settings/tokens/new/", {"name": "odd", "days": "3"})
+    assert response.status_code == 400
+    assert "choose how long the token lasts" in response.content.decode()
+    assert not ApiToken.objects.exists()
+
+
+def test_an_expired_token_is_refused_and_listed_as_expired(client, user):
+    new = token_create(user=user, name="old", days=7)
+    headers = {"Authorization": f"Bearer {new.raw}"}
+    assert client.get("/api/v1/conversations", headers=headers).status_code == 200
+    ApiToken.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+
+    response = client.get("/api/v1/conversations", headers=headers)
+    assert response.status_code == 401
+    assert "expired" in response.json()["detail"]
+    client.force_login(user)
+    page = client.get("/settings/tokens/").content.decode()
+    assert ">expired</td>" in page

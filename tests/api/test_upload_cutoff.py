@@ -72,7 +72,7 @@ def _read_all(sock) -> bytes:
 def _nothing_stored(blob_store) -> None:
     assert not Artifact.objects.exists()
     assert not TaskArtifact.objects.exists()
-    assert list(blob_store.iter_shas()) == []
+    assert list(blob_store.shas()) == []
     assert list(blob_store.iter_temp_files()) == []
 
 

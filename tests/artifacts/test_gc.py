@@ -23,6 +23,12 @@ from tasks.keeping import REASON_DANGLING
 from tasks.models import TaskArtifact
 
 
+@pytest.fixture
+def blob_store(any_store):
+    """The tests about blobs run on the folder and on a bucket."""
+    return any_store
+
+
 @pytest.mark.django_db
 def test_gc_plan_removes_a_cycle_that_nothing_outside_keeps(make_artifact):
     a, b = make_artifact(), make_artifact(source_ids=[])

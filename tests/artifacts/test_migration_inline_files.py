@@ -11,7 +11,7 @@ from django.db import connection
 from django.utils import timezone
 
 from artifacts.models import Artifact
-from artifacts.store import BlobStore
+from artifacts.store import FolderStore
 from tests.support.migrating import migrate_back, migrate_forward
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -45,7 +45,7 @@ def test_every_inline_row_becomes_a_verified_private_file_and_the_table_goes(
             owner_id=owner.pk, sha256=_sha(data), size=len(data), integrity="ok"
         )
     # One of them is already a file (written before the inline store): kept.
-    store = BlobStore(settings.BLOB_DIR)
+    store = FolderStore(settings.BLOB_DIR)
     already = store.put_bytes(outputs[0])
 
     migrate_forward()
@@ -84,4 +84,4 @@ def test_an_inline_row_that_fails_its_sha_stops_the_migration_and_drops_nothing(
     InlineBlob.objects.filter(sha256=_sha(b"what it was")).delete()
     migrate_forward()
     assert TABLE not in _tables()
-    assert BlobStore(settings.BLOB_DIR).path(_sha(good)).read_bytes() == good
+    assert FolderStore(settings.BLOB_DIR).path(_sha(good)).read_bytes() == good

@@ -143,7 +143,7 @@ def test_identical_bytes_uploaded_by_two_users_are_two_rows_over_one_blob(
     assert a_id != b_id
     assert b_response.json()["title"] == "URGENT: re-enter your bank login"
     assert Artifact.objects.get(pk=b_id).owner == bob
-    assert len(list(default_store().iter_shas())) == 1
+    assert len(list(default_store().shas())) == 1
     assert rows_of(alice) == before
     assert before[a_id][:3] == ("closes", 2, "text/csv")
 

@@ -23,7 +23,7 @@ def test_storing_the_same_bytes_twice_gives_one_row_and_one_blob(user):
     )
     assert a.pk == b.pk
     assert Artifact.objects.count() == 1
-    assert len(list(default_store().iter_shas())) == 1
+    assert len(list(default_store().shas())) == 1
 
 
 @pytest.mark.django_db
@@ -52,7 +52,7 @@ def test_an_invalid_class_is_refused_before_anything_is_written(bad, user):
             owner=user, data=b"x", media_type="text/plain", artifact_class=bad
         )
     assert not Artifact.objects.exists()
-    assert list(default_store().iter_shas()) == []
+    assert list(default_store().shas()) == []
 
 
 @pytest.mark.django_db

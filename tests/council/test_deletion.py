@@ -28,7 +28,7 @@ def test_deleting_the_demo_conversation_removes_widgets_previews_contexts_and_bl
     assert Turn.objects.count() == 0
     assert TurnArtifact.objects.count() == 0
     assert Artifact.objects.count() == 0
-    assert list(default_store().iter_shas()) == []
+    assert list(default_store().shas()) == []
 
 
 @pytest.mark.django_db

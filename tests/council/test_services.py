@@ -145,8 +145,10 @@ def test_the_next_participant_receives_earlier_turns_text_and_full_artifact_refs
     assert ref["artifact_class"] == 4
     assert ref["media_type"] == "image/svg+xml"
     assert ref["size"] == widget.size
-    assert ref["source_url"] == f"/artifacts/{widget.pk}/source"
-    assert ref["preview_url"] == f"/artifacts/{widget.pk}/preview.png"
+    preview = Artifact.objects.get(media_type="image/png")
+    # The JSON API's addresses: the bearer token that read the context reads them.
+    assert ref["source_url"] == f"/api/v1/artifacts/{widget.pk}/content"
+    assert ref["preview_url"] == f"/api/v1/artifacts/{preview.pk}/content"
     assert ref["source_refs"] == []
     assert ref["role"] == "produced"
 

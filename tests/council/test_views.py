@@ -7,6 +7,7 @@ import json
 import pytest
 from django.urls import reverse
 
+from api.services import token_create
 from artifacts.models import Artifact
 from council.models import Turn
 from council.services import round_start, turn_add
@@ -179,23 +180,27 @@ def test_context_endpoint_for_a_named_participant_and_an_unknown_one(
 
 
 @pytest.mark.django_db
-def test_every_ref_in_the_context_resolves_through_the_artifact_endpoints(
-    dad_client, council_round
+def test_every_ref_in_the_context_is_read_with_the_token_that_read_the_context(
+    client, user, council_round
 ):
-    doc = json.loads(
-        dad_client.get(reverse("council:context", args=[council_round.pk])).content
-    )
+    """A participant holds a bearer token, not a browser session: the refs'
+    addresses are the JSON API's, never a dashboard page that would send the
+    token to the login form."""
+    headers = {"Authorization": f"Bearer {token_create(user=user, name='ada').raw}"}
+    doc = client.get(
+        f"/api/v1/council/rounds/{council_round.pk}/context", headers=headers
+    ).json()
     refs = [r for t in doc["turns"] for r in t["artifact_refs"]]
     assert refs
     for ref in refs:
-        source = dad_client.get(ref["source_url"])
+        source = client.get(ref["source_url"], headers=headers)
         assert source.status_code == 200
-        assert source["Content-Type"] == ref["media_type"]
+        assert source["X-Pippa-Media-Type"] == ref["media_type"]
         body = b"".join(source.streaming_content)
         assert len(body) == ref["size"]
-        preview = dad_client.get(ref["preview_url"])
+        preview = client.get(ref["preview_url"], headers=headers)
         assert preview.status_code == 200
-        assert preview["Content-Type"] == "image/png"
+        assert preview["X-Pippa-Media-Type"] == "image/png"
         assert b"".join(preview.streaming_content).startswith(b"\x89PNG")
 
 

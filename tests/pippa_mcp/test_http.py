@@ -1,6 +1,6 @@
 """The MCP server over streamable HTTP at /mcp/ of the ASGI application (a real
 uvicorn), driven by the SDK's own client; then the door itself, with raw
-requests: methods, Host/Origin, body size, throttle, requests per token."""
+requests: methods, Host/Origin, body size, throttle, requests per user."""
 
 from __future__ import annotations
 
@@ -96,6 +96,7 @@ def test_the_tool_list_describes_each_tool_for_a_model(mcp_url, token_for, user)
     assert {t.uri_template for t in templates} == {
         "pippa://task/{task_id}",
         "pippa://artifact/{artifact_id}",
+        "pippa://conversation/{conversation_id}",
     }
 
 
@@ -380,7 +381,7 @@ def test_another_users_token_sees_none_of_it(
             return listed, answers, missing, borrowed, resources
 
     listed, answers, missing, borrowed, resources = run(other_scenario)
-    assert listed == []
+    assert listed["conversations"] == []
     for (name, _, expected), answer in zip(probes, answers, strict=True):
         assert error(answer) == expected, name
     # Another user's id reads exactly like one that does not exist.
@@ -614,7 +615,7 @@ def test_an_agent_records_the_steps_it_did_itself_and_reads_the_rest_page_by_pag
     assert invocations(tool_log) == {second: 1}
 
 
-# -- the door itself: methods, Host/Origin, body size, throttle, streams per token --
+# -- the door itself: methods, Host/Origin, body size, throttle, calls per user --
 
 INIT = {
     "jsonrpc": "2.0",
@@ -666,6 +667,31 @@ def test_get_and_delete_on_the_stateless_server_answer_405_at_once(
     # The POST that follows on the same server is answered as usual.
     status, _, _ = _post(mcp_url, INIT, Authorization=f"Bearer {token}")
     assert status == 200
+
+
+@pytest.mark.parametrize(
+    ("raw_id", "shown"), [(b"null", "null"), (b"1.5", "1.5"), (b"NaN", "NaN")]
+)
+def test_a_request_with_an_id_json_rpc_does_not_allow_is_answered_not_dropped(
+    mcp_url, token_for, user, raw_id, shown
+):
+    """JSON-RPC: an Invalid Request gets an error with a null id (never a 202
+    that drops it, as for a notification); the next request is answered."""
+    auth = {"Authorization": f"Bearer {token_for(user)}"}
+    body = b'{"jsonrpc":"2.0","id":' + raw_id + b',"method":"tools/list"}'
+    status, _, answer = _post(mcp_url, body, **auth)
+
+    assert status == 400
+    assert json.loads(answer) == {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {
+            "code": -32600,
+            "message": "Invalid Request: a request's id must be a string or an"
+            f" integer (not null), not {shown}",
+        },
+    }
+    assert _post(mcp_url, INIT, **auth)[0] == 200
 
 
 def test_a_foreign_origin_or_host_is_refused_and_the_sites_own_origin_is_not(

@@ -279,7 +279,7 @@ def test_the_stdio_server_of_another_user_sees_none_of_it(
             return listed, probe
 
     listed, probe = run_async(scenario)
-    assert listed == []
+    assert listed["conversations"] == []
     assert error(probe) == f"task {task.pk} not found (or not yours)"
 
 
@@ -323,7 +323,7 @@ def test_the_stdio_server_answers_what_the_sdk_cannot_parse_and_keeps_serving(
     refused, listed = run_async(scenario)
     assert "could not be read (recursion limit exceeded" in refused
     assert "send flatter JSON" in refused
-    assert listed == []
+    assert listed["conversations"] == []
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from tasks.plan import task_create
 from tasks.words import CHOICES, OUTSIDE_RERUN, actor_words
 from tests.pippa_mcp.conftest import PLAN
 from tests.support.asyncrun import run_async
-from tests.support.executing import crash_at, expire_lease
+from tests.support.executing import crash_at, expire_lease, run_task
 
 pytestmark = pytest.mark.django_db
 
@@ -130,7 +130,8 @@ def test_a_staff_token_sees_none_of_another_users_tasks_or_artifacts(
         with pytest.raises(ToolError, match="not found"):
             server.artifact_read(artifact_id=artifact.pk)
 
-    assert listed == []
+    assert listed["conversations"] == []
+    assert listed["message"].startswith("You have no conversations yet")
     assert Task.objects.get(pk=dads_task.pk).status == Task.Status.QUEUED
 
 
@@ -166,7 +167,7 @@ def test_decision_choices_are_the_dashboards_choices_in_the_same_words(
 ):
     task = _waiting_for_a_decision(dad)
     with acting_as(dad):
-        (waiting,) = server.decision_choices(task_id=task.pk)
+        (waiting,) = server.decision_choices(task_id=task.pk)["decisions"]
     client.force_login(dad)
     page = client.get(task.get_absolute_url()).content.decode()
 
@@ -379,7 +380,7 @@ def test_storing_bytes_already_stored_says_so_and_names_the_earlier_row(dad, dad
         )
 
     assert first["already_stored"] is False
-    assert "note" not in first
+    assert first["note"] is None
     assert second["already_stored"] is True
     assert second["id"] == first["id"]
     assert (second["artifact_class"], second["media_type"], second["title"]) == (
@@ -389,3 +390,123 @@ def test_storing_bytes_already_stored_says_so_and_names_the_earlier_row(dad, dad
     )
     assert f"already stored as artifact {first['id']}" in second["note"]
     assert Artifact.objects.count() == 1
+
+
+# -- lists: pages with a cursor, and a sentence when empty ---------------------------------
+
+
+def test_a_list_is_read_page_by_page_with_the_cursor_it_gives(dad):
+    for i in range(3):
+        Conversation.objects.create(owner=dad, title=f"c{i}")
+    with acting_as(dad):
+        first = server.list_conversations(limit=2)
+        second = server.list_conversations(cursor=first["next_cursor"], limit=2)
+
+    assert [c["title"] for c in first["conversations"]] == ["c2", "c1"]
+    assert first["message"] == (
+        "2 conversations, newest first; more on the next page (pass next_cursor)."
+    )
+    assert [c["title"] for c in second["conversations"]] == ["c0"]
+    assert second["next_cursor"] is None
+    assert second["conversations"][0]["uri"].startswith("pippa://conversation/")
+
+
+def test_a_cursor_made_up_or_from_another_list_is_refused(dad, dads_task):
+    Conversation.objects.create(owner=dad, title="second")
+    with acting_as(dad):
+        page = server.list_conversations(limit=1)
+        with pytest.raises(ToolError) as borrowed:
+            server.list_tasks(
+                conversation_id=dads_task.conversation_id, cursor=page["next_cursor"]
+            )
+        with pytest.raises(ToolError) as made_up:
+            server.list_conversations(cursor="not-a-cursor")
+
+    assert "is not one list_tasks gave out; leave it out" in str(borrowed.value)
+    assert "is not one list_conversations gave out" in str(made_up.value)
+
+
+def test_every_list_says_in_words_when_there_is_nothing_in_it(dad, dads_task):
+    empty = Conversation.objects.create(owner=dad, title="empty")
+    with acting_as(dad):
+        tasks = server.list_tasks(conversation_id=empty.pk)
+        decisions = server.decision_choices(task_id=dads_task.pk)
+        rounds = server.council_rounds(conversation_id=empty.pk)
+
+    assert tasks["tasks"] == []
+    assert tasks["message"] == (
+        f"Conversation {empty.pk} has no tasks yet: create_task with"
+        f" conversation_id={empty.pk} adds one."
+    )
+    assert decisions["decisions"] == []
+    assert decisions["message"] == (
+        f"No step of task {dads_task.pk} waits for a decision (the task is queued)."
+    )
+    assert rounds["message"].startswith(
+        f"Conversation {empty.pk} has no council rounds"
+    )
+
+
+def test_list_step_tools_gives_each_tools_arguments_as_a_json_schema(dad):
+    with acting_as(dad):
+        tools = server.list_step_tools(limit=server.MAX_PAGE)["tools"]
+
+    chart = next(t for t in tools if t["name"] == "demo.chart")
+    source = chart["args_schema"]["properties"]["source"]
+    assert source["type"] == "integer"
+    assert source["default"] == 2
+    assert "position" in source["description"]
+    assert chart["args_schema"]["additionalProperties"] is False
+    assert [t["name"] for t in tools] == sorted(t["name"] for t in tools)
+
+
+# -- no dead ends ------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_next_step_on_a_failed_step_points_to_decision_choices(dad, settings):
+    settings.PIPPA_RETRY_BASE_SECONDS = 0
+    conversation = Conversation.objects.create(owner=dad, title="flaky")
+    task = task_create(
+        conversation=conversation,
+        title="flaky",
+        steps=[
+            {
+                "title": "Flaky fetch",
+                "tool": "test.flaky",
+                "args": {"fail_times": 5},
+                "max_attempts": 3,
+            }
+        ],
+    )
+    run_task(task.pk)
+
+    async def run_once():
+        with acting_as(dad):
+            return await server.run_next_step(task_id=task.pk)
+
+    answer = run_async(run_once)
+    with acting_as(dad):
+        (waiting,) = server.decision_choices(task_id=task.pk)["decisions"]
+
+    assert answer["ran"] is False
+    assert answer["detail"] == (
+        "step 1 is failed: it waits for a decision; call decision_choices for the"
+        " ways forward, then decide_step"
+    )
+    assert answer["step"]["status"] == "failed"
+    assert waiting["position"] == 1
+
+
+def test_the_over_1_mib_refusal_names_the_task_and_the_upload_address(dad, dads_task):
+    with acting_as(dad), pytest.raises(ToolError) as refused:
+        server.artifact_store(
+            task_id=dads_task.pk,
+            content="x" * (server.MAX_STORE_BYTES + 1),
+            artifact_class=2,
+        )
+
+    text = str(refused.value)
+    assert "{" not in text
+    assert f"POST /api/v1/tasks/{dads_task.pk}/artifacts" in text
+    assert f"content is {server.MAX_STORE_BYTES + 1:,} bytes" in text

@@ -14,21 +14,20 @@ It checks, independently of the code under test:
   and no link, step output or lineage edge joins two owners;
 - no artifact is left that nothing alive keeps (a live task link, step output
   or turn link, or being a source of a kept artifact);
-- every artifact row's bytes are there and intact (a file in the blob folder),
-  no file is named by no artifact, no temp file is left, and no blob unlink is
-  left pending.
+- every artifact row's bytes are there and intact (in the configured store: a
+  file in the blob folder or an object in the bucket), no blob is named by no
+  artifact, no temp file is left, and no blob unlink is left pending.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from django.conf import settings
 from django.db.models import F
 
 from artifacts.models import Artifact, ArtifactSource, PendingUnlink
+from artifacts.store import BlobStore, FolderStore, default_store
 from council.models import CouncilRound, Participant, Turn, TurnArtifact
 from notifications.models import Notice
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
@@ -202,28 +201,22 @@ def kept_artifact_ids() -> set[int]:
     return kept
 
 
-def _blob_problems(blob_dir: Path) -> list[str]:
+def _blob_problems(store: BlobStore) -> list[str]:
+    """The store's listing against the rows: what is stored with no row, what
+    a row names and is not there or fails its sha, what a write left."""
     problems = []
     rows = dict(Artifact.objects.values_list("sha256", "pk"))
-    on_disk: dict[str, Path] = {}
-    tmp = blob_dir / "tmp"
-    if blob_dir.is_dir():
-        for path in blob_dir.rglob("*"):
-            if not path.is_file():
-                continue
-            if tmp in path.parents:
-                problems.append(f"temp file left in the blob folder: {path.name}")
-                continue
-            on_disk[path.name] = path
-    for sha in sorted(on_disk.keys() - rows.keys()):
+    for path in store.iter_temp_files():
+        problems.append(f"temp file left in the blob folder: {path.name}")
+    stored = set(store.shas())
+    for sha in sorted(stored - rows.keys()):
         problems.append(f"blob file with no artifact row: {sha}")
+    states = store.states(list(rows), verify=True)
     for sha, pk in sorted(rows.items()):
-        path = on_disk.get(sha)
-        if path is None:
+        state = states.get(sha)
+        if state is None:
             problems.append(f"artifact {pk} has no blob")
-            continue
-        data = path.read_bytes()
-        if hashlib.sha256(data).hexdigest() != sha:
+        elif not state[1]:
             problems.append(f"artifact {pk}'s blob fails its sha")
     return problems
 
@@ -249,7 +242,8 @@ def find_leftovers(
     pending = PendingUnlink.objects.count()
     if pending:
         problems.append(f"{pending} blob unlinks still pending")
-    problems += _blob_problems(Path(blob_dir or settings.BLOB_DIR))
+    store = FolderStore(blob_dir) if blob_dir is not None else default_store()
+    problems += _blob_problems(store)
     return problems
 
 

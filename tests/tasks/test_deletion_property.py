@@ -214,6 +214,6 @@ def check_world(world: World, capture) -> None:
         # A blob stays exactly while some owner's surviving row names it.
         shas = dict(Artifact.objects.values_list("pk", "sha256"))
         named = {shas[ids[key]] for key in survivors}
-        on_disk = {sha for sha, _ in default_store().iter_shas()}
+        on_disk = set(default_store().shas())
         assert on_disk == named
         assert_no_leftovers()

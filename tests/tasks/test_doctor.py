@@ -17,11 +17,12 @@ from django.utils import timezone
 
 from artifacts import gc
 from artifacts.models import Artifact
-from artifacts.store import BlobStore
+from artifacts.store import FolderStore
 from tasks import doctor as doctor_module
 from tasks.doctor import ENVELOPE_OPEN_REASON, doctor_run
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 from tasks.services import conversation_delete
+from tests.support.blobs import blob_lose, blob_overwrite, blob_plant
 from tests.support.leftovers import (
     assert_no_leftovers,
     conversation_with_everything,
@@ -30,6 +31,13 @@ from tests.support.leftovers import (
 
 ORPHAN_STEPS = 13_750
 ORPHAN_EVENTS = 98_159
+
+
+@pytest.fixture
+def blob_store(any_store):
+    """The tests about blobs run on the folder and on a bucket: the doctor
+    lists either against the database the same way."""
+    return any_store
 
 
 def doctor(*args: str) -> tuple[int, dict, str]:
@@ -116,9 +124,7 @@ def test_orphans_of_a_foreign_keys_off_delete_are_found_and_repaired_in_one_run(
     assert code == 0, remaining(report)
     assert report["clean"] is True
     assert_no_leftovers()
-    assert {sha for sha, _ in blob_store.iter_shas()} == {
-        a.sha256 for a in survivor_artifacts.values()
-    }
+    assert set(blob_store.shas()) == {a.sha256 for a in survivor_artifacts.values()}
     assert Event.objects.filter(task__conversation=survivor).count() == 6
 
 
@@ -273,8 +279,10 @@ def test_two_owners_sharing_bytes_keep_the_blob_through_a_delete_crash_and_repai
 
 @pytest.mark.django_db
 def test_stale_temp_files_are_swept_and_fresh_ones_are_left_for_their_writer(
-    blob_store,
+    settings,
 ):
+    """A folder's: a bucket's writes spool into files with no name."""
+    blob_store = FolderStore(settings.BLOB_DIR)
     blob_store.put_bytes(b"makes the store's private folders")
     stale = blob_store.tmp_dir / "put-crashed"
     fresh = blob_store.tmp_dir / "put-in-flight"
@@ -313,10 +321,8 @@ def test_missing_and_corrupt_blobs_are_flagged_never_deleted(
     missing, corrupt, fine = make_artifact(), make_artifact(), make_artifact()
     for artifact in (missing, corrupt, fine):
         TaskArtifact.objects.create(task=task, artifact=artifact)
-    blob_store.path(missing.sha256).unlink()
-    path = blob_store.path(corrupt.sha256)
-    path.chmod(0o600)
-    path.write_bytes(b"payload X")  # same size, wrong bytes
+    blob_lose(missing.sha256, blob_store)
+    blob_overwrite(corrupt.sha256, b"payload X", blob_store)  # same size, wrong bytes
 
     code, report, _ = doctor("--repair", "--grace-seconds=0")
 
@@ -476,7 +482,14 @@ def test_json_goes_to_stdout_and_progress_to_stderr(user):
     code, report, stderr = doctor("--no-verify")
 
     assert code == 0
-    assert set(report) == {"clean", "repair", "problems", "seconds", "findings"}
+    assert set(report) == {
+        "clean",
+        "repair",
+        "store",
+        "problems",
+        "seconds",
+        "findings",
+    }
     assert "doctor: checking steps whose task is gone" in stderr
 
 
@@ -496,8 +509,41 @@ def test_the_plain_report_names_each_problem_and_exits_nonzero(make_artifact):
 def test_the_report_functions_are_importable_for_the_admin(user, blob_store):
     conversation_with_everything(owner=user)
 
-    report = doctor_run(store=BlobStore(blob_store.root))
+    report = doctor_run(store=blob_store)
 
     assert report.clean
     assert report.finding("orphan_events").found == 0
     assert report.as_dict()["repair"] is False
+
+
+@pytest.mark.django_db
+def test_the_doctor_lists_the_store_against_the_rows_stray_missing_and_damaged(
+    make_task, make_artifact, blob_store
+):
+    """A crash's stray blob is swept; a missing and a rotten one are flagged;
+    what is not the store's own (a key of another shape) is never touched."""
+    import hashlib
+
+    task = make_task()
+    kept, lost, rotten = make_artifact(), make_artifact(), make_artifact()
+    for artifact in (kept, lost, rotten):
+        TaskArtifact.objects.create(task=task, artifact=artifact)
+    stray = hashlib.sha256(b"a crash left me").hexdigest()
+    blob_plant(stray, b"a crash left me", blob_store)
+    blob_lose(lost.sha256, blob_store)
+    blob_overwrite(rotten.sha256, b"rotten!!!", blob_store)
+    if blob_store.kind == "s3":
+        foreign = f"{blob_store.prefix}notes/readme.txt"
+        blob_store.client.put_object(Bucket=blob_store.bucket, Key=foreign, Body=b"x")
+
+    code, report, _ = doctor("--grace-seconds=0")
+    assert code == 1
+    assert found(report) == {"orphan_blobs": 1, "damaged_blobs": 2}
+    assert report["store"] == blob_store.describe()
+
+    code, report, _ = doctor("--repair", "--grace-seconds=0")
+    assert remaining(report) == {"damaged_blobs": 2}
+    assert set(blob_store.shas()) == {kept.sha256, rotten.sha256}
+    assert blob_store.verify(kept.sha256)
+    if blob_store.kind == "s3":
+        assert blob_store.client.head_object(Bucket=blob_store.bucket, Key=foreign)

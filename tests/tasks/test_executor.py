@@ -622,11 +622,14 @@ def test_a_widget_that_cannot_be_rendered_still_finishes_its_step(
 
 # A step's statements, BEGIN/COMMIT and savepoints aside (docs/serving-and-
 # bench.md): commit 1 is the lease renewal reserving the started event's seq,
-# pick-and-start, tool_call_started; commit 2 is the artifact, its link, the
-# step done, the seq reservation with the plan's advance, and one INSERT of
-# payload_persisted and tool_result_persisted. The payload is a file (its
-# write, rename and two fsyncs come between the commits).
-STATEMENTS_PER_STEP = 8
+# pick-and-start, tool_call_started; between the commits the owner's quota
+# admits the payload (one read) before it is stored; commit 2 is the
+# artifact (its size counted by the schema's trigger, the count read back
+# against the quota), its link, the step done, the seq reservation with the
+# plan's advance, and one INSERT of payload_persisted and
+# tool_result_persisted. The payload is a blob (its write, link and two
+# fsyncs, or a bucket's put, come between the commits).
+STATEMENTS_PER_STEP = 10
 
 
 def _statements(queries) -> list[str]:
@@ -637,7 +640,7 @@ def _statements(queries) -> list[str]:
 
 
 @pytest.mark.django_db
-def test_a_step_of_a_running_task_takes_eight_statements_in_two_commits(
+def test_a_step_of_a_running_task_takes_ten_statements_in_two_commits(
     make_conversation, blob_store
 ):
     task = task_create(

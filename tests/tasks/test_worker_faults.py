@@ -19,7 +19,7 @@ import pytest
 from django.db import connection
 
 from artifacts.models import Artifact
-from artifacts.store import BlobStore
+from artifacts.store import FolderStore
 from tasks.doctor import doctor_run
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
@@ -105,8 +105,8 @@ def assert_settled(worker: Worker, blob_root: Path) -> None:
         (envelope_read(step.pk).payload or {}).get("sha")
         for step in Step.objects.filter(status="needs_review")
     }
-    assert {sha for sha, _ in BlobStore(blob_root).iter_shas()} <= named
-    report = doctor_run(grace_seconds=0, store=BlobStore(blob_root))
+    assert set(FolderStore(blob_root).shas()) <= named
+    report = doctor_run(grace_seconds=0, store=FolderStore(blob_root))
     assert report.clean, [f.as_dict() for f in report.findings if f.remaining]
     check_invariants()
 
@@ -333,9 +333,9 @@ def test_the_doctor_repairing_beside_live_workers_on_short_leases_takes_no_decis
     while Task.objects.filter(status__in=["queued", "running"]).exists():
         assert time.monotonic() < deadline, "the workers did not finish"
         reports.append(
-            doctor_run(repair=True, verify=False, store=BlobStore(settings.BLOB_DIR))
+            doctor_run(repair=True, verify=False, store=FolderStore(settings.BLOB_DIR))
         )
-    reports.append(doctor_run(repair=True, store=BlobStore(settings.BLOB_DIR)))
+    reports.append(doctor_run(repair=True, store=FolderStore(settings.BLOB_DIR)))
 
     assert len(reports) > 1
     for report in reports:

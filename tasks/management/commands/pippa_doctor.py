@@ -58,6 +58,7 @@ class Command(BaseCommand):
         if options["json"]:
             self.stdout.write(json.dumps(report.as_dict(), indent=2))
         elif verbosity >= 1:
+            self.stdout.write(f"blobs: {report.store}")
             for f in report.findings:
                 if not (f.found or f.remaining):
                     continue

@@ -27,13 +27,15 @@ import signal
 import socket
 import time
 
-from django.core.management import BaseCommand
+from django.conf import settings
+from django.core.management import BaseCommand, CommandError
 from django.db import DatabaseError, close_old_connections, connection
 
 from artifacts.gc import pending_unlinks_finish
+from pippa_site import metrics
 from tasks import crashpoints, hooks
 from tasks.executor import StepOutcome, step, unnamed_blobs_record
-from tasks.faults import fault_delay, fault_reason, store_probe
+from tasks.faults import fault_delay, fault_reason, store_probe, worker_waits
 from tasks.lease import LeaseLost, lease_release
 from tasks.models import Task
 from tasks.tools import tools_load
@@ -41,6 +43,10 @@ from tasks.tools import tools_load
 log = logging.getLogger("pippa.worker")
 
 RELEASE_TRIES = 3
+ERR_METRICS_TOKEN = (
+    "--metrics-port needs PIPPA_METRICS_TOKEN: the scraper's token, "
+    "so the figures are not open to anyone who can reach the port"
+)
 
 
 class WorkerAbandoned(BaseException):
@@ -66,9 +72,29 @@ class Command(BaseCommand):
         parser.add_argument(
             "--task", type=int, action="append", default=[], help="only these task ids"
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=int(os.environ.get("PIPPA_WORKER_METRICS_PORT") or 0),
+            help="serve this host's counters at /metrics on this port, to a "
+            "scraper with PIPPA_METRICS_TOKEN (a host with no web process)",
+        )
+        parser.add_argument(
+            "--metrics-address",
+            default="127.0.0.1",
+            help="address the metrics port listens on",
+        )
         crashpoints.add_option(parser)
 
     def handle(self, *args, **options) -> None:
+        if options["metrics_port"]:
+            if not settings.PIPPA_METRICS_TOKEN:
+                raise CommandError(ERR_METRICS_TOKEN)
+            metrics.serve(
+                address=options["metrics_address"],
+                port=options["metrics_port"],
+                token=settings.PIPPA_METRICS_TOKEN,
+            )
         tools_load()
         crashpoints.arm(options["crashpoint"])
         self.worker_id = (
@@ -147,7 +173,7 @@ class Command(BaseCommand):
             outcome = self._step_task(task_id)
             if self._release(task_id):
                 self.current = None
-            if outcome is not None and outcome.fault:
+            if outcome is not None and worker_waits(outcome.fault):
                 self.needed = outcome.fault_bytes
                 self._fault(outcome.fault, task_id=task_id)
                 break
@@ -166,7 +192,7 @@ class Command(BaseCommand):
             self.steps += 1
             if self.verbose and outcome.position is not None:
                 self.stdout.write(_describe(outcome))
-            if outcome.fault:
+            if worker_waits(outcome.fault):
                 return outcome
             if self.options["max_steps"] and self.steps >= self.options["max_steps"]:
                 self.state["stop"] = True
