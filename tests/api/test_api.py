@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.conf import settings
 
 from artifacts.models import Artifact, ArtifactSource
-from artifacts.store import BlobStore
+from artifacts.store import BlobStore, default_store
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 from tests.api.conftest import first_step_done, new_task, run
 from tests.support.plans import CLOSES_CHART_PLAN as PLAN
@@ -269,7 +268,7 @@ def test_an_agent_completes_a_step_it_did_itself_and_a_second_send_changes_nothi
     assert answer["task"]["steps_done"] == 1
     assert answer["task"]["lease_owner"] == ""  # held only during the call
     output = Artifact.objects.get(pk=answer["step"]["output"]["id"])
-    assert BlobStore(settings.BLOB_DIR).get(output.sha256) == body["content"].encode()
+    assert default_store().get(output.sha256) == body["content"].encode()
     kinds = list(
         Event.objects.filter(step_id=steps[0].pk)
         .order_by("seq")
