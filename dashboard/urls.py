@@ -15,6 +15,13 @@ urlpatterns = [
         name="conversation_delete",
     ),
     path("tasks/<int:pk>/", views.task_detail, name="task"),
+    # A message's link to a decision card: survives a login on the way, which
+    # would lose the card's #attention-N (a fragment never reaches the server).
+    path(
+        "tasks/<int:pk>/decide/<int:position>/",
+        views.task_decide,
+        name="task_decide",
+    ),
     path(
         "tasks/<int:pk>/resume-context/",
         views.task_resume_context,

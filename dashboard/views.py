@@ -101,6 +101,7 @@ MSG_TASK_MOVED_ON = (
     "window. The page shows where it stands."
 )
 MSG_DEMO_STARTED = "Started a fresh demo task: watch it advance."
+MSG_NO_LONGER_WAITS = "Step {position} no longer waits for you: it is {status} now."
 MSG_BAD_SINCE = (
     "“since” is the last event number the page showed: a whole number from 0 "
     "to {last_seq} for this task."
@@ -335,7 +336,14 @@ def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpRe
         step_page, rows, clock = task_timeline(task=task, page=request.GET.get("page"))
         context.update(step_page=step_page, rows=rows, clock=clock)
         context.update(_status_context(task, rows))
-        context["decisions"] = [row for row in rows if row.advice]
+        # A card for each step that waits for a decision, and for each one a
+        # person stopped ("Stop here": it waits for nobody, but its other
+        # ways forward stay offered).
+        context["cards"] = [row for row in rows if row.advice]
+        context["decisions"] = [r for r in context["cards"] if not r.step.stopped]
+        context["stopped"] = next(
+            (r.step for r in context["cards"] if r.step.stopped), None
+        )
         if task.status == Task.Status.DONE:
             # Result first: the last output the finished task made, drawn large.
             final = next((row for row in reversed(rows) if row.step.output_id), None)
@@ -433,9 +441,34 @@ def _live_update(request: HttpRequest, task: Task, since: int) -> HttpResponse:
         rows=rows,
         clock=clock,
         decisions=[],
+        cards=[],
         next_decision=next_decision_for_user(user=request.user, after=task),
     )
     return render(request, "dashboard/task_detail.html#live-update", context)
+
+
+@require_GET
+@dashboard_login_required
+def task_decide(request: HttpRequest, pk: int, position: int) -> HttpResponse:
+    """Open the decision card of step ``position`` (a message's link).
+
+    The link names the card in its path, so it survives the login page on
+    the way (a ``#attention-N`` would be lost through ``?next=``); the answer
+    is the task page at the card. A step that no longer waits (decided
+    meanwhile) opens at its row, saying so.
+    """
+    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
+    step = Step.objects.filter(task=task, position=position).first()
+    if step is None:
+        raise Http404("no such step")
+    has_card = step.stopped or Step.objects.filter(pk=step.pk).needs_you().exists()
+    if has_card and task.status != Task.Status.CANCELLED:
+        return redirect(f"{task.get_absolute_url()}#attention-{position}")
+    messages.info(
+        request,
+        MSG_NO_LONGER_WAITS.format(position=position, status=step.get_status_display()),
+    )
+    return redirect(f"{task.get_absolute_url()}#step-{position}")
 
 
 @require_GET

@@ -32,6 +32,8 @@ class NotifySettings(models.Model):
     # One e-mail address or Apprise URL a line, checked with Apprise at the door.
     addresses = models.TextField(blank=True, default="")
     updated_at = models.DateTimeField(default=timezone.now)
+    # When the person last pressed "Send a test message" (one at a time).
+    test_sent_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return (

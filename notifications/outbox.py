@@ -31,26 +31,32 @@ from __future__ import annotations
 import contextvars
 import logging
 import re
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from urllib.parse import quote, urlsplit
 
 from django.conf import settings
+from django.core import signing
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Max, Q
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
 from notifications.models import Notice, NotifySettings
+from notifications.safety import AddressRefused, guarded, url_check
 from pippa_site import metrics
 from pippa_site.errors import Invalid
 from pippa_site.text import text_refused
 from tasks import hooks
+from tasks.actions import step_decision
 from tasks.crashpoints import crashpoint
 from tasks.faults import backoff_delay
 from tasks.models import Conversation, Step, Task
+from tasks.words import error_words
 
 log = logging.getLogger("pippa.notify")
 
@@ -87,7 +93,7 @@ ERR_SITE_URL_BAD = (
 )
 ERR_SITE_URL_UNUSED = (
     "PIPPA_NOTIFY_URLS entry {n} ({scheme}://…) is not a mail server and is not used:"
-    " other channels are each person's own address on Settings → Notifications"
+    " other channels are each person's own address on the Notifications page"
 )
 ERR_BAD_URL = (
     "Apprise does not know how to send to “{address}”: check the URL against "
@@ -210,8 +216,30 @@ def notify_settings_save(*, user, enabled: bool, addresses: str) -> NotifySettin
     return row
 
 
-def notify_address_check(address: str) -> str:
-    """Return the Apprise URL an address is sent through; raise ``NotifyError``."""
+@dataclass(frozen=True)
+class Target:
+    """Where one of a person's addresses sends, as ``notify_address_check`` found it."""
+
+    address: str  # as the person wrote it
+    url: str  # the Apprise URL it is sent through
+    # An e-mail: an HTML part and a text part, and a one-click unsubscribe.
+    mail: bool
+    # Through the site's own mail server (the operator's, often on this
+    # machine): not held to the rules of a person's own URL.
+    trusted: bool
+
+    @property
+    def scheme(self) -> str:
+        return urlsplit(self.url).scheme.lower()
+
+
+def notify_address_check(address: str) -> Target:
+    """Return where an address is sent through; raise ``NotifyError`` saying why not.
+
+    An e-mail address goes through the site's mail server. Anything else is
+    a person's own Apprise URL, held to ``notifications.safety``'s rules: a
+    channel meant for a person, no overrides, a public host (resolved now).
+    """
     if len(address) > MAX_ADDRESS_CHARS:
         raise NotifyError(ERR_TOO_LONG)
     if text_refused(address):
@@ -228,11 +256,22 @@ def notify_address_check(address: str) -> str:
         if _apprise().Apprise.instantiate(server) is None:
             raise NotifyError(ERR_MAIL_SERVER_BAD)
         url = _with_query(server, "to", address)
-    else:
-        url = address
-    if _apprise().Apprise.instantiate(url) is None:
+        if _apprise().Apprise.instantiate(url) is None:
+            raise NotifyError(ERR_BAD_URL.format(address=shown))
+        return Target(address=address, url=url, mail=True, trusted=True)
+    plugin = _apprise().Apprise.instantiate(address)
+    if plugin is None:
         raise NotifyError(ERR_BAD_URL.format(address=shown))
-    return url
+    try:
+        url_check(address, plugin, address=shown)
+    except AddressRefused as exc:
+        raise NotifyError(str(exc)) from None
+    return Target(
+        address=address,
+        url=address,
+        mail=type(plugin).__name__ == "NotifyEmail",
+        trusted=False,
+    )
 
 
 def mail_server_url() -> str:
@@ -370,18 +409,49 @@ def _claim(owner_id: int, worker_id: str) -> list[int]:
 
 @dataclass
 class _Item:
+    """One decision in a message: which step, and why it waits, in Dad's words."""
+
     notice_id: int
     task_id: int
     task_title: str
     position: int
     step_title: str
-    reason: str
-    error: str
+    reason: str  # the step's waiting status
+    attempts: int
+    why: str  # in Dad's words, never an exception's name
 
     @property
     def link(self) -> str:
-        path = reverse("dashboard:task", args=[self.task_id])
-        return f"{settings.PIPPA_SITE_URL}{path}#attention-{self.position}"
+        """The decision card: a short address that survives a login on the way
+        (``dashboard:task_decide`` answers with the card's ``#attention-N``)."""
+        path = reverse("dashboard:task_decide", args=[self.task_id, self.position])
+        return f"{settings.PIPPA_SITE_URL}{path}"
+
+    @property
+    def what(self) -> str:
+        if self.reason == Step.Status.NEEDS_REVIEW:
+            return "was set aside for you"
+        if self.attempts > 1:
+            return f"failed after {self.attempts} attempts"
+        return "failed"
+
+    @property
+    def task_line(self) -> str:
+        return _line(self.task_title)
+
+    @property
+    def step_line(self) -> str:
+        return _line(self.step_title)
+
+
+def _why(step: Step, task: Task) -> str:
+    """Why ``step`` waits, in Dad's words: what went wrong and what Pippa would
+    do (the decision card's own sentences); the exception stays on the page's
+    engineer's fold."""
+    if step.status == Step.Status.FAILED:
+        return _line(error_words(step.error), 300)
+    decision = step_decision(step=step, task=task)
+    return _line(decision.plain_words, 300) if decision is not None else ""
 
 
 def _send_claimed(owner_id: int, ids: list[int], worker_id: str, report) -> None:
@@ -402,7 +472,7 @@ def _send_claimed(owner_id: int, ids: list[int], worker_id: str, report) -> None
             drops.setdefault(DROPPED_OFF, []).append(notice.pk)
         elif task.status == Task.Status.CANCELLED:
             drops.setdefault(DROPPED_GONE, []).append(notice.pk)
-        elif step.status not in WAITING:
+        elif step.status not in WAITING or step.stopped:
             drops.setdefault(DROPPED_DECIDED, []).append(notice.pk)
         else:
             live.append(
@@ -413,7 +483,8 @@ def _send_claimed(owner_id: int, ids: list[int], worker_id: str, report) -> None
                     position=step.position,
                     step_title=step.title,
                     reason=step.status,
-                    error=step.error,
+                    attempts=step.attempts,
+                    why=_why(step, task),
                 )
             )
     for note, dropped in drops.items():
@@ -423,8 +494,8 @@ def _send_claimed(owner_id: int, ids: list[int], worker_id: str, report) -> None
         report.dropped += len(dropped)
     if not live:
         return
-    title, body = message_text(live)
-    error = _send(prefs.address_list, title, body, message_id=message_id)
+    message = message_compose(live, owner_id=owner_id)
+    error = _send(prefs.address_list, message, message_id=message_id)
     crashpoint("after_notify_sent")
     live_ids = [item.notice_id for item in live]
     if error is None:
@@ -471,57 +542,160 @@ def _line(text: str, limit: int = 200) -> str:
     return _CONTROL.sub(" ", text)[:limit].strip()
 
 
-def message_text(items: list[_Item]) -> tuple[str, str]:
-    """The title and body of one message about ``items`` (plain text, links whole)."""
+@dataclass(frozen=True)
+class Message:
+    """One message, as every channel gets it: a title, a text with line
+    breaks, and for e-mail an HTML part (one paragraph a decision, a
+    button-like link to each card) and the one-click "Turn these off"."""
+
+    title: str
+    text: str
+    html: str
+    unsubscribe: str = ""
+
+
+def message_compose(items: list[_Item], *, owner_id: int) -> Message:
+    """The message about ``items`` for their owner (templates
+    ``notifications/message.txt`` and ``message.html``)."""
     if len(items) == 1:
         item = items[0]
-        title = (
-            f"Pippa: step {item.position} of “{_line(item.task_title)}” waits for you"
-        )
+        title = f"Pippa: step {item.position} of “{item.task_line}” waits for you"
     else:
         title = f"Pippa: {len(items)} decisions wait for you"
-    lines = []
-    for item in items:
-        what = (
-            "was set aside for you"
-            if item.reason == Step.Status.NEEDS_REVIEW
-            else "failed and waits for your decision"
+    context = {
+        "items": items,
+        "title": title,
+        "unsubscribe": notify_unsubscribe_url(owner_id),
+        "settings_url": f"{settings.PIPPA_SITE_URL}{reverse('notify_settings')}",
+    }
+    return Message(
+        title=title,
+        text=render_to_string("notifications/message.txt", context).strip() + "\n",
+        html=render_to_string("notifications/message.html", context),
+        unsubscribe=context["unsubscribe"],
+    )
+
+
+# -- turning messages off from the message itself ----------------------------------
+
+UNSUBSCRIBE_SALT = "pippa.notifications.unsubscribe"
+
+
+def notify_unsubscribe_token(user_id: int) -> str:
+    """A signed token that turns off one person's messages: it names them, so
+    it works without a login and for nobody else."""
+    return signing.dumps({"u": int(user_id)}, salt=UNSUBSCRIBE_SALT, compress=True)
+
+
+def notify_unsubscribe_url(user_id: int) -> str:
+    path = reverse("notify_off", args=[notify_unsubscribe_token(user_id)])
+    return f"{settings.PIPPA_SITE_URL}{path}"
+
+
+def notify_unsubscribe_user(token: str) -> int | None:
+    """The user a token names, or None for a token this site did not sign."""
+    try:
+        data = signing.loads(token, salt=UNSUBSCRIBE_SALT)
+    except signing.BadSignature:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("u"), int):
+        return None
+    return data["u"]
+
+
+@transaction.atomic
+def notify_turn_off(*, user_id: int) -> bool:
+    """Turn a person's messages off (their addresses stay, for turning them on
+    again); what waited to be sent is dropped when its turn comes. Return
+    whether they were on."""
+    return bool(
+        NotifySettings.objects.filter(user_id=user_id, enabled=True).update(
+            enabled=False, updated_at=timezone.now()
         )
-        lines.append(
-            f"“{_line(item.task_title)}”, step {item.position}"
-            f" “{_line(item.step_title)}” {what}."
-        )
-        if item.error:
-            lines.append(f"Why: {_line(item.error, 300)}")
-        lines.append(f"Decide: {item.link}")
-        lines.append("")
-    lines.append("You get this because notifications are on in your Pippa settings.")
-    return title, "\n".join(lines)
+    )
+
+
+# -- a test message --------------------------------------------------------------------
+
+ERR_TEST_TOO_SOON = "a test message went out {ago} s ago: wait {wait} s before the next"
+ERR_TEST_NOTHING = "give an address to send a test message to"
+
+
+def notify_test_send(*, user, addresses: str) -> str | None:
+    """Send a test message to ``addresses`` (checked like a save, not saved).
+
+    Return None when every address took it, else why not, in words. At most
+    one test a person every ``PIPPA_NOTIFY_TEST_SECONDS`` (the button must not
+    be a way to flood someone's inbox). Raise ``NotifyError`` for an address
+    that cannot be used.
+    """
+    lines = [line.strip() for line in str(addresses).splitlines() if line.strip()]
+    if not lines:
+        raise NotifyError(ERR_TEST_NOTHING)
+    if len(lines) > MAX_ADDRESSES:
+        raise NotifyError(ERR_TOO_MANY)
+    for line in lines:
+        notify_address_check(line)
+    now = timezone.now()
+    with transaction.atomic():
+        row, _ = NotifySettings.objects.select_for_update().get_or_create(user=user)
+        since = (now - row.test_sent_at).total_seconds() if row.test_sent_at else None
+        limit = settings.PIPPA_NOTIFY_TEST_SECONDS
+        if since is not None and 0 <= since < limit:
+            raise NotifyError(
+                ERR_TEST_TOO_SOON.format(ago=int(since), wait=int(limit - since) + 1)
+            )
+        NotifySettings.objects.filter(pk=row.pk).update(test_sent_at=now)
+    context = {
+        "settings_url": f"{settings.PIPPA_SITE_URL}{reverse('notify_settings')}",
+        "unsubscribe": notify_unsubscribe_url(user.pk),
+        "test": True,
+    }
+    message = Message(
+        title="Pippa: a test message",
+        text=render_to_string("notifications/message.txt", context).strip() + "\n",
+        html=render_to_string("notifications/message.html", context),
+        unsubscribe=context["unsubscribe"],
+    )
+    return _send(lines, message, message_id=None)
 
 
 # -- Apprise ------------------------------------------------------------------------
 
-# The Message-ID the e-mail plugin gives the message being sent now: Apprise
-# writes its own (``make_msgid``) after any custom header, so a header of ours
-# would make two. ``_msgid`` answers with ours while one is set.
+# What the e-mail plugin sends while a message of ours goes out: its
+# Message-ID (Apprise writes its own with ``make_msgid`` after any custom
+# header, so a header of ours would make two) and the text part (Apprise makes
+# one from the HTML part, and drops its links). ``_patch_email`` has the
+# plugin ask these first.
 _message_id: contextvars.ContextVar[str] = contextvars.ContextVar(
     "pippa_notify_message_id", default=""
+)
+_text_part: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "pippa_notify_text_part", default=""
 )
 _patched = False
 
 
-def _patch_msgid() -> None:
+def _patch_email() -> None:
     global _patched
     if _patched:
         return
     from apprise.plugins.email import base as email_base
 
-    original = email_base.make_msgid
+    make_msgid = email_base.make_msgid
+    convert_between = email_base.convert_between
 
     def _msgid(*args, **kwargs) -> str:
-        return _message_id.get() or original(*args, **kwargs)
+        return _message_id.get() or make_msgid(*args, **kwargs)
+
+    def _convert(source, target, content, *args, **kwargs):
+        text = _text_part.get()
+        if text and target == "text":
+            return text
+        return convert_between(source, target, content, *args, **kwargs)
 
     email_base.make_msgid = _msgid
+    email_base.convert_between = _convert
     _patched = True
 
 
@@ -533,33 +707,73 @@ def message_id_header(message_id: int) -> str:
 
 
 def _send(
-    addresses: list[str], title: str, body: str, *, message_id: int
+    addresses: list[str], message: Message, *, message_id: int | None
 ) -> str | None:
-    """Send through Apprise to every address; None when all took it, else why not."""
-    apprise = _apprise()
+    """Send ``message`` to every address; None when all took it, else why not.
+
+    Each address is checked again first (its host resolved again), and a
+    person's own URL is sent inside ``notifications.safety.guarded``, which
+    refuses any connection to an address that is not public, whatever its
+    name resolved to a moment before. Every address is tried; one failure
+    makes the whole message be tried again later, under the same id.
+    """
     try:
-        _patch_msgid()
+        _patch_email()
     except (ImportError, AttributeError):  # another Apprise: its own Message-ID
-        log.warning("this Apprise's e-mail plugin cannot take a stable Message-ID")
-    header = message_id_header(message_id)
-    sender = apprise.Apprise(asset=apprise.AppriseAsset(async_mode=False))
+        log.warning("this Apprise's e-mail plugin cannot take our Message-ID")
+    header = message_id_header(message_id) if message_id is not None else ""
+    errors = []
     for address in addresses:
         try:
-            url = notify_address_check(address)
+            target = notify_address_check(address)
         except NotifyError as exc:
-            return str(exc)
-        if urlsplit(url).scheme.lower() in HEADER_SCHEMES:
-            url = _with_query(url, f"+{HEADER_MESSAGE_ID}", header)
-        if not sender.add(url):
-            return ERR_BAD_URL.format(address=address[:80])
-    token = _message_id.set(header)
+            errors.append(str(exc))
+            continue
+        error = _send_one(target, message, header)
+        if error is not None:
+            errors.append(error)
+    if not errors:
+        return None
+    if len(addresses) > 1:
+        return f"{len(errors)} of {len(addresses)} addresses failed: {errors[0]}"[:300]
+    return errors[0][:300]
+
+
+def _send_one(target: Target, message: Message, header: str) -> str | None:
+    apprise = _apprise()
+    asset = apprise.AppriseAsset(async_mode=False)
+    plugin = apprise.Apprise.instantiate(target.url, asset=asset)
+    if plugin is None:
+        return ERR_BAD_URL.format(address=target.address[:80])
+    headers = getattr(plugin, "headers", None)
+    if isinstance(headers, dict):
+        if header and target.scheme in HEADER_SCHEMES:
+            headers[HEADER_MESSAGE_ID] = header
+        if target.mail and message.unsubscribe:
+            # RFC 2369 and RFC 8058: the mail client's own "Unsubscribe", one click.
+            headers["List-Unsubscribe"] = f"<{message.unsubscribe}>"
+            headers["List-Unsubscribe-Post"] = "List-Unsubscribe=One-Click"
+    sender = apprise.Apprise(asset=asset)
+    sender.add(plugin)
+    if target.mail:
+        body, body_format = message.html, apprise.NotifyFormat.HTML
+    else:
+        body, body_format = message.text, apprise.NotifyFormat.TEXT
+    tokens = [(_message_id, _message_id.set(header if target.mail else ""))]
+    tokens.append((_text_part, _text_part.set(message.text if target.mail else "")))
+    refused: list[str] = []
     try:
-        result = sender.notify(title=title, body=body)
+        with nullcontext() if target.trusted else guarded(refused):
+            result = sender.notify(
+                title=message.title, body=body, body_format=body_format
+            )
     except Exception as exc:  # noqa: BLE001 - a plugin's crash is a failed send
-        return f"{type(exc).__name__}: {exc}"[:300]
+        return refused[0] if refused else f"{type(exc).__name__}: {exc}"[:300]
     finally:
-        _message_id.reset(token)
+        for var, token in reversed(tokens):
+            var.reset(token)
     if result:
         return None
-    failed = getattr(result, "failed_count", 0)
-    return f"the receiver refused the message ({failed} of {len(addresses)} failed)"
+    if refused:
+        return f"“{target.address[:80]}”: {refused[0]}"
+    return f"“{target.address[:80]}” refused the message"

@@ -7,6 +7,7 @@ docs/configuration.md lists the variables.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import secrets
@@ -412,6 +413,18 @@ PIPPA_NOTIFY_RETRY_BASE_SECONDS = env_float("PIPPA_NOTIFY_RETRY_BASE_SECONDS", 3
 PIPPA_NOTIFY_RETRY_MAX_SECONDS = env_float("PIPPA_NOTIFY_RETRY_MAX_SECONDS", 3600.0)
 # A worker's claim on a message while it sends; a dead worker's runs out.
 PIPPA_NOTIFY_CLAIM_SECONDS = env_int("PIPPA_NOTIFY_CLAIM_SECONDS", 120)
+# A person's own addresses reach public hosts only, through channels meant for
+# people (notifications.safety). The operator may allow more Apprise schemes
+# (e.g. "json" for a webhook) and networks that are not public (e.g. a
+# household's "192.168.1.0/24"); cloud metadata addresses stay refused.
+PIPPA_NOTIFY_ALLOW_SCHEMES = env_list("PIPPA_NOTIFY_ALLOW_SCHEMES")
+# A network that cannot be read stops the site at start, not a send later.
+PIPPA_NOTIFY_ALLOW_NETWORKS = [
+    str(ipaddress.ip_network(net, strict=False))
+    for net in env_list("PIPPA_NOTIFY_ALLOW_NETWORKS")
+]
+# A person's "Send a test message" button: at most one message this often.
+PIPPA_NOTIFY_TEST_SECONDS = env_int("PIPPA_NOTIFY_TEST_SECONDS", 30)
 
 LOGGING = {
     "version": 1,

@@ -254,6 +254,7 @@ def step_retry(*, step: Step, actor: str = "") -> Step:
     entries: list = _release_dead(task, actor)
     Step.objects.filter(pk=current.pk).update(
         status=Step.Status.PENDING,
+        stopped=False,
         attempts=0,
         generation=current.generation + 1,
         next_attempt_at=None,
@@ -493,6 +494,7 @@ def _resolve_locked(*, step: Step, action: str, actor: str):
             attempts=min(current.attempts, current.max_attempts - 1),
             next_attempt_at=None,
             error="",
+            stopped=False,
         )
         entries.append(note)
     else:  # fail or skip: the step ends here, with its own event
@@ -501,8 +503,10 @@ def _resolve_locked(*, step: Step, action: str, actor: str):
             "skip": (Step.Status.SKIPPED, Event.Kind.STEP_SKIPPED),
         }
         status, kind = ending[action]
+        # A step a person stopped waits for nobody (needs_you_sql) but keeps
+        # its other ways forward.
         Step.objects.filter(pk=current.pk).update(
-            status=status, finished_at=timezone.now()
+            status=status, finished_at=timezone.now(), stopped=action == "fail"
         )
         entries += [note, (kind, current.pk, {"actor": actor})]
     _settle(task, entries, actor=actor, resume=True)

@@ -299,7 +299,8 @@ def needs_you_sql() -> tuple[str, tuple]:
     envelope) in a task no worker will pick up by itself (paused, or stopped)
     once no worker holds the task's lease: while it is live the call is still
     in flight ("Pausing"), and the worker may yet finish it. A cancelled task
-    asks nothing of anyone.
+    asks nothing of anyone, nor does a step a person stopped ("Stop here":
+    ``Step.stopped``).
 
     ``needs_you_q`` wraps it for the ORM (every count, list and filter); a
     hot read may name it in a statement of its own
@@ -316,7 +317,7 @@ def needs_you_sql() -> tuple[str, tuple]:
         f"SELECT s.id FROM {Step._meta.db_table} s"
         f" JOIN {Task._meta.db_table} t ON t.id = s.task_id"
         f" WHERE s.status IN {S.sql_list(S.attention())}"
-        f" AND t.status <> '{T.CANCELLED.value}'"
+        f" AND t.status <> '{T.CANCELLED.value}' AND NOT s.stopped"
         f" AND (s.status <> '{S.RUNNING.value}'"
         f" OR (t.status IN {S.sql_list(TASK_STOPPED)} AND {LEASE_DEAD}))"
     )
@@ -393,6 +394,10 @@ class Step(models.Model):
         related_name="output_of",
     )
     error = models.TextField(blank=True, default="")
+    # A person chose "Stop here": the step failed by their decision, so it
+    # waits for nobody (``needs_you_sql``), though its other ways forward stay
+    # offered. Cleared by any later decision on it.
+    stopped = models.BooleanField(default=False, db_default=False)
     # After a tool failure: no attempt before this time (the back-off).
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)

@@ -7,6 +7,7 @@ here, so a wording is changed once.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 from django.utils import timezone
@@ -184,3 +185,52 @@ def relative_text(value: datetime, now: datetime | None = None) -> str:
     else:
         return date_format(timezone.localtime(value), "j M Y")
     return f"in {text}" if ahead else f"{text} ago"
+
+
+# What went wrong, when all a step kept is an exception: its class, in words.
+ERROR_CLASS_WORDS = {
+    "ConnectionError": "the service could not be reached",
+    "ConnectionRefusedError": "the service could not be reached",
+    "ConnectionResetError": "the connection to the service broke off",
+    "ConnectionAbortedError": "the connection to the service broke off",
+    "TimeoutError": "the service took too long to answer",
+    "Timeout": "the service took too long to answer",
+    "PermissionError": "Pippa was not allowed to do it",
+    "FileNotFoundError": "a file it needed was not there",
+    "MemoryError": "the computer ran out of memory",
+}
+ERROR_UNKNOWN_WORDS = "it stopped with an error (the details are for an engineer)"
+_EXCEPTION = re.compile(
+    r"^\s*(?:[A-Za-z_]\w*\.)*"
+    r"([A-Z]\w*(?:Error|Exception|Timeout|Exit|Interrupt|Refused|Failure|Fault))"
+    r"\s*(?::\s*(.*))?$",
+    re.DOTALL,
+)
+
+
+def error_words(error: str) -> str:
+    """What went wrong, in Dad's words: an error's own sentence without the
+    exception's name ("ConnectionError: the service is down" → "the service
+    is down"), or the class in words when its message is an engineer's
+    (a key, a repr, a traceback). The full text stays in the engineer's fold.
+    """
+    text = " ".join(str(error or "").split())
+    if not text:
+        return ""
+    match = _EXCEPTION.match(text)
+    if match is None:
+        return text if _plain(text) else ERROR_UNKNOWN_WORDS
+    name, message = match.group(1), (match.group(2) or "").strip()
+    if message and _plain(message):
+        return message
+    return ERROR_CLASS_WORDS.get(name, ERROR_UNKNOWN_WORDS)
+
+
+def _plain(text: str) -> bool:
+    """A sentence a person can read: words, no code, no traceback."""
+    return (
+        " " in text
+        and not any(mark in text for mark in ("{", "}", "Traceback", "<", ">", "\\"))
+        and _EXCEPTION.search(text) is None
+        and re.search(r"\b[A-Z][a-z]+[A-Z]\w*(?:Error|Exception)\b", text) is None
+    )

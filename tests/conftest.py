@@ -146,6 +146,40 @@ def _isolated_blobs(settings, tmp_path):
     return settings.BLOB_DIR
 
 
+class StubResolver:
+    """Names resolved by a table, never by the network: a notification
+    address's host is looked up here (``notifications.safety.resolve``), so a
+    test can have a public name, a private one, or one that changes what it
+    resolves to, without a packet leaving the machine. An unknown name does
+    not resolve."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, list[str]] = {
+            "localhost": ["127.0.0.1"],
+            # Public names the tests save (documentation's own addresses
+            # would be refused as not public, so these are plain strings).
+            "ntfy.sh": ["159.203.148.75"],
+            "smtp.example.org": ["93.184.215.14"],
+            "matrix.example.org": ["93.184.215.14"],
+        }
+        self.asked: list[str] = []
+
+    def __call__(self, host: str) -> list[str]:
+        self.asked.append(host)
+        found = self.names.get(host.lower().rstrip("."))
+        if found is None:
+            raise OSError(f"stub resolver: {host} is unknown")
+        return list(found)
+
+
+@pytest.fixture(autouse=True)
+def resolver(monkeypatch) -> StubResolver:
+    """Every test resolves notification hosts through ``StubResolver``."""
+    stub = StubResolver()
+    monkeypatch.setattr("notifications.safety.resolve", stub)
+    return stub
+
+
 @pytest.fixture
 def blob_store(settings) -> FolderStore:
     return FolderStore(settings.BLOB_DIR)

@@ -75,3 +75,10 @@ def pretty_json(value: object) -> str:
 @register.filter
 def attempt_words(outcome: str) -> str:
     return words.ATTEMPT_WORDS.get(str(outcome), str(outcome))
+
+
+@register.filter
+def error_words(error: str) -> str:
+    """What went wrong, in Dad's words (``tasks.words.error_words``): no
+    exception's name; the full error stays in the engineer's fold."""
+    return words.error_words(str(error or ""))

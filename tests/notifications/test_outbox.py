@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from urllib.parse import quote
 
 import pytest
 from django.db import transaction
@@ -44,6 +45,7 @@ from tests.support.leftovers import assert_no_leftovers, subtree_snapshot
 from tests.support.receivers import HttpSink, SmtpSink
 
 LINK = re.compile(r"https?://\S+")
+DECIDE = re.compile(r"https?://\S+/decide/\d+/")
 
 
 @pytest.fixture
@@ -66,7 +68,11 @@ def smtp(settings, mail_server):
 
 @pytest.fixture
 def http_sink(settings):
+    """A webhook receiver on this machine: a person's json:// address, which
+    the operator's settings allow here (that scheme, loopback only)."""
     sink = HttpSink().start()
+    settings.PIPPA_NOTIFY_ALLOW_SCHEMES = ["json"]
+    settings.PIPPA_NOTIFY_ALLOW_NETWORKS = ["127.0.0.1/32"]
     settings.PIPPA_NOTIFY_DELAY_SECONDS = 0
     settings.PIPPA_SITE_URL = "http://testserver"
     yield sink
@@ -123,16 +129,30 @@ def test_a_step_set_aside_after_a_kill_emails_its_owner_once_with_a_working_link
     notice = Notice.objects.get()
     assert (notice.owner, notice.state) == (dad, Notice.State.SENT)
     assert mail.headers("Message-ID") == [message_id_header(notice.message_id)]
-    [link] = LINK.findall(mail.body)
-    assert link.startswith("http://testserver/")
-    path, _, anchor = link.removeprefix("http://testserver").partition("#")
-    assert path == f"/tasks/{task.pk}/"
+    decide = f"http://testserver/tasks/{task.pk}/decide/1/"
+    # A text part with line breaks, the reason in his words, the link whole.
+    text = mail.part("plain")
+    assert f"   Decide: {decide}" in text.splitlines()
+    assert "Pippa cannot tell whether it went out" in text
+    assert not re.search(r"\w+Error\b", text)
+    # An HTML part: one paragraph a decision, a button-like link to its card.
+    [paragraph] = re.findall(r'<p class="decision".*?</p>', mail.part("html"), re.S)
+    assert f'<a href="{decide}"' in paragraph
+    assert "Decide step 1" in paragraph
+    # The link opens the card after a login on the way.
+    assert LINK.findall(text)[0] == decide
+    path = decide.removeprefix("http://testserver")
+    to_login = client.get(path)
+    assert to_login.status_code == 302
+    assert to_login["Location"] == f"/login/?next={quote(path, safe='/')}"
     client.force_login(dad)
-    page = client.get(path)
-    assert page.status_code == 200
-    assert f'id="{anchor}"'.encode() in page.content
+    opened = client.get(path)
+    assert opened["Location"] == f"/tasks/{task.pk}/#attention-1"
+    page = client.get(f"/tasks/{task.pk}/")
+    assert b'id="attention-1"' in page.content
     client.force_login(mum)
     assert client.get(path).status_code == 404
+    assert client.get(f"/tasks/{task.pk}/").status_code == 404
 
 
 @pytest.mark.django_db
@@ -194,7 +214,12 @@ def test_a_step_out_of_attempts_tells_its_owner_too(
 
     assert notify_deliver(worker_id="worker:mail").messages == 1
     [mail] = smtp.to("dad@example.org")
-    assert "failed and waits for your decision" in mail.body
+    text = mail.part("plain")
+    # What went wrong, in his words: the error's sentence, not its class.
+    assert "“Flaky fetch”, step 1 “fetch” failed after 3 attempts." in text
+    assert "   flaky failure on attempt 3" in text.splitlines()
+    assert "ConnectionError" not in text
+    assert "ConnectionError" not in mail.part("html")
 
 
 @pytest.mark.slow
@@ -217,9 +242,10 @@ def test_several_decisions_within_the_window_become_one_message(
     assert (report.messages, report.notices) == (1, 3)
     [mail] = smtp.mails
     assert "3 decisions wait for you" in mail.message["Subject"]
-    assert len(LINK.findall(mail.body)) == 3
+    assert len(DECIDE.findall(mail.body)) == 3
     for task in tasks:
-        assert f"/tasks/{task.pk}/#attention-1" in mail.body
+        assert f"/tasks/{task.pk}/decide/1/" in mail.body
+    assert len(re.findall(r'<p class="decision"', mail.part("html"))) == 3
 
     # A fourth one inside the window waits for the window to close ...
     fourth = effect_set_aside(make_conversation, dad, "Invoice 4")
@@ -236,7 +262,7 @@ def test_several_decisions_within_the_window_become_one_message(
     Notice.objects.filter(state=Notice.State.PENDING).update(due_at=timezone.now())
     assert notify_deliver(worker_id="worker:mail").messages == 1
     assert len(smtp.mails) == 2
-    assert f"/tasks/{fourth.pk}/" in smtp.mails[1].body
+    assert f"/tasks/{fourth.pk}/decide/1/" in smtp.mails[1].body
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ from tests.support.workers import tools_env, worker_argv
 
 pytestmark = pytest.mark.slow
 
-LINK = re.compile(r"http://testserver(/\S+)")
+DECIDE = re.compile(r"http://testserver(/tasks/\d+/decide/\d+/)")
 
 
 @pytest.fixture
@@ -109,13 +109,15 @@ def test_a_step_left_by_a_killed_worker_reaches_its_owner_once_even_when_the_sen
     assert Notice.objects.get().state == Notice.State.SENT
 
     # The link opens Dad's decision card, and nobody else's page.
-    [path] = set(LINK.findall(first.body))
-    page_path, _, anchor = path.partition("#")
+    [path] = set(DECIDE.findall(first.body))
     client.force_login(dad)
+    card = client.get(path)
+    page_path, _, anchor = card["Location"].partition("#")
     page = client.get(page_path)
     assert page.status_code == 200
     assert f'id="{anchor}"'.encode() in page.content
     client.force_login(mum)
+    assert client.get(path).status_code == 404
     assert client.get(page_path).status_code == 404
 
     # 4. Dad decides; nothing more goes out, to anyone.

@@ -34,6 +34,13 @@ class Mail:
         part = self.message.get_body(preferencelist=("plain", "html"))
         return part.get_content() if part is not None else ""
 
+    def part(self, subtype: str) -> str:
+        """The message's ``plain`` or ``html`` part ("" when it has none)."""
+        part = self.message.get_body(preferencelist=(subtype,))
+        if part is None or part.get_content_subtype() != subtype:
+            return ""
+        return part.get_content()
+
     def headers(self, name: str) -> list[str]:
         return [str(v) for v in self.message.get_all(name, [])]
 
