@@ -719,10 +719,18 @@ class ParticipantOut(Schema):
     position: int
 
 
+class OutcomeOut(Schema):
+    text: str
+    by: str
+    at: str
+
+
 class RoundOut(Schema):
     id: int
     number: int
     topic: str
+    # What the round concluded (council.services.round_conclude); null while open.
+    outcome: OutcomeOut | None
     participants: list[ParticipantOut]
 
 

@@ -73,8 +73,25 @@ class CouncilRoundAdmin(CleanTitlesMixin, NoAddDeleteMixin, admin.ModelAdmin):
     list_select_related = ["conversation"]
     list_filter = ["participants__brain", "created_at"]
     search_fields = ["topic", "conversation__title"]
-    fields = ["conversation", "number", "topic", "created_at"]
-    readonly_fields = ["conversation", "number", "created_at"]
+    # The outcome is written through council.services.round_conclude (the
+    # round's page, MCP): shown here, not edited.
+    fields = [
+        "conversation",
+        "number",
+        "topic",
+        "created_at",
+        "outcome",
+        "concluded_by",
+        "concluded_at",
+    ]
+    readonly_fields = [
+        "conversation",
+        "number",
+        "created_at",
+        "outcome",
+        "concluded_by",
+        "concluded_at",
+    ]
     inlines = [ParticipantInline, TurnInline]
 
     def get_queryset(self, request):

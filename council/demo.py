@@ -13,11 +13,21 @@ from xml.sax.saxutils import escape
 from django.db import transaction
 
 from council.models import CouncilRound, Turn
-from council.services import round_start, serialize_branch_context, turn_add
+from council.services import (
+    round_conclude,
+    round_start,
+    serialize_branch_context,
+    turn_add,
+)
 from tasks.models import Brain, Conversation
 
 DEMO_TITLE = "Council: household risk review"
 DEMO_TOPIC = "Which household risks need action this quarter?"
+DEMO_OUTCOME = (
+    "Act on basement flooding first: check the sump pump and move the documents"
+    " box upstairs this month. Renew the insurance before it lapses. The boiler"
+    " waits for its autumn service."
+)
 
 # (label, likelihood 1-5, impact 1-5)
 RISKS = [
@@ -31,13 +41,20 @@ RISKS = [
 
 
 def risk_map_svg(risks: list[tuple[str, int, int]] = RISKS) -> bytes:
-    """A 5×5 likelihood/impact grid with one labelled dot per risk."""
-    cell, left, top = 80, 90, 30
+    """A 5×5 likelihood/impact grid with one numbered dot per risk, and the
+    legend under the grid in a large font: drawn narrow (480 wide), so on a
+    phone, where the picture is about 340 px wide, the legend's words are
+    still 14 px."""
+    cell, left, top = 76, 56, 16
+    grid = 5 * cell
+    legend_top = top + grid + 62
+    line = 30
+    height = legend_top + line * len(risks) + 8
     parts = [
-        '<svg xmlns="http://www.w3.org/2000/svg" width="760" height="520" '
-        'viewBox="0 0 760 520" font-family="sans-serif" font-size="12">',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="480" height="{height}" '
+        f'viewBox="0 0 480 {height}" font-family="sans-serif" font-size="20">',
         "<title>Household risk map</title>",
-        '<rect width="760" height="520" fill="#ffffff"/>',
+        f'<rect width="480" height="{height}" fill="#ffffff"/>',
     ]
     for row in range(5):
         for col in range(5):
@@ -48,26 +65,25 @@ def risk_map_svg(risks: list[tuple[str, int, int]] = RISKS) -> bytes:
                 f'height="{cell}" fill="{fill}" stroke="#ffffff" stroke-width="2"/>'
             )
     parts.append(
-        f'<text x="{left + 2.5 * cell}" y="{top + 5 * cell + 32}" text-anchor="middle" '
-        'font-size="14">Likelihood →</text>'
+        f'<text x="{left + grid / 2}" y="{top + grid + 30}" text-anchor="middle" '
+        'font-size="20">Likelihood →</text>'
     )
     parts.append(
-        f'<text x="24" y="{top + 2.5 * cell}" text-anchor="middle" font-size="14" '
-        f'transform="rotate(-90 24 {top + 2.5 * cell})">Impact →</text>'
+        f'<text x="26" y="{top + grid / 2}" text-anchor="middle" font-size="20" '
+        f'transform="rotate(-90 26 {top + grid / 2})">Impact →</text>'
     )
     for i, (_label, likelihood, impact) in enumerate(risks):
-        cx = left + (likelihood - 0.5) * cell + (i % 2) * 14 - 7
-        cy = top + (5 - impact + 0.5) * cell + (i % 3) * 10 - 10
+        cx = left + (likelihood - 0.5) * cell + (i % 2) * 18 - 9
+        cy = top + (5 - impact + 0.5) * cell + (i % 3) * 12 - 12
         parts.append(
-            f'<circle cx="{cx}" cy="{cy}" r="9" fill="#1d2330"/>'
-            f'<text x="{cx}" y="{cy + 4}" text-anchor="middle" fill="#ffffff" '
-            f'font-size="10">{i + 1}</text>'
+            f'<circle cx="{cx}" cy="{cy}" r="14" fill="#1d2330"/>'
+            f'<text x="{cx}" y="{cy + 6}" text-anchor="middle" fill="#ffffff" '
+            f'font-size="16" font-weight="bold">{i + 1}</text>'
         )
-    legend_x = left + 5 * cell + 14
-    for i, (label, _likelihood, _impact) in enumerate(risks):
+    for i, (label, likelihood, impact) in enumerate(risks):
         parts.append(
-            f'<text x="{legend_x}" y="{top + 16 + i * 20}" font-size="11">'
-            f"{i + 1}. {escape(label)}</text>"
+            f'<text x="{left - 30}" y="{legend_top + i * line}" font-size="20">'
+            f"{i + 1}. {escape(label)} (likelihood {likelihood}, impact {impact})</text>"
         )
     parts.append("</svg>")
     return "".join(parts).encode("utf-8")
@@ -109,7 +125,7 @@ def demo_round_load(*, owner) -> CouncilRound:
     2. Grace (Gemini) receives the branch context, reads the widget's ref by
        id from ``artifact_refs[]`` and cites it in her turn.
     3. Kit (Kimi) agrees, citing the same widget, so the page shows a context
-       with two earlier turns.
+       with two earlier turns, and concludes the round with its outcome.
     """
     council_round, has_turns = _demo_round_shell(owner=owner)
     if has_turns:
@@ -155,4 +171,10 @@ def demo_round_load(*, owner) -> CouncilRound:
         ),
         cites=[widget_ref["id"]],
     )
-    return council_round
+    # Kit had the last word, and sums the round up.
+    return round_conclude(
+        council_round=council_round,
+        outcome=DEMO_OUTCOME,
+        actor="participant:Kit",
+        participant=kit,
+    )

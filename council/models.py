@@ -29,6 +29,14 @@ class CouncilRound(models.Model):
     number = models.PositiveIntegerField()
     topic = models.CharField(max_length=TITLE_MAX)
     created_at = models.DateTimeField(default=timezone.now)
+    # What the round concluded, in a sentence or a few (``round_close``): the
+    # round's last speaker or its owner writes it; the page shows it first and
+    # the next rounds' participants receive it in their context. Empty while
+    # there is no conclusion yet.
+    outcome = models.TextField(blank=True, default="")
+    concluded_at = models.DateTimeField(null=True, blank=True)
+    # Who wrote it: "participant:<name>" or a person's actor ("user:dad").
+    concluded_by = models.CharField(max_length=200, blank=True, default="")
 
     objects = RoundQuerySet.as_manager()
 
@@ -38,6 +46,12 @@ class CouncilRound(models.Model):
             models.UniqueConstraint(
                 fields=["conversation", "number"], name="council_round_conv_number_uniq"
             ),
+            # A concluded round has its outcome's words; an open one has none.
+            models.CheckConstraint(
+                condition=(Q(concluded_at__isnull=True) & Q(outcome=""))
+                | (Q(concluded_at__isnull=False) & ~Q(outcome="")),
+                name="council_round_outcome_when_concluded",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -45,6 +59,10 @@ class CouncilRound(models.Model):
 
     def get_absolute_url(self) -> str:
         return reverse("council:round", args=[self.pk])
+
+    @property
+    def is_concluded(self) -> bool:
+        return self.concluded_at is not None
 
 
 class Participant(models.Model):

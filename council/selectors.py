@@ -12,7 +12,12 @@ from artifacts.models import Artifact
 from artifacts.preview import STATUS_OK, WIDGET_MEDIA_TYPES, preview_status
 from artifacts.store import BlobError, default_store
 from council.models import CouncilRound, Participant, Turn, TurnArtifact
-from council.services import brain_label, round_turns, serialize_branch_context
+from council.services import (
+    brain_label,
+    outcome_document,
+    round_turns,
+    serialize_branch_context,
+)
 
 ERR_ROUND_NOT_FOUND = "No such council round."
 ERR_TURN_NOT_FOUND = "No such turn."
@@ -118,6 +123,11 @@ class ContextView:
     segments: list[tuple[str, bool]] = field(default_factory=list)
     # Each artifact the refs name, once, with how many times it is named.
     refs: list[tuple[int, int]] = field(default_factory=list)
+    # What it held, in words: the question, each earlier turn's speaker with
+    # the titles of what it made or cited, and the earlier rounds' outcomes.
+    topic: str = ""
+    shown: list[tuple[str, list[str]]] = field(default_factory=list)
+    earlier: list[dict] = field(default_factory=list)
 
 
 REFS_KEY = '"artifact_refs"'
@@ -181,6 +191,25 @@ def turn_context_view(*, turn: Turn) -> ContextView:
     )
     view.refs = list(named.items())
     view.segments = highlight_refs(raw.decode("utf-8"))
+    view.topic = str((doc.get("round") or {}).get("topic", ""))
+    view.shown = [
+        (
+            str((earlier.get("speaker") or {}).get("name", "")),
+            [
+                str(ref.get("title") or "untitled")
+                for ref in earlier.get("artifact_refs", [])
+            ],
+        )
+        for earlier in doc.get("turns", [])
+    ]
+    view.earlier = [
+        {
+            "number": past.get("number"),
+            "topic": str(past.get("topic", "")),
+            "outcome": str((past.get("outcome") or {}).get("text", "")),
+        }
+        for past in doc.get("earlier_rounds", [])
+    ]
     return view
 
 
@@ -253,6 +282,7 @@ def round_payload(*, council_round: CouncilRound) -> dict:
         "id": council_round.pk,
         "number": council_round.number,
         "topic": council_round.topic,
+        "outcome": outcome_document(council_round),
         "participants": [
             {"id": p.pk, "name": p.name, "brain": p.brain, "position": p.position}
             for p in council_round.participants.all()

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from django.db import transaction
 from django.db.models import Max, Prefetch
+from django.utils import timezone
 
 from artifacts.models import Artifact, ArtifactClass
 from artifacts.preview import (
@@ -41,11 +42,13 @@ from tasks.models import Brain, Conversation
 CONTEXT_SCHEMA = "pippa.council.context/1"
 CONTEXT_MEDIA_TYPE = "application/json"
 CONTEXT_NOTE = (
-    "Earlier turns of this council round, oldest first. Artifacts are refs, "
-    "never payloads: GET source_url for an artifact's raw bytes (for a widget, "
-    "its SVG source) or preview_url for a PNG preview, with the bearer token "
-    "you read this with (the JSON API); over MCP, call artifact_read with the "
-    "id. Cite an artifact by id."
+    "Earlier turns of this council round, oldest first, and the outcomes of the "
+    "rounds before it (earlier_rounds, with refs to what they made). Artifacts "
+    "are refs, never payloads: GET source_url for an artifact's raw bytes (for a "
+    "widget, its SVG source) or preview_url for a PNG preview, with the bearer "
+    "token you read this with (the JSON API); over MCP, call artifact_read with "
+    "the id. Cite an artifact by id. The last speaker may conclude the round "
+    "with its outcome."
 )
 MAX_WIDGET_BYTES = 16 * 1024 * 1024
 
@@ -56,6 +59,21 @@ ERR_WIDGET_MEDIA_TYPE = "a widget must be SVG (image/svg+xml) or HTML (text/html
 ERR_WIDGET_TOO_LARGE = "a widget may be at most 16 MiB"
 ERR_UNKNOWN_CITE = "a cited artifact does not exist or is not visible in this round"
 ERR_EMPTY_TURN = "a turn needs text or a widget"
+ERR_ROUND_CONCLUDED = (
+    "round {number} is concluded (“{outcome}”): start the next round to go on"
+)
+ERR_OUTCOME_EMPTY = "an outcome needs words: what they agreed, or what to do next"
+ERR_NOT_LAST_SPEAKER = (
+    "only the round's last speaker ({name}) may conclude it; a participant who"
+    " has not spoken last takes a turn instead"
+)
+ERR_NOBODY_SPOKE = "nobody has spoken in this round yet: there is nothing to conclude"
+ERR_ALREADY_CONCLUDED = "round {number} is already concluded; its owner may reword it"
+MAX_OUTCOME_CHARS = 4000
+# How many earlier rounds a participant's context recalls (their outcomes and
+# what they made), and how many refs each: bounded whatever the conversation's length.
+CONTEXT_EARLIER_ROUNDS = 3
+CONTEXT_EARLIER_REFS = 10
 
 
 class CouncilError(Invalid):
@@ -240,10 +258,49 @@ def serialize_branch_context(
             "number": council_round.number,
             "topic": council_round.topic,
             "conversation_id": council_round.conversation_id,
+            "outcome": outcome_document(council_round),
         },
         "for": {"name": next_participant.name, "brain": next_participant.brain},
+        "earlier_rounds": _earlier_rounds(council_round),
         "turns": turns,
     }
+
+
+def outcome_document(council_round: CouncilRound) -> dict | None:
+    """A round's outcome as its context and its doors give it; None while open."""
+    if not council_round.is_concluded:
+        return None
+    return {
+        "text": council_round.outcome,
+        "by": council_round.concluded_by,
+        "at": council_round.concluded_at.isoformat(),
+    }
+
+
+def _earlier_rounds(council_round: CouncilRound) -> list[dict]:
+    """The conversation's rounds before this one (the last few, oldest first):
+    their topic, their outcome, and refs to what their turns made, so a new
+    round starts from where the last one got to, through the same refs."""
+    earlier = list(
+        CouncilRound.objects.filter(
+            conversation_id=council_round.conversation_id,
+            number__lt=council_round.number,
+        ).order_by("-number")[:CONTEXT_EARLIER_ROUNDS]
+    )
+    recalled = []
+    for past in reversed(earlier):
+        refs: list[dict] = []
+        for turn in round_turns(past, with_sources=True):
+            refs += [r for r in _turn_refs(turn) if r.get("role") == "produced"]
+        recalled.append(
+            {
+                "number": past.number,
+                "topic": past.topic,
+                "outcome": outcome_document(past),
+                "artifact_refs": refs[:CONTEXT_EARLIER_REFS],
+            }
+        )
+    return recalled
 
 
 def context_bytes(context: dict) -> bytes:
@@ -312,6 +369,7 @@ def turn_add(
     """
     if participant.round_id != council_round.pk:
         raise CouncilError(ERR_WRONG_ROUND)
+    _refuse_concluded(council_round)
     _text_check(text, widget_title, widget_media_type)
     # Like a title, a turn's text must not flip what follows it on a page.
     text = bidi_strip(text)
@@ -352,7 +410,8 @@ def _turn_commit(
     produced: list[Artifact],
     cite_ids: list[int],
 ) -> Turn:
-    CouncilRound.objects.select_for_update().filter(pk=council_round.pk).first()
+    locked = CouncilRound.objects.select_for_update().get(pk=council_round.pk)
+    _refuse_concluded(locked)
     last = Turn.objects.filter(round=council_round).aggregate(n=Max("order"))["n"]
     order = (last or 0) + 1
     context = serialize_branch_context(council_round, participant, before_order=order)
@@ -382,3 +441,66 @@ def _turn_commit(
     )
     TurnArtifact.objects.bulk_create(links)
     return turn
+
+
+def _refuse_concluded(council_round: CouncilRound) -> None:
+    if council_round.is_concluded:
+        raise CouncilError(
+            ERR_ROUND_CONCLUDED.format(
+                number=council_round.number,
+                outcome=council_round.outcome[:80]
+                + ("…" if len(council_round.outcome) > 80 else ""),
+            )
+        )
+
+
+# -- the outcome ------------------------------------------------------------------
+
+
+@transaction.atomic
+def round_conclude(
+    *,
+    council_round: CouncilRound,
+    outcome: str,
+    actor: str,
+    participant: Participant | None = None,
+) -> CouncilRound:
+    """Close a round with its outcome: what was agreed, or what to do next.
+
+    1. Check the words (bidi controls stripped, as from a turn; at most
+       ``MAX_OUTCOME_CHARS``).
+    2. Lock the round. A participant (``participant``) concludes only a round
+       still open, and only as its last speaker: the one who had the last
+       word sums it up. The round's owner (no ``participant``: the dashboard)
+       may conclude it at any time, and reword an outcome already written.
+    3. Write the outcome, when and by whom. The round then takes no more
+       turns; the next round's participants receive the outcome in their
+       context (``earlier_rounds``).
+    """
+    _text_check(outcome)
+    words = bidi_strip(str(outcome)).strip()
+    if not words:
+        raise CouncilError(ERR_OUTCOME_EMPTY)
+    words = words[:MAX_OUTCOME_CHARS]
+    locked = CouncilRound.objects.select_for_update().get(pk=council_round.pk)
+    if participant is not None:
+        if participant.round_id != locked.pk:
+            raise CouncilError(ERR_WRONG_ROUND)
+        if locked.is_concluded:
+            raise CouncilError(ERR_ALREADY_CONCLUDED.format(number=locked.number))
+        last = (
+            Turn.objects.filter(round=locked)
+            .select_related("participant")
+            .order_by("-order")
+            .first()
+        )
+        if last is None:
+            raise CouncilError(ERR_NOBODY_SPOKE)
+        if last.participant_id != participant.pk:
+            raise CouncilError(ERR_NOT_LAST_SPEAKER.format(name=last.participant.name))
+        actor = f"participant:{participant.name}"
+    CouncilRound.objects.filter(pk=locked.pk).update(
+        outcome=words, concluded_at=timezone.now(), concluded_by=str(actor)[:200]
+    )
+    council_round.refresh_from_db()
+    return council_round

@@ -21,12 +21,22 @@ class ParticipantOut(Shape):
     position: int
 
 
+class OutcomeOut(Shape):
+    """What a round concluded (``council.services.round_conclude``)."""
+
+    text: str
+    by: str = Field(description='who wrote it: "participant:<name>" or the owner')
+    at: str = Field(description="when, ISO 8601")
+
+
 class RoundOut(Shape):
-    """A council round and its participants in speaking order."""
+    """A council round, its outcome (null while it has none) and its participants
+    in speaking order."""
 
     id: int
     number: int
     topic: str
+    outcome: OutcomeOut | None
     participants: list[ParticipantOut]
 
 
@@ -75,6 +85,16 @@ class RoundRef(Shape):
     number: int
     topic: str
     conversation_id: int
+    outcome: OutcomeOut | None
+
+
+class EarlierRound(Shape):
+    """A round before this one: its outcome, and refs to what its turns made."""
+
+    number: int
+    topic: str
+    outcome: OutcomeOut | None
+    artifact_refs: list[ParticipantRef]
 
 
 class CouncilContext(Shape):
@@ -84,4 +104,5 @@ class CouncilContext(Shape):
     note: str
     round: RoundRef
     for_: Speaker = Field(alias="for")
+    earlier_rounds: list[EarlierRound]
     turns: list[TurnContext]

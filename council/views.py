@@ -6,10 +6,11 @@ Reading a round or a context is read-only: no lease, no state change.
 
 from __future__ import annotations
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
-from django.views.decorators.http import require_GET
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
 
 from artifacts.caching import immutable, not_modified
 from council.selectors import (
@@ -22,7 +23,19 @@ from council.selectors import (
     turn_context_view,
     turn_get_for_user,
 )
-from council.services import brain_label, context_bytes
+from council.services import (
+    MAX_OUTCOME_CHARS,
+    CouncilError,
+    brain_label,
+    context_bytes,
+    round_conclude,
+)
+
+MSG_CONCLUDED = (
+    "Round {number} is concluded. Its outcome is shown first, and the"
+    " participants of the next round will read it."
+)
+MSG_NOT_CONCLUDED = "Nothing was saved: {reason}."
 
 
 def _json(body: bytes) -> HttpResponse:
@@ -45,8 +58,28 @@ def round_detail(request: HttpRequest, round_id: int) -> HttpResponse:
             "participants": [(p, brain_label(p.brain)) for p in participants],
             "turns": round_page(council_round=council_round),
             "next": next_participant(council_round=council_round),
+            "max_outcome": MAX_OUTCOME_CHARS,
         },
     )
+
+
+@require_POST
+@login_required
+def round_conclude_view(request: HttpRequest, round_id: int) -> HttpResponse:
+    """Dad writes the round's outcome (or rewords it): the round is concluded."""
+    # A write acts on the person's own rounds only.
+    council_round = round_get_for_user(user=request.user, round_id=round_id)
+    try:
+        round_conclude(
+            council_round=council_round,
+            outcome=request.POST.get("outcome", "")[: MAX_OUTCOME_CHARS * 2],
+            actor=f"user:{request.user.get_username()}",
+        )
+    except CouncilError as exc:
+        messages.error(request, MSG_NOT_CONCLUDED.format(reason=exc))
+        return redirect(council_round)
+    messages.success(request, MSG_CONCLUDED.format(number=council_round.number))
+    return redirect(council_round)
 
 
 @require_GET

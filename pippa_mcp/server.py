@@ -85,7 +85,7 @@ from council.selectors import (
     round_payload,
     rounds_of,
 )
-from council.services import participant_ref
+from council.services import participant_ref, round_conclude
 from council.services import round_start as council_round_create
 from council.services import turn_add as council_turn_create
 from council.shapes import CouncilContext, RoundOut
@@ -1620,6 +1620,34 @@ def council_turn_add(
         round_id=council_round.pk,
         artifact_refs=produced,
     )
+
+
+@tool(title="Conclude a council round", destructive=True)
+def council_round_conclude(
+    round_id: Id,
+    participant_id: Id,
+    outcome: Annotated[str, Field(min_length=1, max_length=4000)],
+) -> RoundOut:
+    """Conclude a council round with its outcome, as its last speaker.
+
+    Only the participant who took the round's last turn may; say in a few
+    sentences what was agreed or what the person should do. The round then
+    takes no more turns, its page shows the outcome first, and the next
+    round's participants receive it in their council_context (earlier_rounds).
+    """
+    council_round = round_get_for_user(
+        user=current_user(), round_id=round_id, staff=False
+    )
+    participant = participant_get(
+        council_round=council_round, participant_id=participant_id
+    )
+    concluded = round_conclude(
+        council_round=council_round,
+        outcome=outcome,
+        actor=f"participant:{participant.name}",
+        participant=participant,
+    )
+    return round_payload(council_round=concluded)
 
 
 # -- resources --------------------------------------------------------------------

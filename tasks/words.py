@@ -158,6 +158,8 @@ def actor_words(actor: str) -> str:
         return f"{name.split(':')[0]}'s agent"
     if role == "worker":
         return "a worker"
+    if role == "participant":
+        return name  # a council participant, by the name the round gave it
     return actor
 
 

@@ -82,12 +82,13 @@ def test_round_page_folds_each_turns_context_and_links_to_it(dad_client, council
     page = dad_client.get(council_round.get_absolute_url()).content.decode()
     grace_section = page[page.index('id="turn-2"') :]
     context_url = reverse("council:turn_context_page", args=[grace_turn.pk])
-    assert "Context <bdi>Grace</bdi> received" in grace_section
+    assert "What <bdi>Grace</bdi> was shown first" in grace_section
     assert f'hx-get="{context_url}"' in grace_section
     assert f'href="{context_url}"' in grace_section  # works without script too
     assert '<mark class="ref">' not in page  # no context text until opened
     ada_section = page[page.index('id="turn-1"') : page.index('id="turn-2"')]
-    assert "(0 earlier turns, " in ada_section
+    assert "(the question only)" in ada_section
+    assert "(the question and the 1 turn before)" in grace_section
 
 
 @pytest.mark.django_db
@@ -108,7 +109,9 @@ def test_an_opened_context_shows_its_refs_highlighted_each_artifact_named_once(
     )
     assert "<header" not in fragment  # a fragment, no page chrome
     page = dad_client.get(url).content.decode()
-    assert 'aria-current="page"><bdi>Context received</bdi><' in page
+    assert 'aria-current="page"><bdi>What they were shown</bdi><' in page
+    # In words first: whose turns, with the titles of what they made.
+    assert "Ada</bdi>’s words, with “<bdi>" in fragment
     assert f'href="{council_round.get_absolute_url()}#turn-3"' in page
 
 
@@ -281,7 +284,7 @@ def test_another_users_turn_context_is_404_even_with_the_right_etag(
 
 
 @pytest.mark.django_db
-def test_a_round_leads_with_where_they_got_to_and_names_citations_by_title(client):
+def test_a_round_leads_with_its_outcome_and_names_citations_by_title(client):
     from django.contrib.auth import get_user_model
 
     from council.demo import demo_round_load
@@ -292,9 +295,13 @@ def test_a_round_leads_with_where_they_got_to_and_names_citations_by_title(clien
     council_round = demo_round_load(owner=dad)
     last = Turn.objects.filter(round=council_round).order_by("-order").first()
     body = client.get(council_round.get_absolute_url()).content.decode()
-    outcome = body.index('<section class="card outcome"')
+    outcome = body.index('<section class="card outcome')
     assert outcome < body.index('id="participants-h"')
-    assert f"the last word was <bdi>{last.participant.name}</bdi>" in body
+    # The demo's last speaker concluded it: the outcome comes first.
+    assert "Act on basement flooding first" in body[outcome:]
+    assert (
+        f"Written by <bdi>{last.participant.name}</bdi>, who had the last word" in body
+    )
     assert ">artifact " not in body.split('class="cites"')[-1][:400]
     assert "(JSON)" not in body.split("Details for an engineer")[0]
 
@@ -310,8 +317,12 @@ def test_a_round_nobody_spoke_in_says_there_is_no_conclusion_yet(client):
     client.force_login(dad)
     council_round = demo_round_load(owner=dad)
     Turn.objects.filter(round=council_round).delete()
+    type(council_round).objects.filter(pk=council_round.pk).update(
+        outcome="", concluded_at=None, concluded_by=""
+    )
     body = client.get(council_round.get_absolute_url()).content.decode()
-    assert "No conclusion yet: nobody has spoken." in body
+    assert "<strong>No conclusion yet.</strong>\n  Nobody has spoken yet." in body
+    assert "Write the outcome" not in body  # nothing to conclude yet
 
 
 @pytest.mark.django_db

@@ -43,7 +43,9 @@ def test_a_failed_step_is_a_decision_until_dad_stops_it(dad_client, failed, user
     assert f'href="{failed.get_absolute_url()}#attention-1"' in home
 
     dad_client.post(
-        reverse("dashboard:step_resolve", args=[failed.pk, failed.steps.get(position=1).pk]),
+        reverse(
+            "dashboard:step_resolve", args=[failed.pk, failed.steps.get(position=1).pk]
+        ),
         {"action": "fail"},
     )
 

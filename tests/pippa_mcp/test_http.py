@@ -69,6 +69,7 @@ TOOLS = {
     "council_rounds",
     "council_context",
     "council_turn_add",
+    "council_round_conclude",
 }
 
 
@@ -346,6 +347,15 @@ def test_another_users_token_sees_none_of_it(
                 "round_id": council["id"],
                 "participant_id": council["participants"][0]["id"],
                 "text": "hi",
+            },
+            "No such council round.",
+        ),
+        (
+            "council_round_conclude",
+            {
+                "round_id": council["id"],
+                "participant_id": council["participants"][0]["id"],
+                "outcome": "mine now",
             },
             "No such council round.",
         ),
