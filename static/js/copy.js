@@ -1,4 +1,5 @@
-// Copy buttons: <button type="button" data-copy="FIELD-ID" data-copy-status="STATUS-ID" hidden>.
+// Copy buttons: <button type="button" data-copy="FIELD-ID" data-copy-status="STATUS-ID" hidden>
+// (data-copied: what the status says once copied).
 // The button stays hidden where nothing can copy, so it never promises what it cannot do.
 // A static file, not inline script: the site's CSP allows only its own scripts.
 "use strict";
@@ -20,8 +21,8 @@ document.addEventListener("DOMContentLoaded", () => {
       field.select();
       if (status) {
         status.textContent = copied
-          ? "Copied. Paste it where your runner keeps its secrets."
-          : "Could not copy by itself: the token is selected, press Ctrl+C (or ⌘C).";
+          ? button.dataset.copied || "Copied. Paste it where your agent keeps its secrets."
+          : "Could not copy by itself: the text is selected, press Ctrl+C (or ⌘C).";
       }
     });
   }

@@ -188,3 +188,50 @@ def test_an_expired_token_is_refused_and_listed_as_expired(client, user):
     client.force_login(user)
     page = client.get("/settings/tokens/").content.decode()
     assert ">expired</td>" in page
+
+
+@pytest.mark.django_db
+def test_the_token_page_shows_the_line_to_paste_for_each_agent_with_this_sites_address(
+    client, user
+):
+    client.force_login(user)
+    before = client.get("/settings/tokens/").content.decode()
+    # Signing in through the browser: nothing to copy but the lines.
+    assert (
+        "claude mcp add --transport http pippa http://testserver/mcp/\n"
+        "claude mcp login pippa</textarea>" in before
+    )
+    assert (
+        "codex mcp add pippa --url http://testserver/mcp/\ncodex mcp login pippa"
+        in before
+    )
+    assert (
+        "gemini mcp add --scope user --transport http pippa http://testserver/mcp/"
+        in before
+    )
+    # With a token: a placeholder until one is made.
+    assert (
+        "claude mcp add --transport http pippa http://testserver/mcp/"
+        ' --header "Authorization: Bearer &lt;your token&gt;"' in before
+    )
+
+    page = client.post("/settings/tokens/new/", {"name": "laptop"}, follow=True)
+    text = page.content.decode()
+    token = page.context["new_token"]
+
+    assert '<details id="agents-with-token" open>' in text
+    assert (
+        "claude mcp add --transport http pippa http://testserver/mcp/"
+        f' --header "Authorization: Bearer {token}"' in text
+    )
+    assert (
+        f'export PIPPA_API_TOKEN="{token}"\ncodex mcp add pippa'
+        " --url http://testserver/mcp/ --bearer-token-env-var PIPPA_API_TOKEN" in text
+    )
+    assert (
+        "gemini mcp add --scope user --transport http"
+        f' --header "Authorization: Bearer {token}" pippa http://testserver/mcp/'
+        in text
+    )
+    # Shown once: the next visit has the placeholder again.
+    assert token not in client.get("/settings/tokens/").content.decode()
