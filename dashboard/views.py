@@ -124,7 +124,7 @@ COUNT_LABELS = {
     "steps": ("step", "steps"),
     "events": ("log event", "log events"),
     "links": ("artifact link", "artifact links"),
-    "artifacts": ("artifact", "artifacts"),
+    "artifacts": ("saved result", "saved results"),
 }
 # Counts of a deletion that only an engineer needs (shown under "Details").
 ENGINEER_COUNTS = ("events", "links")
@@ -278,7 +278,7 @@ def conversation_delete(request: HttpRequest, pk: int) -> HttpResponse:
         report = task_services.conversation_delete(conversation_id=conversation.pk)
         summary = ", ".join(
             f"{n} {words}"
-            for words, n in _counted(report, skip=("conversations",))
+            for words, n in _counted(report, skip=("conversations", *ENGINEER_COUNTS))
             if n
         )
         messages.success(
@@ -286,13 +286,16 @@ def conversation_delete(request: HttpRequest, pk: int) -> HttpResponse:
         )
         return redirect("dashboard:conversations")
     report = task_services.conversation_deletion_preview(conversation=conversation)
+    counts = _counted(report, skip=ENGINEER_COUNTS)
     return render(
         request,
         "dashboard/conversation_delete.html",
         {
             "conversation": conversation,
             "report": report,
-            "counts": _counted(report, skip=ENGINEER_COUNTS),
+            "counts": counts,
+            # The button counts what the tiles show (not the log's rows).
+            "shown_total": sum(n for _, n in counts),
             "engineer_counts": _counted(report, only=ENGINEER_COUNTS),
         },
     )
@@ -319,6 +322,11 @@ def _status_context(task: Task, rows: list) -> dict:
     task waits."""
     return {
         "poll_every": poll_seconds(task),
+        # Skipped steps count as finished but made nothing: the card says so.
+        # Counted only once the task is idle (no poll every 2 s asks it).
+        "skipped": Step.objects.filter(task=task, status=Step.Status.SKIPPED).count()
+        if task.is_idle and task.steps_done
+        else 0,
         "in_flight": step_in_flight(task=task, rows=rows),
         "worker_busy": task.status == Task.Status.QUEUED
         and not task.lease_live

@@ -99,6 +99,13 @@ def conversation_list(
     row's count is 0 without asking.
     """
     needs_you_count = Value(0) if none_need_you else _needs_you_count("conversation")
+    # Paused tasks that wait only for a resume: one with a decision counts
+    # among the decisions (as on the to-do list), not twice.
+    paused_only = Q(tasks__status=Task.Status.PAUSED)
+    if not none_need_you:
+        paused_only &= ~Q(
+            tasks__pk__in=Step.objects.filter(needs_you_q()).values("task_id")
+        )
     return (
         _conversations_shown(user=user, query=query, needs_you=needs_you)
         .select_related("owner")
@@ -106,7 +113,7 @@ def conversation_list(
             task_count=Count("tasks"),
             active_count=Count("tasks", filter=Q(tasks__status__in=ACTIVE)),
             done_count=Count("tasks", filter=Q(tasks__status=Task.Status.DONE)),
-            paused_count=Count("tasks", filter=Q(tasks__status=Task.Status.PAUSED)),
+            paused_count=Count("tasks", filter=paused_only),
             steps_total_sum=Coalesce(Sum("tasks__steps_total"), 0),
             steps_done_sum=Coalesce(Sum("tasks__steps_done"), 0),
             # A subquery, not a second join: joining rounds too would multiply
@@ -194,6 +201,7 @@ class ToDo:
 
     @property
     def count(self) -> int:
+        """Everything on the list: decisions and paused tasks (the tab's count)."""
         return len(self.decisions) + len(self.paused)
 
     @property
@@ -397,7 +405,21 @@ def conversation_tasks(*, conversation: Conversation) -> list[Task]:
     return list(
         Task.objects.filter(conversation=conversation)
         .select_related("branched_from")
-        .annotate(needs_you_count=_needs_you_count("task"))
+        .annotate(
+            needs_you_count=_needs_you_count("task"),
+            # A finished task whose steps were skipped made nothing: its row
+            # says so rather than "done".
+            skipped_count=Coalesce(
+                Subquery(
+                    Step.objects.filter(task=OuterRef("pk"), status=Step.Status.SKIPPED)
+                    .order_by()
+                    .values("task")
+                    .annotate(n=Count("pk"))
+                    .values("n")[:1]
+                ),
+                0,
+            ),
+        )
         .order_by("created_at", "pk")
     )
 

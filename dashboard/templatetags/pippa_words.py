@@ -82,3 +82,17 @@ def error_words(error: str) -> str:
     """What went wrong, in Dad's words (``tasks.words.error_words``): no
     exception's name; the full error stays in the engineer's fold."""
     return words.error_words(str(error or ""))
+
+
+@register.simple_tag
+def steps_done_words(done: int, total: int, skipped: int = 0) -> str:
+    """ "3 of 4 steps done", "2 of 4 steps done, 1 skipped", "1 of 1 step
+    skipped, none done": a skipped step is finished, but nothing was done."""
+    done, total, skipped = int(done or 0), int(total or 0), int(skipped or 0)
+    real = max(0, done - skipped)
+    steps = "step" if total == 1 else "steps"
+    if skipped and not real:
+        return f"{skipped} of {total} {steps} skipped, none done"
+    if skipped:
+        return f"{real} of {total} {steps} done, {skipped} skipped"
+    return f"{done} of {total} {steps} done"

@@ -100,7 +100,7 @@ def test_the_list_shows_my_conversations_with_task_progress_and_not_others(
     assert "Stranger" not in body
     assert "2 of 6 steps" in body
     assert "1 running" in body
-    assert "Needs you: 1 step" in body
+    assert "Needs you: 1 decision" in body
     assert "2 tasks" in body
 
 
@@ -224,10 +224,11 @@ def test_a_conversation_page_shows_its_tasks_and_council_rounds(
     assert "Plot closes" in body
     assert "2 of 5 steps" in body
     assert '<progress value="2" max="5"' in body
-    assert "claude" in body
+    # The brain is an engineer's word: the task's own page has it, folded.
+    assert "claude" not in body
     assert "needs review" in body
     assert "Round 1: <bdi>Which chart?</bdi>" in body
-    assert "<bdi>Ada</bdi> (kimi)" in body
+    assert "<bdi>Ada</bdi> · no conclusion yet" in body
     assert "1 turn" in body
 
 

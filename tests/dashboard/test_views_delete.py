@@ -64,7 +64,14 @@ def test_the_confirmation_lists_what_goes_and_what_stays_before_anything_is_remo
     assert kept.reason in body
     for record in preview.removed_artifacts:
         assert record.title in body
-    assert f"Delete this conversation ({preview.total_removed} items)" in body
+    # The button counts what the tiles show, not the log's rows.
+    shown = sum(
+        n
+        for key, n in preview.removed_counts().items()
+        if key not in ("events", "links")
+    )
+    assert shown < preview.total_removed
+    assert f"Delete this conversation ({shown} items)" in body
     assert Conversation.objects.filter(pk=doomed.pk).exists()
 
 
@@ -73,7 +80,9 @@ def test_the_conversation_page_links_to_the_confirmation_not_straight_to_delete(
 ):
     body = dad_client.get(shared["doomed"].get_absolute_url()).content.decode()
     assert f'href="{_url(shared["doomed"])}"' in body
-    assert "Delete conversation…" in body
+    assert "Delete this conversation…" in body
+    # Not the first thing under the title: after the tasks and rounds.
+    assert body.index("Delete this conversation…") > body.index('id="rounds-heading"')
 
 
 def test_confirming_deletes_through_the_service_and_leaves_nothing_behind(

@@ -92,8 +92,10 @@ def test_the_list_counts_steps_that_need_dad_even_in_paused_tasks(
         "Prices" if "><bdi>Prices</bdi></a>" in row else "calm": row
         for row in body.split('<li class="row">')[1:]
     }
-    assert "Needs you: 2 steps" in rows["Prices"]
-    assert "2 paused" in rows["Prices"]
+    # Two decisions, in two paused tasks: counted once, as decisions (the
+    # home page's to-do list says the same).
+    assert "Needs you: 2 decisions" in rows["Prices"]
+    assert "paused" not in rows["Prices"]
     assert "Needs you" not in rows["calm"]
     assert "1 paused" in rows["calm"]
     assert "Needs you (1 conversation)" in body
@@ -144,7 +146,7 @@ def test_the_needs_you_count_does_not_add_a_query_per_conversation(
 def test_the_conversation_page_marks_the_task_that_needs_dad(dad_client, conversation):
     task = _interrupted(conversation, "demo.search", "after_payload", "Interrupted")
     body = dad_client.get(conversation.get_absolute_url()).content.decode()
-    assert "Needs you: 1 step" in body
+    assert "Needs you: 1 decision" in body
     row = body[body.index(f'href="{task.get_absolute_url()}"') :]
     assert '<span class="badge needs-you">Needs you</span>' in row
 

@@ -73,7 +73,7 @@ def test_a_poll_after_one_step_finished_returns_that_row_and_the_new_events_only
     assert 'id="step-1"' not in body
     assert 'id="step-3"' not in body
     assert '<div class="card task-status" id="task-status" hx-swap-oob="true">' in body
-    assert "<strong>2</strong> of 3 steps done" in body
+    assert "<span>2 of 3 steps done</span>" in body
     assert '<section id="events" aria-labelledby="events-heading" hx-swap-oob' in body
     for seq in range(seen + 1, task.last_seq + 1):
         assert f"<td>{seq}</td>" in body

@@ -70,7 +70,7 @@ def test_the_home_page_lists_each_decision_with_a_link_to_its_card_and_counts_th
         steps=[{"title": "Fetch", "tool": "demo.closes", "args": {}}],
     )
     body = dad_client.get(reverse("dashboard:conversations")).content.decode()
-    assert "1 brain working, 3 decisions wait for you" in body
+    assert "1 brain working, 2 decisions and 1 paused task wait for you" in body
     assert "<title>(3) Conversations · Pippa Stateful</title>" in body
     for task in (first, second):
         card = f"{task.get_absolute_url()}#attention-1"

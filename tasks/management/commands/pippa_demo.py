@@ -21,6 +21,7 @@ from tasks import crashpoints
 from tasks.actions import step_retry, task_branch, task_pause
 from tasks.crashpoints import SimulatedCrash
 from tasks.demo import (
+    DEMO_USER,
     LIVE_CONVERSATION,
     four_steps,
     live_task_running,
@@ -31,37 +32,41 @@ from tasks.models import Conversation, Step, Task
 from tasks.plan import task_create
 from tasks.tools import tools_load
 
-DEMO_USER = "dad"
 DEFAULT_PASSWORD = "dad-demo-password"
+# The demo's conversations, in Dad's words (the ticker PIPA is Pippa Paper).
+DEMO_FINISHED = "Pippa Paper's shares: a finished chart"
+DEMO_INTERRUPTED = "Pippa Paper's shares: when the computer stopped midway"
+DEMO_RETRIED = "Pippa Paper's shares: a search that failed at first"
+DEMO_BRANCHED = "Pippa Paper's shares: changing course"
 LOADER = "worker:demo-loader"
 
 
 # (task title, crash point "<boundary>:<n-th step>", plan)
 INTERRUPTED = [
     (
-        "Stopped before the search was logged as started",
+        "The computer stopped just before the news search",
         "before_started_commit:3",
         None,
     ),
-    ("Stopped after the search started, before it ran", "after_started:3", None),
+    ("The computer stopped as the news search began", "after_started:3", None),
     (
-        "Stopped after the title card was drawn, before it was saved",
+        "The computer stopped while saving the title card",
         "after_tool:1",
         None,
     ),
     (
-        "Stopped after the search snapshot was written, before it was recorded",
+        "The computer stopped while filing the news it found",
         "after_blob:3",
         None,
     ),
     (
-        "Stopped after the chart was written, before it was recorded",
+        "The computer stopped while filing the chart",
         "after_blob:4",
         None,
     ),
-    ("Stopped right after the closes were recorded", "after_result:2", None),
+    ("The computer stopped right after saving the prices", "after_result:2", None),
     (
-        "Stopped after a note to Dad was sent",
+        "The computer stopped just after sending Dad a note",
         "after_tool:1",
         [
             {
@@ -122,10 +127,10 @@ class Command(BaseCommand):
             )
         made = []
         for title, build in [
-            ("PIPA: a finished chart", self.finished),
-            ("PIPA: interrupted at each boundary", self.interrupted),
-            ("PIPA: a retried search", self.retried),
-            ("PIPA: a branched task", self.branched),
+            (DEMO_FINISHED, self.finished),
+            (DEMO_INTERRUPTED, self.interrupted),
+            (DEMO_RETRIED, self.retried),
+            (DEMO_BRANCHED, self.branched),
             (LIVE_CONVERSATION, self.live),
         ]:
             existing = Conversation.objects.filter(owner=dad, title=title).first()
@@ -154,7 +159,7 @@ class Command(BaseCommand):
     def finished(self, conversation: Conversation) -> None:
         task = task_create(
             conversation=conversation,
-            title="Chart PIPA's first half",
+            title="Chart Pippa Paper's first half of 2024",
             steps=four_steps(),
         )
         run_until_stopped(task)
@@ -175,7 +180,9 @@ class Command(BaseCommand):
             "max_attempts": 2,
         }
         task = task_create(
-            conversation=conversation, title="Chart PIPA despite an outage", steps=steps
+            conversation=conversation,
+            title="Chart Pippa Paper's shares while the news service was down",
+            steps=steps,
         )
         run_until_stopped(task)
         failed = Step.objects.get(task=task, position=3)
@@ -184,7 +191,9 @@ class Command(BaseCommand):
 
     def branched(self, conversation: Conversation) -> None:
         task = task_create(
-            conversation=conversation, title="Chart PIPA, take one", steps=four_steps()
+            conversation=conversation,
+            title="Chart Pippa Paper's shares, first try",
+            steps=four_steps(),
         )
         run_until_stopped(task)
         branch = task_branch(task=task, after_position=2, actor="demo")
