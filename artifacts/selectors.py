@@ -12,6 +12,7 @@ artifacts reveal nothing.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from django.http import Http404
@@ -134,3 +135,33 @@ def artifact_text_head(*, artifact: Artifact, limit: int) -> TextHead:
     return TextHead(
         raw[:limit].decode("utf-8", "replace"), len(raw) > limit, True, False
     )
+
+
+MAX_HEADLINES = 10
+HEADLINES_READ_BYTES = 256 * 1024
+
+
+def search_headlines(*, sha256: str, media_type: str) -> list[dict]:
+    """A saved search's results as {title, url}, when the payload is one.
+
+    A JSON object with a ``results`` list of objects that have a ``title``
+    (the shape of a search tool's answer); anything else gives []. The task
+    page's output and decision card and the artifact page draw these as
+    sentences instead of the JSON.
+    """
+    from artifacts.store import BlobError, default_store
+
+    if "json" not in media_type:
+        return []
+    try:
+        data = json.loads(default_store().head(sha256, HEADLINES_READ_BYTES))
+    except (BlobError, OSError, ValueError):
+        return []
+    results = data.get("results") if isinstance(data, dict) else None
+    if not isinstance(results, list):
+        return []
+    return [
+        {"title": str(r["title"])[:200], "url": str(r.get("url") or "")[:500]}
+        for r in results[:MAX_HEADLINES]
+        if isinstance(r, dict) and r.get("title")
+    ]

@@ -26,6 +26,7 @@ from artifacts.selectors import (
     artifact_lineage,
     artifact_owners,
     artifact_text_head,
+    search_headlines,
 )
 from artifacts.services import artifact_verify
 from artifacts.store import BlobError, default_store
@@ -148,6 +149,8 @@ def artifact_detail(request: HttpRequest, artifact_id: int) -> HttpResponse:
     )
     owners = artifact_owners(artifact=artifact, user=request.user)
     lineage = artifact_lineage(artifact=artifact, user=request.user)
+    media = artifact.media_type.split(";")[0].strip().lower()
+    is_data = media == "application/json" or media.endswith("+json")
     return render(
         request,
         "artifacts/detail.html",
@@ -162,6 +165,14 @@ def artifact_detail(request: HttpRequest, artifact_id: int) -> HttpResponse:
             "lineage_graph": lineage_graph(artifact=artifact, lineage=lineage),
             "owners": owners,
             "is_text": artifact.media_type.startswith(TEXT_MEDIA_PREFIXES),
+            # Data for programs (JSON) is not shown as code first: a saved
+            # search as its headlines, anything else under the engineer's fold.
+            "is_data": is_data,
+            "headlines": search_headlines(
+                sha256=artifact.sha256, media_type=artifact.media_type
+            )
+            if is_data
+            else [],
             "excerpt": _head_text(artifact)
             if artifact.media_type.startswith(TEXT_MEDIA_PREFIXES)
             else None,

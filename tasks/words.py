@@ -236,3 +236,33 @@ def _plain(text: str) -> bool:
         and _EXCEPTION.search(text) is None
         and re.search(r"\b[A-Z][a-z]+[A-Z]\w*(?:Error|Exception)\b", text) is None
     )
+
+
+def media_words(media_type: str) -> str:
+    """What a file is, in Dad's words: "a picture", "a table", "data", "text"…
+    (its media type stays for an engineer)."""
+    media = media_type.split(";")[0].strip().lower()
+    if media.startswith("image/"):
+        return "a picture"
+    if media in ("text/csv", "application/csv"):
+        return "a table"
+    if media == "text/html":
+        return "a web page"
+    if media == "application/json" or media.endswith("+json"):
+        return "data"
+    if media.startswith("text/"):
+        return "text"
+    if media == "application/pdf":
+        return "a document"
+    return "a file"
+
+
+# How a task or a council turn keeps an artifact (artifacts.keepers' roles).
+KEEPER_WORDS = {
+    "persisted": "made it",
+    "referenced": "uses it",
+    "produced": "made it",
+    "cited": "cites it",
+    "context": "was shown it",
+    "context received": "was shown it",
+}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -10,6 +9,7 @@ from django.conf import settings
 from django.urls import get_script_prefix, get_urlconf, reverse
 
 from artifacts.models import Artifact
+from artifacts.selectors import search_headlines
 from artifacts.store import BlobError, default_store
 
 EXCERPT_BYTES = 800
@@ -134,32 +134,7 @@ def saved_output(payload: dict | None) -> SavedOutput | None:
         text, saved.excerpt_truncated, missing = _blob_excerpt(saved.sha)
         if not missing:
             saved.preview, saved.excerpt = "excerpt", text
-            saved.headlines = _headlines(saved.sha, media)
+            saved.headlines = search_headlines(sha256=saved.sha, media_type=media)
             if saved.headlines:
                 saved.preview = "headlines"
     return saved
-
-
-MAX_HEADLINES = 10
-
-
-def _headlines(sha: str, media: str) -> list[dict]:
-    """A saved search's results as (title, url) pairs, when it is one.
-
-    A JSON object with a ``results`` list of objects that have a ``title``
-    (the shape of a search tool's answer); anything else is shown as text.
-    """
-    if "json" not in media:
-        return []
-    try:
-        data = json.loads(default_store().head(sha, 256 * 1024))
-    except (BlobError, OSError, ValueError):
-        return []
-    results = data.get("results") if isinstance(data, dict) else None
-    if not isinstance(results, list):
-        return []
-    return [
-        {"title": str(r["title"])[:200], "url": str(r.get("url") or "")[:500]}
-        for r in results[:MAX_HEADLINES]
-        if isinstance(r, dict) and r.get("title")
-    ]

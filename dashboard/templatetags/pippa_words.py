@@ -96,3 +96,15 @@ def steps_done_words(done: int, total: int, skipped: int = 0) -> str:
     if skipped:
         return f"{real} of {total} {steps} done, {skipped} skipped"
     return f"{done} of {total} {steps} done"
+
+
+@register.filter
+def media_words(media_type: str) -> str:
+    """What a file is, in a word Dad knows: "picture", "table", "data", "text"…"""
+    return words.media_words(str(media_type or ""))
+
+
+@register.filter
+def keeper_words(role: str) -> str:
+    """How a task or a council turn keeps an artifact, in Dad's words."""
+    return words.KEEPER_WORDS.get(str(role), str(role))

@@ -26,3 +26,15 @@ setInterval(() => {
     if (seconds >= 0 && seconds < 3600) t.textContent = agoWords(seconds);
   }
 }, 5000);
+
+// After Dad's own action (a choice on a decision card, resume, pause), the
+// page says what happened in #messages: focus goes there, so a keyboard or
+// screen-reader user hears it and goes on from it instead of from <body>.
+document.addEventListener("htmx:afterSettle", (event) => {
+  const config = event.detail && event.detail.requestConfig;
+  if (!config || String(config.verb).toLowerCase() !== "post") return;
+  const messages = document.getElementById("messages");
+  if (!messages || !messages.textContent.trim()) return;
+  messages.setAttribute("tabindex", "-1");
+  if (document.activeElement !== messages) messages.focus();
+});

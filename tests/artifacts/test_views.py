@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 
 import pytest
 from django.db import connection
@@ -120,7 +122,7 @@ def test_detail_shows_lineage_as_nested_lists_both_ways(
     task.artifact_links.create(artifact=widget)
     task.artifact_links.create(artifact=preview)
     page = dad_client.get(reverse("artifacts:detail", args=[data.pk])).content.decode()
-    derived = page[page.index("Derived from it") :]
+    derived = page[page.index("Made from it") :]
     assert "Chart of closes" in derived
     # The preview hangs under the widget: a nested list.
     assert derived.index("Chart of closes") < derived.index(
@@ -131,7 +133,7 @@ def test_detail_shows_lineage_as_nested_lists_both_ways(
     page = dad_client.get(
         reverse("artifacts:detail", args=[preview.pk])
     ).content.decode()
-    sources = page[page.index("Derived from") : page.index("Derived from it")]
+    sources = page[page.index(">Made from<") : page.index("Made from it")]
     assert "Chart of closes" in sources
     assert "Closes" in sources
 
@@ -312,7 +314,7 @@ def test_another_user_cannot_derive_from_an_artifact_that_is_not_theirs(
         )
     page = dad_client.get(reverse("artifacts:detail", args=[data.pk])).content
     assert b"Their secret chart" not in page
-    assert b"Nothing was derived from it." in page
+    assert b"Nothing was made from it." in page
 
 
 @pytest.mark.django_db
@@ -421,3 +423,55 @@ def test_a_png_preview_is_sent_uncompressed_with_its_strong_etag(dad_client, own
     assert "Content-Encoding" not in response
     assert response["ETag"] == f'"{preview.sha256}"'
     assert b"".join(response.streaming_content).startswith(b"\x89PNG")
+
+
+def _outside_the_fold(page: str) -> str:
+    """The page's main text, without the engineer's folds."""
+    main = page[page.index("<main") :]
+    return re.sub(r'<details class="[^"]*engineer.*?</details>', "", main, flags=re.S)
+
+
+@pytest.mark.django_db
+def test_a_saved_search_reads_as_its_headlines_and_its_json_stays_folded(
+    dad_client, owned, make_artifact, user
+):
+    task, _ = owned
+    search = make_artifact(
+        owner=user,
+        title="Search: PIPA dividend",
+        media_type="application/json",
+        data=json.dumps(
+            {
+                "query": "PIPA dividend",
+                "results": [
+                    {
+                        "title": "Pippa Paper opens a second mill",
+                        "url": "https://x.test/1",
+                    },
+                    {"title": "PIPA raises its dividend"},
+                ],
+            }
+        ).encode(),
+    )
+    other = make_artifact(
+        owner=user, title="Settings", media_type="application/json", data=b'{"a": 1}'
+    )
+    task.artifact_links.create(artifact=search)
+    task.artifact_links.create(artifact=other)
+
+    page = dad_client.get(
+        reverse("artifacts:detail", args=[search.pk])
+    ).content.decode()
+    data_page = dad_client.get(
+        reverse("artifacts:detail", args=[other.pk])
+    ).content.decode()
+
+    shown = _outside_the_fold(page)
+    assert "<li><bdi>Pippa Paper opens a second mill</bdi>" in shown
+    assert "<li><bdi>PIPA raises its dividend</bdi></li>" in shown
+    assert "{" not in re.sub(r"<[^>]+>", "", shown)
+    assert "application/json" not in shown
+    data_shown = _outside_the_fold(data_page)
+    assert "Data for a program to read" in data_shown
+    assert "{" not in re.sub(r"<[^>]+>", "", data_shown)
+    assert "&quot;a&quot;: 1" in data_page  # under the engineer's fold
