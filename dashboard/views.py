@@ -131,7 +131,7 @@ ENGINEER_COUNTS = ("events", "links")
 RESOLVE_LABELS = {
     "adopt": "the saved output is used; the task goes on by itself",
     "rerun": "the same call runs again; the task goes on by itself",
-    "fail": "marked failed",
+    "fail": "stopped by you; nothing more runs until you choose another way",
     "skip": "skipped; the task goes on by itself",
 }
 

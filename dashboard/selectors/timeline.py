@@ -19,6 +19,7 @@ from django.http import Http404
 from django.utils import timezone
 
 from artifacts.preview import preview_status
+from artifacts.selectors import search_headlines
 from artifacts.store import default_store
 from dashboard.selectors.clock import TaskClock, milliseconds, task_clock
 from dashboard.selectors.outputs import (
@@ -147,8 +148,8 @@ class StepNote:
 class StepRow:
     """One timeline row: the step, its attempts and notes (folded from its
     events), and what the page shows of its output: ``preview`` ("",
-    "image", "render", "no-preview", "excerpt", "binary", "missing") and
-    ``excerpt``."""
+    "image", "render", "no-preview", "excerpt", "headlines", "data",
+    "binary", "missing"), ``excerpt`` and ``headlines`` (a saved search's)."""
 
     step: Step
     advice: Any = None  # tasks.resume.ResumeAdvice
@@ -160,6 +161,7 @@ class StepRow:
     preview: str = ""
     excerpt: str = ""
     excerpt_truncated: bool = False
+    headlines: list[dict] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
     notes: list[StepNote] = field(default_factory=list)
 
@@ -209,6 +211,18 @@ def _fill(row: StepRow, heads: dict) -> None:
         row.excerpt, row.excerpt_truncated, missing = output_excerpt(artifact, heads)
         if missing:
             row.preview = "missing"
+    if row.preview == "excerpt" and _is_data(artifact.media_type):
+        # Data for programs is not shown as code: a saved search as its
+        # headlines, anything else as words (its text under the engineer's fold).
+        row.headlines = search_headlines(
+            sha256=artifact.sha256, media_type=artifact.media_type
+        )
+        row.preview = "headlines" if row.headlines else "data"
+
+
+def _is_data(media_type: str) -> bool:
+    media = media_type.split(";")[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
 
 
 def _advise(rows: list[StepRow], task: Task) -> None:
