@@ -510,7 +510,7 @@ def test_a_widget_output_shows_only_its_png_preview_never_its_markup(
     )[0].output_id
     widget = Artifact.objects.get(pk=widget)
     unrendered = dad_client.get(task.get_absolute_url()).content.decode()
-    assert "No picture of this image/svg+xml widget has been rendered" in unrendered
+    assert "No picture of this widget has been drawn" in unrendered
     assert reverse("artifacts:source_text", args=[widget.pk]) in unrendered
     assert "preview.png" not in unrendered
     assert "<svg" not in unrendered
