@@ -80,11 +80,34 @@ def task_clock(*, task: Task) -> TaskClock:
         return clock
     if task.is_idle:
         clock.ended_at = task.finished_at or last or timezone.now()
+        if task.status != Task.Status.DONE:
+            # Paused, stopped or waiting for a person: its time ends with its
+            # last call, not with a person's decision (or none) after it.
+            clock.ended_at = _last_call_at(task) or clock.ended_at
     else:
         clock.ended_at = timezone.now()
     clock.ended_at = max(clock.ended_at, clock.started_at)
     clock.paused = _paused_within(sorted(marks), clock.ended_at)
     return clock
+
+
+# The events that end or start a call: the last of them is when the task last worked.
+CALL_KINDS = (
+    Event.Kind.TOOL_CALL_STARTED,
+    Event.Kind.TOOL_CALL_FAILED,
+    Event.Kind.TOOL_RESULT_PERSISTED,
+)
+
+
+def _last_call_at(task: Task):
+    """When ``task``'s last call started or ended (newest first: a task's
+    last events, found walking back from its newest)."""
+    return (
+        Event.objects.filter(task_id=task.pk, kind__in=CALL_KINDS)
+        .order_by("-seq")
+        .values_list("created_at", flat=True)
+        .first()
+    )
 
 
 def _paused_within(marks, end):

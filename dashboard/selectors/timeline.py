@@ -183,6 +183,13 @@ class StepRow:
         return artifact_url("preview", self.step.output_id, self.routes)
 
     @property
+    def worked(self):
+        """The time its calls took, the waits between them left out (a
+        retry's back-off, a person's decision): what "took" says."""
+        spans = [a.duration for a in self.attempts if a.duration is not None]
+        return sum(spans, spans[0] * 0) if spans else None
+
+    @property
     def failed_attempts(self) -> list[Attempt]:
         return [a for a in self.attempts if a.outcome in ("failed", "interrupted")]
 
@@ -415,15 +422,25 @@ def _place_bars(clock: TaskClock, rows: list[StepRow]) -> None:
         return
     for row in rows:
         attempts = row.attempts
+        task = getattr(row.step, "task", None)
         for i, attempt in enumerate(attempts):
             end = attempt.ended_at
-            if end is None:
-                # An open call runs until now; an interrupted one until the next start.
-                later = attempts[i + 1].started_at if i + 1 < len(attempts) else None
-                end = later or (
-                    clock.ended_at
-                    if attempt.outcome == "running"
-                    else attempt.started_at
-                )
+            in_flight = (
+                end is None
+                and i + 1 == len(attempts)
+                and attempt.outcome == "running"
+                and row.step.status == Step.Status.RUNNING
+                and task is not None
+                and task.lease_live
+            )
+            if in_flight:
+                end = clock.ended_at  # a call in flight runs until now
+            elif end is None:
+                # Its worker stopped mid-call: how long it ran is not known,
+                # and the wait for a person after it is not work. A mark
+                # where it began (drawn at least a stroke wide).
+                if attempt.outcome == "running":
+                    attempt.outcome = "interrupted"
+                end = attempt.started_at
             attempt.bar_x = max(0, milliseconds(attempt.started_at - clock.started_at))
             attempt.bar_w = max(1, milliseconds(end - attempt.started_at))

@@ -38,6 +38,12 @@ def duration(value: timedelta | None) -> str:
 
 
 @register.filter
+def milliseconds(value: timedelta | None) -> int:
+    """A timedelta in whole milliseconds (for a script that keeps counting)."""
+    return round(value.total_seconds() * 1000) if value is not None else 0
+
+
+@register.filter
 def humanize_key(value: str) -> str:
     return str(value).replace("_", " ")
 

@@ -38,3 +38,21 @@ document.addEventListener("htmx:afterSettle", (event) => {
   messages.setAttribute("tabindex", "-1");
   if (document.activeElement !== messages) messages.focus();
 });
+
+// "Running for 4.1 s" keeps counting between polls, as "started 9 s ago"
+// does (the words of the duration filter: "850 ms", "12.3 s", "4 min 5 s").
+function durationWords(ms) {
+  const seconds = ms / 1000;
+  if (seconds < 1) return `${Math.round(ms)} ms`;
+  if (seconds < 60) return `${seconds.toFixed(1)} s`;
+  const minutes = Math.floor(seconds / 60);
+  if (minutes < 60) return `${minutes} min ${Math.floor(seconds % 60)} s`;
+  return `${Math.floor(minutes / 60)} h ${minutes % 60} min`;
+}
+setInterval(() => {
+  for (const el of document.querySelectorAll(".running-for[data-ms]")) {
+    if (!el.dataset.since) el.dataset.since = String(Date.now());
+    const ms = Number(el.dataset.ms) + (Date.now() - Number(el.dataset.since));
+    el.textContent = durationWords(ms);
+  }
+}, 1000);
