@@ -3,7 +3,8 @@
 axe-core comes from the npm registry (``.ci/install-axe`` puts it in var/axe).
 The site's CSP refuses injected script, so axe runs in a browser context made
 with ``bypass_csp=True``; the CSP itself is checked by other tests. Every page
-is checked in the light and the dark colour scheme, with its folds opened.
+is checked in the light and the dark colour scheme, at 1280 and 390 px, with
+its folds opened.
 """
 
 from __future__ import annotations
@@ -16,9 +17,16 @@ from django.urls import reverse
 
 from api.models import OAuthGrant
 from api.services import token_create
+from artifacts.models import ArtifactClass
+from artifacts.services import artifact_store
 from council.demo import demo_round_load
 from council.models import Turn
+from council.services import round_start, turn_add
+from notifications.outbox import notify_unsubscribe_token
+from tasks.actions import step_resolve
+from tasks.plan import task_create
 from tests.conftest import REPO
+from tests.support.executing import crash_at, expire_lease
 from tests.support.oauth import consent_path, grant_for
 from tests.tasks.dashboard_data import showcase
 
@@ -64,6 +72,18 @@ def dads_pages(
     grant_for(dad, name="Claude Code")
     _, consent = consent_path(name="Codex")
     conversation = data["conversation"]
+    stopped = _stopped_task(conversation)
+    search = _saved_search(dad, data["done"])
+    open_round = round_start(
+        conversation=council_round.conversation,
+        topic="Which quotes for the sump pump?",
+        participants=[("Ada", "claude"), ("Kit", "kimi")],
+    )
+    turn_add(
+        council_round=open_round,
+        participant=open_round.participants.get(name="Ada"),
+        text="Two quotes came in; the cheaper one has no warranty.",
+    )
     outside = data["review"].steps.get(position=2)  # sends an email: confirmed first
     return dad, {
         "conversation list": "/",
@@ -96,7 +116,41 @@ def dads_pages(
             "dashboard:task_cancel", args=[data["running"].pk]
         ),
         "page not found": "/conversations/999999/",
+        "notifications": reverse("notify_settings"),
+        "turn messages off": reverse(
+            "notify_off", args=[notify_unsubscribe_token(dad.pk)]
+        ),
+        "a task with a step Dad stopped": stopped.get_absolute_url(),
+        "a saved search": search.get_absolute_url(),
+        "a round with no conclusion yet": open_round.get_absolute_url(),
     }
+
+
+def _stopped_task(conversation):
+    """A task whose interrupted search Dad stopped ("Stop here")."""
+    task = task_create(
+        conversation=conversation,
+        title="Search, then stopped",
+        steps=[{"title": "Search the news", "tool": "demo.search", "args": {}}],
+    )
+    crash_at(task.pk, "after_started", "worker:axe")
+    expire_lease(task.pk)
+    step_resolve(step=task.steps.get(), action="fail", actor="user:dad-axe")
+    return task
+
+
+def _saved_search(dad, task):
+    search = artifact_store(
+        owner=dad,
+        data=json.dumps(
+            {"query": "tomatoes", "results": [{"title": "Tomato prices fall"}]}
+        ).encode(),
+        media_type="application/json",
+        artifact_class=ArtifactClass.SNAPSHOT,
+        title="Search: tomatoes",
+    )
+    task.artifact_links.create(artifact=search)
+    return search
 
 
 def _violations(page, axe_script: str) -> list[dict]:
@@ -112,34 +166,52 @@ def _open_folds(page) -> None:
     page.wait_for_load_state("networkidle")
 
 
-@pytest.mark.parametrize("scheme", ["light", "dark"])
-def test_axe_finds_no_violations_on_dads_pages(
-    browser, live_server, dads_pages, axe_script, scheme
+# Every page at both widths, in both schemes: one login (the login view
+# throttles successful logins from one address too), its session reused.
+LOOKS = [
+    ("light", {"width": 1280, "height": 900}),
+    ("dark", {"width": 1280, "height": 900}),
+    ("light", {"width": 390, "height": 844}),
+    ("dark", {"width": 390, "height": 844}),
+]
+
+
+def test_axe_finds_no_violations_on_dads_pages_in_both_schemes_at_both_widths(
+    browser, live_server, dads_pages, axe_script
 ):
     dad, pages = dads_pages
-    context = browser.new_context(
-        bypass_csp=True, color_scheme=scheme, viewport={"width": 1280, "height": 900}
-    )
-    page = context.new_page()
     found: dict[str, list[dict]] = {}
-    try:
-        page.goto(f"{live_server.url}/login/")
-        if problems := _violations(page, axe_script):
-            found["login"] = problems
-        page.fill("#id_username", dad.username)
-        page.fill("#id_password", "correct horse battery staple")
-        page.click("button[type=submit]")
-        page.wait_for_url(f"{live_server.url}/")
-        for name, path in pages.items():
-            response = page.goto(f"{live_server.url}{path}")
-            expected = 404 if name == "page not found" else 200
-            assert response.status == expected, (name, path, response.status)
-            page.wait_for_load_state("networkidle")
-            _open_folds(page)
-            if problems := _violations(page, axe_script):
-                found[name] = problems
-    finally:
-        context.close()
+    login = browser.new_context(bypass_csp=True)
+    page = login.new_page()
+    page.goto(f"{live_server.url}/login/")
+    if problems := _violations(page, axe_script):
+        found["login"] = problems
+    page.fill("#id_username", dad.username)
+    page.fill("#id_password", "correct horse battery staple")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/")
+    session = login.storage_state()
+    login.close()
+    for scheme, viewport in LOOKS:
+        look = f"{scheme}, {viewport['width']} px"
+        context = browser.new_context(
+            bypass_csp=True,
+            color_scheme=scheme,
+            viewport=viewport,
+            storage_state=session,
+        )
+        page = context.new_page()
+        try:
+            for name, path in pages.items():
+                response = page.goto(f"{live_server.url}{path}")
+                expected = 404 if name == "page not found" else 200
+                assert response.status == expected, (name, path, response.status)
+                page.wait_for_load_state("networkidle")
+                _open_folds(page)
+                if problems := _violations(page, axe_script):
+                    found[f"{name} ({look})"] = problems
+        finally:
+            context.close()
     assert not found, json.dumps(found, indent=1, ensure_ascii=False)
 
 
