@@ -223,6 +223,12 @@ def test_every_tool_answers_in_the_shape_it_declares(user):
             "participant_id": speaker.pk,
             "text": "hello",
         },
+        # The speaker just had the last word (the calls run in this order).
+        "council_round_conclude": {
+            "round_id": council.pk,
+            "participant_id": speaker.pk,
+            "outcome": "Hello it is.",
+        },
     }
     # A tool without an example here is a tool this test cannot vouch for.
     assert set(examples) == {t.name for t in _listed_tools()}
