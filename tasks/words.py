@@ -89,8 +89,8 @@ CHOICES = {
     ),
     "fail": (
         "Stop here",
-        "The step is marked failed and the task stops at it;"
-        " you can still decide again or branch later.",
+        "The task stops at this step and waits for nobody;"
+        " you can still choose another way later, or branch.",
     ),
 }
 # Said beside a choice that would reach outside Pippa again.
