@@ -71,18 +71,26 @@ def test_take_the_readme_screenshots(
         "council-round": council_round.get_absolute_url(),
         "tokens": "/settings/tokens/",
         "mcp-sign-in": sign_in,
+        "notifications": "/settings/notifications/",
     }
+    # One login, its session reused (the login view throttles logins too).
+    login = browser.new_context()
+    page = login.new_page()
+    page.goto(f"{live_server.url}/login/")
+    page.fill("#id_username", dad.username)
+    page.fill("#id_password", "correct horse battery staple")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/")
+    session = login.storage_state()
+    login.close()
     for scheme in ("light", "dark"):
         for width, (w, h) in SIZES.items():
             context = browser.new_context(
-                viewport={"width": w, "height": h}, color_scheme=scheme
+                viewport={"width": w, "height": h},
+                color_scheme=scheme,
+                storage_state=session,
             )
             page = context.new_page()
-            page.goto(f"{live_server.url}/login/")
-            page.fill("#id_username", dad.username)
-            page.fill("#id_password", "correct horse battery staple")
-            page.click("button[type=submit]")
-            page.wait_for_url(f"{live_server.url}/")
             for name, path in pages.items():
                 if scheme == "dark" and name not in ("task-needs-you", "artifact"):
                     continue
