@@ -64,7 +64,11 @@ def mcp_get() -> int:
 
 @pytest.fixture
 def sink(settings):
+    """A webhook receiver on this machine: a json:// address, which the
+    operator's settings allow here (that scheme, loopback only)."""
     receiver = HttpSink().start()
+    settings.PIPPA_NOTIFY_ALLOW_SCHEMES = ["json"]
+    settings.PIPPA_NOTIFY_ALLOW_NETWORKS = ["127.0.0.1/32"]
     settings.PIPPA_NOTIFY_DELAY_SECONDS = 0
     settings.PIPPA_SITE_URL = "http://testserver"
     yield receiver
