@@ -231,7 +231,7 @@ def test_dad_deletes_a_conversation_through_the_confirmation(
     conversation = data["conversation"]
     before = subtree_snapshot(conversation.pk)
     page.goto(f"{page.base_url}{conversation.get_absolute_url()}")
-    page.get_by_role("link", name="Delete conversation…").click()
+    page.get_by_role("link", name="Delete this conversation…").click()
     expect(page.get_by_role("heading", name="Will be removed")).to_be_visible()
     expect(page.locator(".counts").first).to_contain_text("task")
     screenshot(page, "dashboard-delete-confirm")

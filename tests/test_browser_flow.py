@@ -42,7 +42,7 @@ def test_dad_finds_the_interrupted_task_from_the_list_decides_once_and_watches_i
     page.get_by_role("link", name="Needs you (1 conversation)").click()
     expect(page.get_by_role("link", name="Nothing to see")).to_have_count(0)
     expect(page.locator("#conversation-results .badge.needs-you")).to_contain_text(
-        "Needs you: 1 step"
+        "Needs you: 1 decision"
     )
     page.get_by_role("link", name="PIPA, interrupted").click()
     page.get_by_role("link", name=task.title).click()

@@ -20,7 +20,7 @@ def test_a_token_is_created_shown_once_and_revoked_in_the_browser(
     raw = page.input_value("#new-token")
     assert raw.startswith("pip_")
     page.context.grant_permissions(["clipboard-read", "clipboard-write"])
-    page.get_by_role("button", name="Copy").click()
+    page.get_by_role("button", name="Copy", exact=True).click()
     expect(page.locator("#copy-status")).to_contain_text("Copied.")
     assert page.evaluate("navigator.clipboard.readText()") == raw
     screenshot(page, "api-tokens-created")

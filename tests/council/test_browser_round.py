@@ -41,11 +41,21 @@ def _no_script_ran(page, seen) -> None:
     assert not [u for u in seen["requests"] if "pwned" in u]
 
 
+def _reopened(council_round):
+    """The demo's round, its outcome taken back, so a test can add a late turn
+    (a concluded round takes no more)."""
+    type(council_round).objects.filter(pk=council_round.pk).update(
+        outcome="", concluded_at=None, concluded_by=""
+    )
+    council_round.refresh_from_db()
+    return council_round
+
+
 def test_round_viewer_shows_previews_and_never_runs_the_widgets_script(
     logged_in_page, screenshot
 ):
     page = logged_in_page
-    council_round = demo_round_load(owner=page.user)
+    council_round = _reopened(demo_round_load(owner=page.user))
     turn_add(
         council_round=council_round,
         participant=council_round.participants.get(name="Ada"),
@@ -65,11 +75,13 @@ def test_round_viewer_shows_previews_and_never_runs_the_widgets_script(
     for i in range(images.count()):
         assert images.nth(i).is_visible()
         assert images.nth(i).evaluate("img => img.complete && img.naturalWidth > 0")
-    page.locator("details.context").nth(1).locator("summary").click()
-    # The fold fetches its context when opened.
-    expect(
-        page.locator("details.context").nth(1).locator("mark.ref").first
-    ).to_be_visible()
+    fold = page.locator("details.context").nth(1)
+    fold.locator("summary").first.click()
+    # The fold fetches its context when opened: words first, the JSON with
+    # its refs marked under the engineer's fold.
+    expect(fold.locator(".context-words")).to_contain_text("Ada’s words, with")
+    fold.locator("details.engineer summary").click()
+    expect(fold.locator("mark.ref").first).to_be_visible()
     screenshot(page, "council-round-viewer")
     _no_script_ran(page, seen)
 
@@ -102,7 +114,7 @@ def test_round_viewer_shows_previews_and_never_runs_the_widgets_script(
 
 def test_round_viewer_says_why_a_preview_failed(logged_in_page, screenshot):
     page = logged_in_page
-    council_round = demo_round_load(owner=page.user)
+    council_round = _reopened(demo_round_load(owner=page.user))
     turn_add(
         council_round=council_round,
         participant=council_round.participants.get(name="Kit"),
