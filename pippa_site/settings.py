@@ -231,7 +231,8 @@ def _database() -> dict:
             # Django switches foreign keys on for every new SQLite connection;
             # WAL lets readers run beside the writer; IMMEDIATE takes the write
             # lock at BEGIN so two writers queue instead of failing mid-way.
-            "init_command": f"PRAGMA journal_mode=WAL; PRAGMA synchronous={synchronous};",
+            "init_command": f"PRAGMA journal_mode=WAL; PRAGMA synchronous={synchronous};"
+            + f" PRAGMA mmap_size={env_int('PIPPA_SQLITE_MMAP', 0)};",
             "transaction_mode": "IMMEDIATE",
             # Busy timeout: how long a writer waits for the write lock before
             # "database is locked" (a worker then backs off and tries again).
@@ -300,8 +301,18 @@ TIME_ZONE = env_str("TIME_ZONE", "UTC")
 USE_I18N = False
 USE_TZ = True
 
-# Per process, in memory.
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+# Per process, in memory. "fragments" holds the task page's drawn step rows
+# ({% cache %} in dashboard/task_detail.html), each under a key made of all it
+# shows (dashboard.selectors.timeline.StepRow.fragment_key): a few KiB a row,
+# the oldest dropped past the cap.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "fragments": {
+        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+        "LOCATION": "fragments",
+        "OPTIONS": {"MAX_ENTRIES": env_int("PIPPA_FRAGMENT_ENTRIES", 5000)},
+    },
+}
 
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "staticfiles"

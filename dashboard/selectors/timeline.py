@@ -9,6 +9,7 @@ megabytes for no reader.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from django.core.paginator import Page, Paginator
@@ -168,6 +169,46 @@ class StepRow:
     @property
     def needs_attention(self) -> bool:
         return self.step.status in ATTENTION_STEPS
+
+    @cached_property
+    def fragment_key(self) -> str:
+        """The key under which the page may keep this row's drawn parts (its
+        head and body, not its bars, which follow the clock) in Django's
+        "fragments" cache, or "" for a row that is drawn every time.
+
+        The key is everything those parts show: the step's fields, its
+        output's, what the row read of the output and of the step's events,
+        and whether the task is idle (a branch link). A changed row has
+        another key, so a key never names a stale row. Drawn every time: a
+        row waiting for a person (its card and choices), a running step or a
+        back-off ("started 5 s ago"), and a row that lists its attempts or
+        notes (their times are relative words).
+        """
+        step = self.step
+        if (
+            self.advice is not None
+            or self.shows_attempts
+            or step.status == Step.Status.RUNNING
+            or step.next_attempt_at is not None
+        ):
+            return ""
+        output = step.output
+        task = step.task
+        return repr(
+            (
+                [getattr(step, f.attname) for f in Step._meta.concrete_fields],
+                output
+                and [getattr(output, f.attname) for f in output._meta.concrete_fields],
+                self.preview,
+                self.excerpt,
+                self.excerpt_truncated,
+                self.headlines,
+                self.attempts,
+                self.worked,
+                task.is_idle,
+                task.steps_total,
+            )
+        )
 
     # The output's pages, as ``{% url %}`` gives them (``artifact_url``).
     @property

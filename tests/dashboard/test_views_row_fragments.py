@@ -1,0 +1,121 @@
+"""The task page keeps a settled step row's drawn parts in Django's cache
+("fragments", ``{% cache %}``) under a key made of everything they show
+(``StepRow.fragment_key``): the page is the same with or without it, and a
+row whose step changed in any way is drawn anew.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.core.cache import caches
+from django.core.cache.utils import make_template_fragment_key
+
+from dashboard.selectors.timeline import task_timeline
+from tasks.executor import step
+from tasks.models import Step, Task
+
+pytestmark = pytest.mark.django_db
+
+WORKER = "worker:test-fragments"
+
+
+@pytest.fixture(autouse=True)
+def empty_fragments():
+    caches["fragments"].clear()
+    yield
+    caches["fragments"].clear()
+
+
+def _rows_html(body: str) -> dict[str, str]:
+    """Each step row's ``<li>``, by its id."""
+    return {
+        m[1]: m[0]
+        for m in re.finditer(
+            r'<li class="step [^"]*" id="(step-\d+)">.*?\n    </li>', body, re.S
+        )
+    }
+
+
+def _axis_free(rows: dict[str, str]) -> dict[str, str]:
+    return {k: re.sub(r'viewBox="0 0 \d+ 14"', "", v) for k, v in rows.items()}
+
+
+def _page(client, task: Task) -> str:
+    response = client.get(task.get_absolute_url())
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+def _ran(task: Task, steps: int) -> Task:
+    for _ in range(steps):
+        step(task_id=task.pk, worker_id=WORKER)
+    task.refresh_from_db()
+    return task
+
+
+def test_a_page_drawn_from_kept_rows_is_the_page_drawn_afresh(dad_client, fetch_task):
+    task = _ran(fetch_task(4), 2)
+    fresh = _rows_html(_page(dad_client, task))
+    kept = _rows_html(_page(dad_client, task))  # rows 1 and 2 come from the cache
+    assert set(fresh) == {"step-1", "step-2", "step-3", "step-4"}
+    # The same rows; only the axis has grown meanwhile (the task runs on).
+    assert _axis_free(kept) == _axis_free(fresh)
+    _, rows, _ = task_timeline(task=task)
+    for row in rows[:2]:
+        for part in ("step-row-head", "step-row-body"):
+            key = make_template_fragment_key(part, [row.fragment_key])
+            assert caches["fragments"].get(key) is not None
+
+
+def test_a_step_changed_behind_the_page_is_drawn_anew_not_from_the_cache(
+    dad_client, fetch_task
+):
+    task = _ran(fetch_task(3), 1)
+    assert "Fetch 1" in _rows_html(_page(dad_client, task))["step-1"]
+    # A repair in the admin: no event, only the row changes.
+    Step.objects.filter(task=task, position=1).update(title="Closing prices, checked")
+    row = _rows_html(_page(dad_client, task))["step-1"]
+    assert "Closing prices, checked" in row
+    assert "Fetch 1" not in row
+
+
+def test_a_done_row_gains_its_branch_link_when_the_task_goes_idle(
+    dad_client, fetch_task
+):
+    task = _ran(fetch_task(3), 1)
+    assert "Change course after step 1" not in _rows_html(_page(dad_client, task))["step-1"]
+    Task.objects.filter(pk=task.pk).update(status=Task.Status.PAUSED)
+    task.refresh_from_db()
+    assert "Change course after step 1" in _rows_html(_page(dad_client, task))["step-1"]
+
+
+def test_rows_whose_words_follow_the_clock_are_never_kept(fetch_task):
+    task = _ran(fetch_task(3), 1)
+    Step.objects.filter(task=task, position=2).update(
+        status=Step.Status.RUNNING, attempts=1
+    )
+    Step.objects.filter(task=task, position=3).update(attempts=1)
+    from django.utils import timezone
+
+    Step.objects.filter(task=task, position=3).update(
+        next_attempt_at=timezone.now() + timezone.timedelta(minutes=1)
+    )
+    task.refresh_from_db()
+    _, rows, _ = task_timeline(task=task)
+    keys = {row.step.position: row.fragment_key for row in rows}
+    assert keys[1]  # done: kept
+    assert keys[2] == ""  # running: "started 5 s ago"
+    assert keys[3] == ""  # waiting to retry: "next attempt in 1 min"
+
+
+def test_two_rows_that_differ_in_anything_they_show_have_different_keys(fetch_task):
+    task = _ran(fetch_task(3), 2)
+    _, rows, _ = task_timeline(task=task)
+    first, second = rows[0].fragment_key, rows[1].fragment_key
+    assert first and second and first != second
+    Step.objects.filter(task=task, position=1).update(max_attempts=9)
+    _, again, _ = task_timeline(task=task)
+    assert again[0].fragment_key != first
+    assert again[1].fragment_key == second
