@@ -242,6 +242,7 @@ def _next_entry(step: Step, advice, limits: Limits) -> ResumeNextOut:
         position=step.position,
         title=_cut(step.title, limits.title),
         status=step.status,
+        stopped=step.stopped,
         tool=step.tool,
         args=args if shown else None,
         args_chars=args_chars,

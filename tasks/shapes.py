@@ -61,6 +61,9 @@ class StepOut(Shape):
     position: int
     title: str
     status: str
+    # A failed step that its owner stopped ("Stop here"): it waits for nobody,
+    # and nothing runs it again until a person starts it over.
+    stopped: bool
     tool: str
     args: dict[str, Any]
     artifact_class: int
@@ -169,6 +172,7 @@ class ResumeNextOut(Shape):
     position: int
     title: str
     status: str
+    stopped: bool
     tool: str
     args: dict[str, Any] | None
     args_chars: int

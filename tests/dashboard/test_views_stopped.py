@@ -104,3 +104,28 @@ def test_no_message_goes_out_for_a_step_dad_stopped(failed, user, settings):
 
     assert (report.messages, report.dropped) == (0, 1)
     assert Notice.objects.get().state == Notice.State.DROPPED
+
+
+def test_a_program_reading_the_task_sees_the_step_dad_stopped_as_stopped(
+    failed, user, client
+):
+    """The JSON API and MCP (one document, tasks.documents) say "stopped", so an
+    agent does not take Dad's decision for a failure to retry."""
+    from api.services import token_create
+    from tasks.documents import task_payload
+
+    step = failed.steps.get(position=1)
+    url = f"/api/v1/tasks/{failed.pk}"
+    bearer = {"Authorization": f"Bearer {token_create(user=user, name='agent').raw}"}
+    before = client.get(url, headers=bearer).json()
+    assert [s["stopped"] for s in before["steps"]] == [False, False]
+
+    step_resolve(step=step, action="fail", actor="dad")
+
+    answer = client.get(url, headers=bearer).json()
+    assert [(s["status"], s["stopped"]) for s in answer["steps"]] == [
+        ("failed", True),
+        ("pending", False),
+    ]
+    failed.refresh_from_db()
+    assert task_payload(failed)["steps"] == answer["steps"]
