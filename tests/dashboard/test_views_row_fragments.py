@@ -7,10 +7,12 @@ row whose step changed in any way is drawn anew.
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.core.cache import caches
 from django.core.cache.utils import make_template_fragment_key
+from django.utils import timezone
 
 from dashboard.selectors.timeline import task_timeline
 from tasks.executor import step
@@ -85,7 +87,10 @@ def test_a_done_row_gains_its_branch_link_when_the_task_goes_idle(
     dad_client, fetch_task
 ):
     task = _ran(fetch_task(3), 1)
-    assert "Change course after step 1" not in _rows_html(_page(dad_client, task))["step-1"]
+    assert (
+        "Change course after step 1"
+        not in _rows_html(_page(dad_client, task))["step-1"]
+    )
     Task.objects.filter(pk=task.pk).update(status=Task.Status.PAUSED)
     task.refresh_from_db()
     assert "Change course after step 1" in _rows_html(_page(dad_client, task))["step-1"]
@@ -96,11 +101,8 @@ def test_rows_whose_words_follow_the_clock_are_never_kept(fetch_task):
     Step.objects.filter(task=task, position=2).update(
         status=Step.Status.RUNNING, attempts=1
     )
-    Step.objects.filter(task=task, position=3).update(attempts=1)
-    from django.utils import timezone
-
     Step.objects.filter(task=task, position=3).update(
-        next_attempt_at=timezone.now() + timezone.timedelta(minutes=1)
+        attempts=1, next_attempt_at=timezone.now() + timedelta(minutes=1)
     )
     task.refresh_from_db()
     _, rows, _ = task_timeline(task=task)
@@ -114,7 +116,9 @@ def test_two_rows_that_differ_in_anything_they_show_have_different_keys(fetch_ta
     task = _ran(fetch_task(3), 2)
     _, rows, _ = task_timeline(task=task)
     first, second = rows[0].fragment_key, rows[1].fragment_key
-    assert first and second and first != second
+    assert first
+    assert second
+    assert first != second
     Step.objects.filter(task=task, position=1).update(max_attempts=9)
     _, again, _ = task_timeline(task=task)
     assert again[0].fragment_key != first
