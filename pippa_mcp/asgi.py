@@ -26,7 +26,7 @@ request reaches it, this door:
   answered with ``Connection: close``.
 
 Then the SDK answers, with the tools acting as the token's user
-(``pippa_mcp.server.acting_as``: the ContextVar is copied into the SDK's task
+(``pippa_mcp.door.acting_as``: the ContextVar is copied into the SDK's task
 and from there into the worker thread each tool runs in).
 """
 
@@ -51,7 +51,9 @@ from mcp.server.transport_security import (
 )
 from starlette.requests import Request
 
-from pippa_mcp.server import acting_as, build_server, in_thread, invalid_request_id
+from pippa_mcp.door import acting_as, in_thread
+from pippa_mcp.messages import invalid_request_id
+from pippa_mcp.server import build_server
 from pippa_site import metrics, throttle
 from pippa_site.bearer import bearer_mcp_user, bearer_token, mcp_challenge
 from pippa_site.errors import TooMany

@@ -201,7 +201,7 @@ class Site:
                 # MCP tools run on anyio's worker threads: at most this many at
                 # once per process, so a burst of tool calls leaves the pages
                 # their share of the interpreter (a step run has threads of its
-                # own, pippa_mcp.server.run_next_step).
+                # own, pippa_mcp.step_tools.run_next_step).
                 limiter = anyio.to_thread.current_default_thread_limiter()
                 limiter.total_tokens = settings.PIPPA_MCP_THREADS
                 await send({"type": "lifespan.startup.complete"})
