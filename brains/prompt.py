@@ -1,15 +1,15 @@
 """What a brain is told: the system prompt, the opening of each turn and its tools.
 
 The runner (``brains.runner``) sends these every turn; its backends carry
-out the tools. Like the runner, this module loads without a Django project.
+out the tools. Like the runner, this module loads without a Django project:
+the limits its tool specs state are the services' own, from ``tasks.limits``.
 """
 
 from __future__ import annotations
 
 from brains.base import ToolSpec
+from tasks.limits import MAX_PAGE_STEPS, NOTE_MAX_CHARS
 
-NOTE_MAX_CHARS = 1000  # tasks.services.NOTE_MAX_CHARS
-READ_STEPS_MAX = 50  # tasks.resume_document.MAX_PAGE_STEPS
 STEP_STATUSES = ["pending", "running", "done", "failed", "needs_review", "skipped"]
 
 SYSTEM_PROMPT = """\
@@ -104,7 +104,7 @@ TOOL_SPECS = [
                 "from_position": {"type": "integer", "minimum": 1},
                 "to_position": {"type": "integer", "minimum": 1},
                 "status": {"type": "string", "enum": STEP_STATUSES},
-                "limit": {"type": "integer", "minimum": 1, "maximum": READ_STEPS_MAX},
+                "limit": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_STEPS},
             },
         },
     ),

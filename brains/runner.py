@@ -88,6 +88,7 @@ from brains.prompt import (
     TOOL_SPECS,
 )
 from pippa_site.errors import LeaseConflict, PippaError
+from tasks.limits import DOCUMENT_MAX_CHARS, DOCUMENT_MIN_CHARS, WORKER_NAME_MAX
 
 logger = logging.getLogger("pippa.brains")
 
@@ -96,10 +97,6 @@ TEXT_TYPES = ("text/", "application/json", "image/svg+xml", "application/xml")
 # The share of a bounded context (``Room.context_tokens``) a request may fill;
 # the rest is the answer's.
 ANSWER_SHARE = 3 / 4
-# The resume document's size (tasks.resume_document.MAX_CHARS and MIN_CHARS),
-# written here too: this module loads without a Django project (HttpBackend).
-DOCUMENT_CHARS = 4000
-MIN_DOCUMENT_CHARS = 1500
 # How each vendor says an answer stopped at its token bound (OpenAI, Ollama and
 # llama.cpp; Anthropic; Gemini). A local server's bound is its context.
 CUT_OFF = frozenset({"length", "max_tokens", "MAX_TOKENS"})
@@ -138,7 +135,7 @@ class Backend(Protocol):
     def record_brain(self, task_id: int, brain: str) -> None: ...
     def record_turn(self, task_id: int, turn: dict[str, Any]) -> None: ...
     def resume_context(
-        self, task_id: int, max_chars: int = DOCUMENT_CHARS
+        self, task_id: int, max_chars: int = DOCUMENT_MAX_CHARS
     ) -> dict[str, Any]: ...
     def task(self, task_id: int) -> dict[str, Any]: ...
     def run_step(self, task_id: int, worker: str) -> dict[str, Any]: ...
@@ -167,7 +164,7 @@ class Room:
     brain's own counts (``BrainReply.tokens``) tell the runner better.
     """
 
-    document_chars: int = DOCUMENT_CHARS
+    document_chars: int = DOCUMENT_MAX_CHARS
     window_turns: int = 2
     result_chars: int = 12_000
     context_tokens: int | None = None
@@ -182,7 +179,7 @@ class Room:
         prompt = int(tokens * ANSWER_SHARE * cls.chars_per_token)
         return cls(
             document_chars=max(
-                MIN_DOCUMENT_CHARS, min(DOCUMENT_CHARS, int(prompt * 0.3))
+                DOCUMENT_MIN_CHARS, min(DOCUMENT_MAX_CHARS, int(prompt * 0.3))
             ),
             window_turns=1,
             result_chars=max(600, prompt // 8),
@@ -629,7 +626,7 @@ class LocalBackend:
             raise ToolFailure(str(exc)) from None
 
     def resume_context(
-        self, task_id: int, max_chars: int = DOCUMENT_CHARS
+        self, task_id: int, max_chars: int = DOCUMENT_MAX_CHARS
     ) -> dict[str, Any]:
         from tasks.resume_document import resume_payload
 
@@ -768,7 +765,7 @@ class HttpBackend:
         self._call("POST", f"/tasks/{task_id}/brain/turns", turn)
 
     def resume_context(
-        self, task_id: int, max_chars: int = DOCUMENT_CHARS
+        self, task_id: int, max_chars: int = DOCUMENT_MAX_CHARS
     ) -> dict[str, Any]:
         return self._call(
             "GET", f"/tasks/{task_id}/resume-context?max_chars={int(max_chars)}"
@@ -785,7 +782,7 @@ class HttpBackend:
 
     def run_step(self, task_id: int, worker: str) -> dict[str, Any]:
         return self._call(
-            "POST", f"/tasks/{task_id}/steps/run", {"worker": worker[:80]}
+            "POST", f"/tasks/{task_id}/steps/run", {"worker": worker[:WORKER_NAME_MAX]}
         )
 
     def rewrite_plan(self, task_id: int, steps: list[dict]) -> dict[str, Any]:
@@ -795,7 +792,11 @@ class HttpBackend:
         return self._call("POST", f"/tasks/{task_id}/resume", {})
 
     def release_lease(self, task_id: int, worker: str) -> None:
-        self._call("POST", f"/tasks/{task_id}/lease/release", {"worker": worker[:80]})
+        self._call(
+            "POST",
+            f"/tasks/{task_id}/lease/release",
+            {"worker": worker[:WORKER_NAME_MAX]},
+        )
 
     def read_artifact(
         self, artifact_id: int, limit: int = MAX_EXCERPT_BYTES

@@ -1,4 +1,10 @@
-"""The types of the MCP tools' arguments, with their limits (in the JSON schema)."""
+"""The types of the MCP tools' arguments, with their limits (in the JSON schema).
+
+Every limit is a constant: the rule's own where a service enforces it
+(``tasks.limits``, ``tasks.shapes``, ``council.services``,
+``artifacts.services``), or one named here for what only this door has (a
+page, a cursor, an inline payload, the databases' integer range).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from artifacts.models import Artifact
+from council.services import BRAIN_NAME_MAX, PARTICIPANT_NAME_MAX
 from tasks import shapes
+from tasks.limits import WORKER_NAME_MAX
 from tasks.models import Step
 from tasks.shapes import (
     Title,
@@ -19,18 +28,26 @@ MAX_STORE_BYTES = 1024 * 1024
 # Rows a page of a list holds unless the caller asks for fewer (at most MAX_PAGE).
 PAGE_ROWS = 50
 MAX_PAGE = 200
+# A cursor is a few dozen characters (answers.cursor_after); past this it is not one.
+MAX_CURSOR_CHARS = 200
+# The largest ids and positions the databases store (a BigAutoField, a
+# PositiveIntegerField): a larger number is refused in the schema, not by a DataError.
+ID_MAX = 2**63 - 1
+POSITION_MAX = 2**31 - 1
+# A sha256 as refs carry it: the hex digest an artifact row stores.
+SHA256_CHARS = Artifact._meta.get_field("sha256").max_length
 
 
 # -- argument types -------------------------------------------------------------------
 
 # Strict: JSON true is not task 1, and "5" is not 5.
-Id = Annotated[int, Field(strict=True, ge=1, le=2**63 - 1)]
-Position = Annotated[int, Field(strict=True, ge=1, le=2**31 - 1)]
+Id = Annotated[int, Field(strict=True, ge=1, le=ID_MAX)]
+Position = Annotated[int, Field(strict=True, ge=1, le=POSITION_MAX)]
 # The name a calling agent gives itself; a lease is held under it.
 Worker = Annotated[
     str,
     Field(
-        max_length=60,
+        max_length=WORKER_NAME_MAX,
         description="your own name, e.g. claude-laptop; the lease is held under it",
     ),
 ]
@@ -42,7 +59,7 @@ Limit = Annotated[
 Cursor = Annotated[
     str | None,
     Field(
-        max_length=200,
+        max_length=MAX_CURSOR_CHARS,
         description="next_cursor of the page before; leave it out for the first page",
     ),
 ]
@@ -85,10 +102,10 @@ class PlanItem(BaseModel):
 class Participant(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    name: Annotated[str, Field(min_length=1, max_length=100)]
+    name: Annotated[str, Field(min_length=1, max_length=PARTICIPANT_NAME_MAX)]
     brain: str = Field(
         default="other",
-        max_length=40,
+        max_length=BRAIN_NAME_MAX,
         description="claude, codex, kimi, grok, glm, gemini, ollama or other",
     )
 

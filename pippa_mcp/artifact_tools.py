@@ -23,7 +23,12 @@ from artifacts.selectors import artifact_text_head
 from artifacts.services import MAX_SOURCES
 from artifacts.store import BlobError, default_store
 from pippa_mcp.answers import MAX_SOURCE_CHARS, artifact_doc, content_bytes
-from pippa_mcp.arguments import MAX_STORE_BYTES, ArtifactClassValue, Id
+from pippa_mcp.arguments import (
+    MAX_STORE_BYTES,
+    SHA256_CHARS,
+    ArtifactClassValue,
+    Id,
+)
 from pippa_mcp.door import current_user, tool
 from pippa_mcp.shapes import (
     ArtifactReadOut,
@@ -69,7 +74,7 @@ ALREADY_STORED = (
 def artifact_read(
     artifact_id: Id,
     view: Literal["auto", "source", "preview"] = "auto",
-    sha256: Annotated[str, Field(max_length=64)] = "",
+    sha256: Annotated[str, Field(max_length=SHA256_CHARS)] = "",
 ) -> Annotated[CallToolResult, ArtifactReadOut]:
     """Read an artifact by its ref: its source as text, or its PNG preview as an image.
 

@@ -18,7 +18,14 @@ from council.selectors import (
     round_payload,
     rounds_of,
 )
-from council.services import participant_ref, round_conclude
+from council.services import (
+    CITES_MAX,
+    MAX_OUTCOME_CHARS,
+    PARTICIPANTS_MAX,
+    TURN_TEXT_MAX,
+    participant_ref,
+    round_conclude,
+)
 from council.services import round_start as council_round_create
 from council.services import turn_add as council_turn_create
 from council.shapes import CouncilContext, RoundOut
@@ -56,7 +63,9 @@ ERR_NO_WIDGET_OR_TEXT = "a turn needs text or a widget"
 def council_round_start(
     conversation_id: Id,
     topic: Title,
-    participants: Annotated[list[Participant], Field(min_length=1, max_length=20)],
+    participants: Annotated[
+        list[Participant], Field(min_length=1, max_length=PARTICIPANTS_MAX)
+    ],
 ) -> RoundOut:
     """Start the next council round of a conversation with named participants.
 
@@ -125,11 +134,11 @@ def council_context(round_id: Id, participant_id: Id | None = None) -> CouncilCo
 def council_turn_add(
     round_id: Id,
     participant_id: Id,
-    text: Annotated[str, Field(max_length=20000)] = "",
+    text: Annotated[str, Field(max_length=TURN_TEXT_MAX)] = "",
     widget_svg: Annotated[str, Field(max_length=MAX_STORE_BYTES)] = "",
     widget_title: TitleOrEmpty = "",
     widget_source_refs: Annotated[list[Id], Field(max_length=MAX_SOURCES)] = [],  # noqa: B006
-    cites: Annotated[list[Id], Field(max_length=50)] = [],  # noqa: B006
+    cites: Annotated[list[Id], Field(max_length=CITES_MAX)] = [],  # noqa: B006
 ) -> TurnAdded:
     """Speak in a council round: your text, an optional SVG widget, and citations.
 
@@ -173,7 +182,7 @@ def council_turn_add(
 def council_round_conclude(
     round_id: Id,
     participant_id: Id,
-    outcome: Annotated[str, Field(min_length=1, max_length=4000)],
+    outcome: Annotated[str, Field(min_length=1, max_length=MAX_OUTCOME_CHARS)],
 ) -> RoundOut:
     """Conclude a council round with its outcome, as its last speaker.
 

@@ -43,17 +43,12 @@ from tasks.documents import (
     conversation_get_for_user,
     task_get_for_user,
 )
+from tasks.limits import MAX_PAGE_STEPS, NOTE_MAX_CHARS, PAGE_STEPS
 from tasks.models import Brain, Conversation
 from tasks.plan import conversation_task_create, plan_rewrite
 from tasks.plan import task_create as plan_task_create
-from tasks.resume_document import (
-    MAX_PAGE_STEPS,
-    PAGE_STEPS,
-    note_document,
-    resume_document,
-    steps_read,
-)
-from tasks.services import NOTE_MAX_CHARS, task_note_write
+from tasks.resume_document import note_document, resume_document, steps_read
+from tasks.services import task_note_write
 from tasks.shapes import (
     ResumeNoteOut,
     ResumeOut,
@@ -69,6 +64,10 @@ ERR_CONVERSATION_CHOICE = (
     "give either conversation_id (an existing conversation) or conversation_title"
     " (a new one), not both and not neither"
 )
+
+
+# A step tool's description as list_step_tools shows it, at most.
+TOOL_DESCRIPTION_CHARS = 500
 
 
 # -- conversations and tasks ------------------------------------------------------
@@ -158,7 +157,7 @@ def list_step_tools(cursor: Cursor = None, limit: Limit = PAGE_ROWS) -> StepTool
                 artifact_class=t.artifact_class,
                 side_effects=t.side_effects,
                 media_type=t.media_type,
-                description=(t.description or "").strip()[:500],
+                description=(t.description or "").strip()[:TOOL_DESCRIPTION_CHARS],
                 args_schema=t.args_schema,
             )
             for t in page
