@@ -23,22 +23,10 @@ from tests.support.asyncrun import run_async
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def council(make_conversation, user):
-    conversation = make_conversation(owner=user, title="Household")
-    council_round = round_start(
-        conversation=conversation,
-        topic="Which risks first?",
-        participants=[("Ada", "claude"), ("Kit", "kimi")],
-    )
-    ada, _ = council_round.participants.order_by("position")
-    return council_round, ada
-
-
 def test_a_turn_longer_than_the_limit_is_refused_by_the_service_and_nothing_is_kept(
     council,
 ):
-    council_round, ada = council
+    council_round, ada, _ = council
 
     with pytest.raises(CouncilError, match="at most 20,000 characters, not 20,001"):
         turn_add(
@@ -56,7 +44,7 @@ def test_a_turn_longer_than_the_limit_is_refused_by_the_service_and_nothing_is_k
 def test_mcp_refuses_a_long_turn_the_same_way_through_its_tool_and_its_schema(
     council, user
 ):
-    council_round, ada = council
+    council_round, ada, _ = council
     too_long = "x" * (TURN_TEXT_MAX + 1)
     args = {"round_id": council_round.pk, "participant_id": ada.pk, "text": too_long}
 
@@ -87,7 +75,7 @@ def test_mcp_refuses_a_long_turn_the_same_way_through_its_tool_and_its_schema(
 def test_a_round_of_too_many_participants_and_a_turn_citing_too_many_are_refused(
     council, make_conversation, user, make_artifact
 ):
-    council_round, ada = council
+    council_round, ada, _ = council
     conversation = make_conversation(owner=user, title="Crowd")
     crowd = [(f"P{i}", "other") for i in range(PARTICIPANTS_MAX + 1)]
 
