@@ -58,17 +58,17 @@ from tasks.documents import (
     task_get_for_user,
     task_payload,
 )
-from tasks.models import Brain, Conversation, Step
-from tasks.resume_document import (
-    MAX_CHARS,
+from tasks.limits import (
+    DOCUMENT_MAX_CHARS,
+    DOCUMENT_MIN_CHARS,
     MAX_PAGE_STEPS,
-    MIN_CHARS,
+    NOTE_MAX_CHARS,
     PAGE_STEPS,
-    note_document,
-    resume_document,
-    steps_read,
+    WORKER_NAME_MAX,
 )
-from tasks.services import NOTE_MAX_CHARS, task_note_write
+from tasks.models import Brain, Conversation, Step
+from tasks.resume_document import note_document, resume_document, steps_read
+from tasks.services import task_note_write
 from tasks.shapes import (
     ArtifactClassValue,
     ArtifactOut,
@@ -86,6 +86,7 @@ from tasks.shapes import (
     ToolName,
 )
 from tasks.usage import (
+    MAX_CALLS,
     MAX_NAME,
     MAX_TOKENS,
     brain_turn_record,
@@ -284,7 +285,7 @@ class WorkerIn(InSchema):
         str,
         Field(
             min_length=1,
-            max_length=80,
+            max_length=WORKER_NAME_MAX,
             description="The runner's own name, e.g. codex-laptop-4121; the lease is held under it.",
         ),
     ]
@@ -322,8 +323,8 @@ class BrainTurnIn(InSchema):
 
     brain: BrainName
     model: Annotated[str, Field(max_length=MAX_NAME)] = ""
-    tool_calls: Annotated[int, Field(ge=0, le=1000)] = 0
-    bad_calls: Annotated[int, Field(ge=0, le=1000)] = 0
+    tool_calls: Annotated[int, Field(ge=0, le=MAX_CALLS)] = 0
+    bad_calls: Annotated[int, Field(ge=0, le=MAX_CALLS)] = 0
     tokens: TokensIn | None = Field(
         default=None, description="The vendor's counts; null when it sent none."
     )
@@ -464,7 +465,9 @@ def task_brain_turn(request: HttpRequest, task_id: int, payload: BrainTurnIn):
 def task_resume_context(
     request: HttpRequest,
     task_id: int,
-    max_chars: Annotated[int, Query(ge=MIN_CHARS, le=MAX_CHARS)] = MAX_CHARS,
+    max_chars: Annotated[
+        int, Query(ge=DOCUMENT_MIN_CHARS, le=DOCUMENT_MAX_CHARS)
+    ] = DOCUMENT_MAX_CHARS,
 ):
     """The bounded resume document (``pippa.resume/3``) a brain reads before each turn.
 

@@ -62,7 +62,7 @@ from mcp.shared.auth import (
 )
 
 from api.models import OAuthGrant
-from api.services import token_authenticate, token_hash
+from api.services import TOKEN_RAW_MAX, token_authenticate, token_hash
 
 # The one scope: act as the person on their tasks (read and run them).
 SCOPE = "tasks"
@@ -451,7 +451,7 @@ def refresh_read(client: OAuthClientInformationFull, raw: str) -> PippaRefresh |
     A refresh token that a refresh already replaced revokes its grant: two
     holders of one sign-in means a copy leaked (OAuth 2.1 §4.3.1).
     """
-    if not raw.startswith(REFRESH_PREFIX) or len(raw) > 200:
+    if not raw.startswith(REFRESH_PREFIX) or len(raw) > TOKEN_RAW_MAX:
         return None
     sha = token_hash(raw)
     grant = OAuthGrant.objects.filter(refresh_sha256=sha).first()
@@ -492,7 +492,7 @@ def grant_refresh(refresh: PippaRefresh) -> OAuthToken:
 
 
 def _live_grant(raw: str) -> OAuthGrant | None:
-    if not raw.startswith(ACCESS_PREFIX) or len(raw) > 200:
+    if not raw.startswith(ACCESS_PREFIX) or len(raw) > TOKEN_RAW_MAX:
         return None
     now = timezone.now()
     return (

@@ -39,6 +39,7 @@ from mcp.server.auth.settings import ClientRegistrationOptions
 from starlette.routing import request_response
 
 from api import oauth
+from pippa_site.bearer import site_base
 
 ERR_CONSENT_STALE = (
     "This sign-in request has expired or is not one this site made. Start the"
@@ -50,11 +51,6 @@ REGISTRATION = ClientRegistrationOptions(
 )
 READ = ["GET", "OPTIONS"]
 WRITE = ["POST", "OPTIONS"]
-
-
-def site_base(request: HttpRequest) -> str:
-    """This site's address as the client used it: the issuer."""
-    return request.build_absolute_uri("/").rstrip("/")
 
 
 async def _asgi(app, request: HttpRequest, *, form=None) -> HttpResponse:

@@ -18,7 +18,12 @@ from pippa_site.text import text_check, title_clean
 
 TOKEN_PREFIX = "pip_"
 PREFIX_CHARS = 12
-ERR_TOKEN_NAME = "give the token a name (up to 100 characters)"
+# A token's name, as its row stores it.
+TOKEN_NAME_MAX = ApiToken._meta.get_field("name").max_length
+# A bearer token longer than this is not one of ours (an API token is 47
+# characters, an MCP sign-in's access and refresh tokens 48: api.oauth).
+TOKEN_RAW_MAX = 200
+ERR_TOKEN_NAME = f"give the token a name (up to {TOKEN_NAME_MAX} characters)"
 ERR_TOKEN_REVOKED = "that token is already revoked"
 ERR_TOO_MANY_TOKENS = (
     "you already have {limit} active tokens: revoke one you no longer use first"
@@ -61,7 +66,7 @@ def token_create(*, user, name: str, days: int | None = None) -> NewToken:
     """
     text_check(name or "", field="token name")
     name = title_clean(name or "").strip()
-    if not name or len(name) > 100:
+    if not name or len(name) > TOKEN_NAME_MAX:
         raise TokenError(ERR_TOKEN_NAME)
     if days not in TOKEN_DAYS:
         choices = ", ".join(f"{d} days" if d else "never" for d in TOKEN_DAYS)
@@ -103,7 +108,7 @@ def token_revoke(*, token: ApiToken) -> ApiToken:
 def token_authenticate(*, raw: str):
     """Return the user of an active, unexpired token, or None. Records when it
     was last used (at most one write a minute per token, so reads stay reads)."""
-    if not raw or len(raw) > 200:
+    if not raw or len(raw) > TOKEN_RAW_MAX:
         return None
     token = (
         ApiToken.objects.usable()

@@ -21,6 +21,7 @@ from api.services import (
     DEFAULT_TOKEN_DAYS,
     ERR_TOKEN_REVOKED,
     TOKEN_DAYS,
+    TOKEN_NAME_MAX,
     TokenError,
     token_create,
     token_revoke,
@@ -49,6 +50,7 @@ def _page(request: HttpRequest, status: int = 200, **extra) -> HttpResponse:
         "grants": grants,
         "day_choices": [(str(d) if d else NEVER, d) for d in TOKEN_DAYS],
         "days": str(DEFAULT_TOKEN_DAYS),
+        "name_max": TOKEN_NAME_MAX,
         "usage": quota_usage(owner_id=request.user.pk),  # the storage partial's
         **extra,
     }

@@ -19,7 +19,8 @@ gets a valid request: a turn kept is sent as the brain answered it (Gemini's
 thought signatures ride along, ``BrainReply.replay``), and each result right
 after the call it answers.
 
-The brain's tools, each carried out through Pippa's durable state:
+The brain's tools (``brains.prompt``, with the system prompt and each turn's
+opening), each carried out through Pippa's durable state:
 
 - ``run_next_step``: the executor runs the next unfinished step; the result
   is handed to the brain only after it is persisted;
@@ -75,7 +76,19 @@ from brains.base import (
     json_kind,
     message_chars,
 )
+from brains.prompt import (
+    ELIDED,
+    GO_ON_FIRST,
+    GO_ON_LATER,
+    NEXT_RUNS,
+    NEXT_WAITS,
+    NOTHING_LEFT,
+    OPENING,
+    SYSTEM_PROMPT,
+    TOOL_SPECS,
+)
 from pippa_site.errors import LeaseConflict, PippaError
+from tasks.limits import DOCUMENT_MAX_CHARS, DOCUMENT_MIN_CHARS, WORKER_NAME_MAX
 
 logger = logging.getLogger("pippa.brains")
 
@@ -84,124 +97,6 @@ TEXT_TYPES = ("text/", "application/json", "image/svg+xml", "application/xml")
 # The share of a bounded context (``Room.context_tokens``) a request may fill;
 # the rest is the answer's.
 ANSWER_SHARE = 3 / 4
-# The resume document's size (tasks.resume_document.MAX_CHARS and MIN_CHARS),
-# written here too: this module loads without a Django project (HttpBackend).
-DOCUMENT_CHARS = 4000
-MIN_DOCUMENT_CHARS = 1500
-NOTE_MAX_CHARS = 1000  # tasks.services.NOTE_MAX_CHARS
-READ_STEPS_MAX = 50  # tasks.resume_document.MAX_PAGE_STEPS
-STEP_STATUSES = ["pending", "running", "done", "failed", "needs_review", "skipped"]
-
-SYSTEM_PROMPT = """\
-You drive a task whose plan and progress live in Pippa's durable state, not in \
-this chat. Each turn begins with the task's resume document, rebuilt from that \
-state: the steps counted by status, the step to run next and a few after it \
-(with what resume will do), the last few finished steps with their output refs, \
-and your own note. Only your latest turns follow it; older ones are not sent \
-again, so write anything you must remember with write_note. Never redo \
-finished work.
-Call run_next_step to run the next unfinished step; its result reaches you only \
-after it is saved. Call it again until the task is done, failed or needs review. \
-read_steps lists steps the document leaves out, read_artifact reads an output by \
-its id, rewrite_plan changes steps that have not run yet (finished steps stay as \
-they are). When the task is settled, answer with a short summary and no tool call."""
-
-OPENING = (
-    "Task {task_id}. Resume context (pippa.resume/3, rebuilt from durable state"
-    " for this turn):\n{document}\n{go_on}"
-)
-GO_ON_FIRST = "Continue the task from where it stands."
-GO_ON_LATER = "Your latest turns follow; go on from the state above."
-# What the document says comes next, in one sentence after it.
-NEXT_RUNS = " Step {position} ({title}) is next: run_next_step runs it."
-NEXT_WAITS = (
-    " Step {position} ({title}) waits for a person's decision: nothing runs until then."
-)
-NOTHING_LEFT = " No step is left to run: answer with a short summary."
-# An older turn's result, once the turn after it has its own.
-ELIDED = "an earlier result, shortened; the resume context above has the state it left"
-
-TOOL_SPECS = [
-    ToolSpec(
-        name="run_next_step",
-        description=(
-            "Run the task's next unfinished step through the durable executor and "
-            "return its saved result and the task's progress."
-        ),
-        parameters={"type": "object", "properties": {}},
-    ),
-    ToolSpec(
-        name="rewrite_plan",
-        description=(
-            "Replace the plan. List every step in order; give an existing step's id "
-            "to keep it. Finished steps must stay first and unchanged."
-        ),
-        parameters={
-            "type": "object",
-            "properties": {
-                "steps": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "properties": {
-                            "id": {"type": "integer"},
-                            "title": {"type": "string"},
-                            "tool": {"type": "string"},
-                            "args": {
-                                "type": "object",
-                                "description": "the tool's keyword arguments",
-                                "additionalProperties": True,
-                            },
-                        },
-                        "required": ["title", "tool"],
-                    },
-                }
-            },
-            "required": ["steps"],
-        },
-    ),
-    ToolSpec(
-        name="read_artifact",
-        description=(
-            "Read an artifact by id: its metadata, source refs and, for text, "
-            "the first few KiB."
-        ),
-        parameters={
-            "type": "object",
-            "properties": {"artifact_id": {"type": "integer"}},
-            "required": ["artifact_id"],
-        },
-    ),
-    ToolSpec(
-        name="read_steps",
-        description=(
-            "List steps the resume context does not show, in plan order: a range "
-            "of positions, or only those with a status. Each has its output's ref."
-        ),
-        parameters={
-            "type": "object",
-            "properties": {
-                "from_position": {"type": "integer", "minimum": 1},
-                "to_position": {"type": "integer", "minimum": 1},
-                "status": {"type": "string", "enum": STEP_STATUSES},
-                "limit": {"type": "integer", "minimum": 1, "maximum": READ_STEPS_MAX},
-            },
-        },
-    ),
-    ToolSpec(
-        name="write_note",
-        description=(
-            "Save a short note on the task for your later turns (they see only "
-            "the resume context and your latest turns). It replaces the last one."
-        ),
-        parameters={
-            "type": "object",
-            "properties": {"text": {"type": "string", "maxLength": NOTE_MAX_CHARS}},
-            "required": ["text"],
-        },
-    ),
-]
-
 # How each vendor says an answer stopped at its token bound (OpenAI, Ollama and
 # llama.cpp; Anthropic; Gemini). A local server's bound is its context.
 CUT_OFF = frozenset({"length", "max_tokens", "MAX_TOKENS"})
@@ -240,7 +135,7 @@ class Backend(Protocol):
     def record_brain(self, task_id: int, brain: str) -> None: ...
     def record_turn(self, task_id: int, turn: dict[str, Any]) -> None: ...
     def resume_context(
-        self, task_id: int, max_chars: int = DOCUMENT_CHARS
+        self, task_id: int, max_chars: int = DOCUMENT_MAX_CHARS
     ) -> dict[str, Any]: ...
     def task(self, task_id: int) -> dict[str, Any]: ...
     def run_step(self, task_id: int, worker: str) -> dict[str, Any]: ...
@@ -269,7 +164,7 @@ class Room:
     brain's own counts (``BrainReply.tokens``) tell the runner better.
     """
 
-    document_chars: int = DOCUMENT_CHARS
+    document_chars: int = DOCUMENT_MAX_CHARS
     window_turns: int = 2
     result_chars: int = 12_000
     context_tokens: int | None = None
@@ -284,7 +179,7 @@ class Room:
         prompt = int(tokens * ANSWER_SHARE * cls.chars_per_token)
         return cls(
             document_chars=max(
-                MIN_DOCUMENT_CHARS, min(DOCUMENT_CHARS, int(prompt * 0.3))
+                DOCUMENT_MIN_CHARS, min(DOCUMENT_MAX_CHARS, int(prompt * 0.3))
             ),
             window_turns=1,
             result_chars=max(600, prompt // 8),
@@ -731,7 +626,7 @@ class LocalBackend:
             raise ToolFailure(str(exc)) from None
 
     def resume_context(
-        self, task_id: int, max_chars: int = DOCUMENT_CHARS
+        self, task_id: int, max_chars: int = DOCUMENT_MAX_CHARS
     ) -> dict[str, Any]:
         from tasks.resume_document import resume_payload
 
@@ -870,7 +765,7 @@ class HttpBackend:
         self._call("POST", f"/tasks/{task_id}/brain/turns", turn)
 
     def resume_context(
-        self, task_id: int, max_chars: int = DOCUMENT_CHARS
+        self, task_id: int, max_chars: int = DOCUMENT_MAX_CHARS
     ) -> dict[str, Any]:
         return self._call(
             "GET", f"/tasks/{task_id}/resume-context?max_chars={int(max_chars)}"
@@ -887,7 +782,7 @@ class HttpBackend:
 
     def run_step(self, task_id: int, worker: str) -> dict[str, Any]:
         return self._call(
-            "POST", f"/tasks/{task_id}/steps/run", {"worker": worker[:80]}
+            "POST", f"/tasks/{task_id}/steps/run", {"worker": worker[:WORKER_NAME_MAX]}
         )
 
     def rewrite_plan(self, task_id: int, steps: list[dict]) -> dict[str, Any]:
@@ -897,7 +792,11 @@ class HttpBackend:
         return self._call("POST", f"/tasks/{task_id}/resume", {})
 
     def release_lease(self, task_id: int, worker: str) -> None:
-        self._call("POST", f"/tasks/{task_id}/lease/release", {"worker": worker[:80]})
+        self._call(
+            "POST",
+            f"/tasks/{task_id}/lease/release",
+            {"worker": worker[:WORKER_NAME_MAX]},
+        )
 
     def read_artifact(
         self, artifact_id: int, limit: int = MAX_EXCERPT_BYTES

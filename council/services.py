@@ -70,6 +70,19 @@ ERR_NOT_LAST_SPEAKER = (
 ERR_NOBODY_SPOKE = "nobody has spoken in this round yet: there is nothing to conclude"
 ERR_ALREADY_CONCLUDED = "round {number} is already concluded; its owner may reword it"
 MAX_OUTCOME_CHARS = 4000
+# What one round and one turn may hold, whichever door asks (MCP reads these
+# for its schema; the service refuses past them).
+PARTICIPANTS_MAX = 20
+PARTICIPANT_NAME_MAX = Participant._meta.get_field("name").max_length
+BRAIN_NAME_MAX = Participant._meta.get_field("brain").max_length
+TURN_TEXT_MAX = 20_000
+CITES_MAX = 50
+ERR_TOO_MANY_PARTICIPANTS = f"a round has at most {PARTICIPANTS_MAX} participants"
+ERR_TURN_TOO_LONG = (
+    f"a turn's text is at most {TURN_TEXT_MAX:,} characters, not {{length:,}}:"
+    " say it shorter, or put the long part in a widget or an artifact and cite it"
+)
+ERR_TOO_MANY_CITES = f"a turn cites at most {CITES_MAX} artifacts, not {{count}}"
 # How many earlier rounds a participant's context recalls (their outcomes and
 # what they made), and how many refs each: bounded whatever the conversation's length.
 CONTEXT_EARLIER_ROUNDS = 3
@@ -103,12 +116,17 @@ def round_start(
     topic: str,
     participants: Sequence[tuple[str, str]],
 ) -> CouncilRound:
-    """Start the next round of a conversation with (name, brain) participants."""
+    """Start the next round of a conversation with (name, brain) participants
+    (at most ``PARTICIPANTS_MAX``)."""
     if not participants:
         raise CouncilError(ERR_NO_PARTICIPANTS)
+    if len(participants) > PARTICIPANTS_MAX:
+        raise CouncilError(ERR_TOO_MANY_PARTICIPANTS)
     _text_check(topic, *(f"{name}{brain}" for name, brain in participants))
     topic = title_clean(topic)
-    names = [title_clean(name).strip()[:100] for name, _ in participants]
+    names = [
+        title_clean(name).strip()[:PARTICIPANT_NAME_MAX] for name, _ in participants
+    ]
     if len(set(names)) != len(names) or not all(names):
         raise CouncilError(ERR_DUPLICATE_PARTICIPANT)
     # Lock the conversation row so two starts cannot pick the same number.
@@ -124,7 +142,7 @@ def round_start(
             Participant(
                 round=council_round,
                 name=name,
-                brain=(brain or Brain.OTHER)[:40],
+                brain=(brain or Brain.OTHER)[:BRAIN_NAME_MAX],
                 position=i,
             )
             for i, (name, (_, brain)) in enumerate(
@@ -357,7 +375,8 @@ def turn_add(
     """Record a participant's turn, with its widget and what it cites.
 
     1. Check the participant, the text (bidi controls are stripped, as
-       from titles) and the cited artifact ids (each must be visible to the
+       from titles; at most ``TURN_TEXT_MAX`` characters) and the cited
+       artifact ids (at most ``CITES_MAX``, each visible to the
        conversation's owner).
     2. Store the widget and render its preview (outside any transaction: the
        render may take seconds and must not hold the write lock).
@@ -375,8 +394,12 @@ def turn_add(
     text = bidi_strip(text)
     if not text.strip() and widget is None:
         raise CouncilError(ERR_EMPTY_TURN)
+    if len(text) > TURN_TEXT_MAX:
+        raise CouncilError(ERR_TURN_TOO_LONG.format(length=len(text)))
     owner = council_round.conversation.owner
     cite_ids = list(dict.fromkeys(int(c) for c in cites))
+    if len(cite_ids) > CITES_MAX:
+        raise CouncilError(ERR_TOO_MANY_CITES.format(count=len(cite_ids)))
     for cite_id in cite_ids:
         if not artifact_user_may_see(user=owner, artifact_id=cite_id):
             raise CouncilError(ERR_UNKNOWN_CITE)

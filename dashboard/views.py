@@ -57,12 +57,13 @@ from dashboard.selectors.timeline import (
 )
 from pippa_site.errors import PippaError
 from pippa_site.streaming import file_streamed
+from pippa_site.text import TITLE_MAX
 from tasks import actions
 from tasks import services as task_services
 from tasks.actions import ATTENTION_STEPS
 from tasks.demo import LIVE_CONVERSATION, live_task_start
 from tasks.documents import conversation_get_for_user, task_get_for_user
-from tasks.models import Step, Task
+from tasks.models import Event, Step, Task
 from tasks.resume import envelope_read
 from tasks.words import CHOICES, OUTSIDE_RERUN, OUTSIDE_RETRY
 
@@ -134,6 +135,11 @@ RESOLVE_LABELS = {
     "fail": "stopped by you; nothing more runs until you choose another way",
     "skip": "skipped; the task goes on by itself",
 }
+
+# The steps a branch's confirmation names one by one (the rest are "…").
+BRANCH_STEPS_NAMED = 8
+# The event filter of a task page names a kind, no longer than a kind is.
+EVENT_KIND_MAX = Event._meta.get_field("kind").max_length
 
 
 def dashboard_login_required(view):
@@ -339,6 +345,7 @@ def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpRe
         "task": task,
         "follow": "page" not in request.GET,
         "upload_limit": settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
+        "title_max": TITLE_MAX,
     }
     if fragment != "events":
         step_page, rows, clock = task_timeline(task=task, page=request.GET.get("page"))
@@ -370,7 +377,7 @@ def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpRe
     ):
         context["events"] = task_events(
             task=task,
-            kind=request.GET.get("kind", "")[:40],
+            kind=request.GET.get("kind", "")[:EVENT_KIND_MAX],
             before=_int_or_none(request.GET.get("before")),
         )
         context["event_kinds"] = event_kinds(task=task)
@@ -778,8 +785,10 @@ def _branch_confirm_context(task: Task, position: int, url: str) -> dict:
         if position
         else "A new task starts in this conversation and runs the whole plan again.",
         f"It runs {len(again)} step{pluralize(len(again))} again: "
-        + ", ".join(f"{s['position']}. {s['title']}" for s in again[:8])
-        + ("…" if len(again) > 8 else ""),
+        + ", ".join(
+            f"{s['position']}. {s['title']}" for s in again[:BRANCH_STEPS_NAMED]
+        )
+        + ("…" if len(again) > BRANCH_STEPS_NAMED else ""),
         "This task is not changed.",
     ]
     warning = ""

@@ -12,7 +12,7 @@ request reaches it, this door:
 - checks ``Host`` and ``Origin`` with the SDK's ``TransportSecurityMiddleware``,
   against ``ALLOWED_HOSTS`` and ``CSRF_TRUSTED_ORIGINS`` (421 / 403);
 - authenticates the bearer token (a static API token, or the access token of
-  an MCP sign-in issued for this ``/mcp/``: ``pippa_site.bearer.bearer_mcp_user``)
+  an MCP sign-in issued for this ``/mcp/``: ``bearer_mcp_user``)
   on a worker thread, counting a failed token with the API's throttle
   (``pippa_site.throttle``): 401 with ``WWW-Authenticate: Bearer
   resource_metadata=...`` (where a client learns to sign in, RFC 9728), or
@@ -26,7 +26,7 @@ request reaches it, this door:
   answered with ``Connection: close``.
 
 Then the SDK answers, with the tools acting as the token's user
-(``pippa_mcp.server.acting_as``: the ContextVar is copied into the SDK's task
+(``pippa_mcp.door.acting_as``: the ContextVar is copied into the SDK's task
 and from there into the worker thread each tool runs in).
 """
 
@@ -38,6 +38,7 @@ import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -51,9 +52,18 @@ from mcp.server.transport_security import (
 )
 from starlette.requests import Request
 
-from pippa_mcp.server import acting_as, build_server, in_thread, invalid_request_id
+from api.oauth import mcp_challenge as oauth_challenge
+from api.oauth import mcp_resource, mcp_token_user
+from pippa_mcp.door import acting_as, in_thread
+from pippa_mcp.messages import invalid_request_id
+from pippa_mcp.server import build_server
 from pippa_site import metrics, throttle
-from pippa_site.bearer import bearer_mcp_user, bearer_token, mcp_challenge
+from pippa_site.bearer import (
+    bearer_checked,
+    bearer_token,
+    scope_request,
+    site_base,
+)
 from pippa_site.errors import TooMany
 from pippa_site.slots import MCP_CALLS
 
@@ -74,6 +84,21 @@ DRAIN_MAX_BYTES = 64 * 1024 * 1024
 DRAIN_SECONDS = 10.0
 # How long a whole request body may take to arrive.
 BODY_SECONDS = 60.0
+
+
+def bearer_mcp_user(scope: dict[str, Any], raw: str) -> tuple[Any, int, int]:
+    """``pippa_site.bearer.bearer_user`` for ``/mcp/``: a static API token, or
+    the access token of an MCP sign-in issued for this server's ``/mcp/``
+    (``api.oauth``). Runs on a worker thread."""
+    request = scope_request(scope)
+    resource = mcp_resource(site_base(request))
+    return bearer_checked(request, raw, partial(mcp_token_user, resource=resource))
+
+
+def mcp_challenge(scope: dict[str, Any], *, error: str | None = None) -> bytes:
+    """The ``WWW-Authenticate`` of a 401 at ``/mcp/``: where to sign in (RFC 9728)."""
+    base = site_base(scope_request(scope))
+    return oauth_challenge(base, error=error).encode("latin-1")
 
 
 class MCPApp:

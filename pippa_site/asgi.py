@@ -4,7 +4,9 @@ admin and the API, and the official MCP SDK's streamable HTTP app at ``/mcp/``.
 ``make run`` serves it with gunicorn's uvicorn workers
 (``pippa_site/gunicorn_conf.py``, with the deadlines and the connection cap
 of ``pippa_site/shedding.py``), ``make dev`` with ``uvicorn --reload``.
-``Site`` is a small router: ``/mcp`` and ``/mcp/`` go to ``pippa_mcp.asgi``,
+``Site`` is a small router: ``/mcp`` and ``/mcp/`` go to the MCP door
+(``pippa_mcp.asgi``, named by the ``PIPPA_MCP_APP`` setting: the ground
+imports no app),
 everything else to Django's ``ASGIHandler`` (``get_asgi_application()``),
 which runs each request's synchronous middleware and view on a thread of
 its own. The lifespan starts and stops the MCP SDK's session manager.
@@ -21,7 +23,8 @@ middleware runs:
   refused (413) before a byte of it is read, declared or counted as it
   comes (a body sent in chunks declares no length), except the API's
   artifact upload that declares its length, once its bearer token has passed
-  (``pippa_site.bearer``), up to ``PIPPA_MAX_UPLOAD_BYTES``.
+  (``pippa_site.bearer``, with the API's authenticator), up to
+  ``PIPPA_MAX_UPLOAD_BYTES``.
 """
 
 from __future__ import annotations
@@ -46,8 +49,8 @@ import anyio.to_thread  # noqa: E402
 from asgiref.sync import sync_to_async  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.db import close_old_connections  # noqa: E402
+from django.utils.module_loading import import_string  # noqa: E402
 
-from pippa_mcp.asgi import MCPApp  # noqa: E402
 from pippa_site import throttle  # noqa: E402
 from pippa_site.bearer import bearer_token, bearer_user  # noqa: E402
 
@@ -176,7 +179,7 @@ class Site:
 
     def __init__(self) -> None:
         self.django = BodyLimit(django_application)
-        self.mcp = MCPApp()
+        self.mcp = import_string(settings.PIPPA_MCP_APP)()
 
     async def __call__(self, scope, receive, send):
         kind = scope["type"]
@@ -201,7 +204,7 @@ class Site:
                 # MCP tools run on anyio's worker threads: at most this many at
                 # once per process, so a burst of tool calls leaves the pages
                 # their share of the interpreter (a step run has threads of its
-                # own, pippa_mcp.server.run_next_step).
+                # own, pippa_mcp.step_tools.run_next_step).
                 limiter = anyio.to_thread.current_default_thread_limiter()
                 limiter.total_tokens = settings.PIPPA_MCP_THREADS
                 await send({"type": "lifespan.startup.complete"})

@@ -1,16 +1,23 @@
 """The bearer-token check for requests answered before Django sees them.
 
-The MCP door (``pippa_mcp.asgi``) and the ASGI router's early answer to a large
-API upload (``pippa_site.asgi``) check a token here, with the JSON API's
-service (``api.services.token_authenticate``; at ``/mcp/`` also the access
-tokens of MCP sign-ins, ``api.oauth``) and the API's throttle
-(``pippa_site.throttle``). Runs on a pool thread (``SyncPool.run``).
+The ASGI router's early answer to a large API upload (``pippa_site.asgi``)
+and the MCP door (``pippa_mcp.asgi``) check a token here, each with its own
+door's authenticator, under the API's throttle (``pippa_site.throttle``).
+The ground imports no app: the router's authenticator is named by the
+``PIPPA_BEARER_AUTHENTICATE`` setting (the JSON API's
+``api.services.token_authenticate``), read with ``import_string``; the MCP
+door passes its own (static API tokens and MCP sign-ins, ``api.oauth``).
+Runs on a pool thread (``SyncPool.run``).
 """
 
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from typing import Any
+
+from django.conf import settings
+from django.utils.module_loading import import_string
 
 
 def bearer_token(scope: dict[str, Any]) -> str | None:
@@ -29,23 +36,11 @@ def bearer_user(scope: dict[str, Any], raw: str) -> tuple[Any, int, int]:
 
     The API's rule: a valid token is looked up before any lockout, so only
     failing tokens are throttled; a failing one is counted against the
-    client's address. Only static API tokens pass here (the JSON API's).
+    client's address. Only the tokens ``PIPPA_BEARER_AUTHENTICATE`` accepts
+    pass here (the JSON API's static tokens).
     """
-    from api.services import token_authenticate
-
-    return _checked(_request(scope), raw, token_authenticate)
-
-
-def bearer_mcp_user(scope: dict[str, Any], raw: str) -> tuple[Any, int, int]:
-    """``bearer_user`` for ``/mcp/``: a static API token, or the access token
-    of an MCP sign-in issued for this server's ``/mcp/`` (``api.oauth``)."""
-    from functools import partial
-
-    from api.oauth import mcp_resource, mcp_token_user
-
-    request = _request(scope)
-    resource = mcp_resource(site_base(request))
-    return _checked(request, raw, partial(mcp_token_user, resource=resource))
+    authenticate = import_string(settings.PIPPA_BEARER_AUTHENTICATE)
+    return bearer_checked(scope_request(scope), raw, authenticate)
 
 
 def site_base(request) -> str:
@@ -53,20 +48,17 @@ def site_base(request) -> str:
     return request.build_absolute_uri("/").rstrip("/")
 
 
-def mcp_challenge(scope: dict[str, Any], *, error: str | None = None) -> bytes:
-    """The ``WWW-Authenticate`` of a 401 at ``/mcp/``: where to sign in (RFC 9728)."""
-    from api.oauth import mcp_challenge as challenge
-
-    return challenge(site_base(_request(scope)), error=error).encode("latin-1")
-
-
-def _request(scope: dict[str, Any]):
+def scope_request(scope: dict[str, Any]):
+    """A Django request for ``scope``, without its body (headers, host, address)."""
     from django.core.handlers.asgi import ASGIRequest
 
     return ASGIRequest(scope, io.BytesIO())
 
 
-def _checked(request, raw: str, authenticate) -> tuple[Any, int, int]:
+def bearer_checked(
+    request, raw: str, authenticate: Callable[..., Any]
+) -> tuple[Any, int, int]:
+    """``authenticate(raw=raw)`` under the API's throttle, as ``bearer_user`` answers."""
     from pippa_site import throttle
 
     try:

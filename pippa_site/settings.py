@@ -362,6 +362,11 @@ PIPPA_MCP_CALLS_PER_USER = env_int("PIPPA_MCP_CALLS_PER_USER", 4)
 # step runs leave the tool threads alone.
 PIPPA_STEP_RUNS_PER_USER = env_int("PIPPA_STEP_RUNS_PER_USER", 2)
 PIPPA_STEP_RUNS = env_int("PIPPA_STEP_RUNS", 8)
+# The doors the ground (pippa_site) reaches without importing an app: the
+# authenticator of a bearer token checked before Django (pippa_site/bearer.py,
+# a large API upload) and the ASGI app that answers /mcp/ (pippa_site/asgi.py).
+PIPPA_BEARER_AUTHENTICATE = "api.services.token_authenticate"
+PIPPA_MCP_APP = "pippa_mcp.asgi.MCPApp"
 # Active API tokens a user may hold at once.
 PIPPA_TOKENS_PER_USER = env_int("PIPPA_TOKENS_PER_USER", 10)
 # An MCP sign-in's access token lasts this long; the client refreshes it.

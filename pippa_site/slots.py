@@ -6,7 +6,7 @@ them running at once in a web process (past it: 429 with ``Retry-After``),
 and the process runs at most ``PIPPA_STEP_RUNS`` for everyone (past it: 503
 with ``Retry-After``). A step run never takes a thread a page needs: Django's
 handler runs every request on a thread of its own, and MCP's step runs run
-on threads of their own, not the tool threads (``pippa_mcp.server``).
+on threads of their own, not the tool threads (``pippa_mcp.door.in_thread``).
 ``PIPPA_MCP_CALLS_PER_USER`` bounds each user's MCP calls in flight the same
 way (``pippa_mcp.asgi``), whichever of the user's tokens they come with.
 

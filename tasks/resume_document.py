@@ -36,9 +36,15 @@ from artifacts.selectors import artifact_text_head
 from pippa_site.errors import Invalid
 from pippa_site.text import TITLE_MAX
 from tasks.documents import artifact_ref, task_summary
+from tasks.limits import (
+    DOCUMENT_MAX_CHARS,
+    DOCUMENT_MIN_CHARS,
+    MAX_PAGE_STEPS,
+    NOTE_MAX_CHARS,
+    PAGE_STEPS,
+)
 from tasks.models import Event, Step, Task
 from tasks.resume import resume_advice
-from tasks.services import NOTE_MAX_CHARS
 from tasks.shapes import (
     ResumeDoneOut,
     ResumeNextOut,
@@ -56,15 +62,12 @@ SCHEMA = "pippa.resume/3"
 
 # The most characters of the document's JSON (``document_text``); a door may
 # ask for less (a brain with a small context), down to ``MIN_CHARS``.
-MAX_CHARS = 4000
-MIN_CHARS = 1500
+MAX_CHARS = DOCUMENT_MAX_CHARS
+MIN_CHARS = DOCUMENT_MIN_CHARS
 NEXT_STEPS = 4  # the step to run next and three after it
 RECENT_STEPS = 3
 EXCERPT_CHARS = 160
 
-# ``read_steps``: a page's default and largest size.
-PAGE_STEPS = 20
-MAX_PAGE_STEPS = 50
 
 ERR_MAX_CHARS = f"max_chars must be from {MIN_CHARS} to {MAX_CHARS}"
 ERR_POSITION = "from_position and to_position are step positions, 1 or more"

@@ -31,6 +31,7 @@ from pippa_site.errors import Invalid, NotFound
 from pippa_site.text import TITLE_MAX, media_type_check, text_check, title_clean
 from tasks import statements
 from tasks.crashpoints import PREVIEW_BOUNDARY, crashpoint
+from tasks.limits import NOTE_MAX_CHARS
 from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 from tasks.statements import (  # noqa: F401 - the event log's names, re-exported
     ERR_EVENT_DATA_TOO_LARGE,
@@ -282,7 +283,6 @@ def _upload_record(
 
 # -- the brain's note -------------------------------------------------------------
 
-NOTE_MAX_CHARS = 1000
 NOTE_MEDIA_TYPE = "text/markdown"
 NOTE_TITLE = "The brain's note"
 ERR_NOTE_EMPTY = "a note needs some text"

@@ -31,6 +31,8 @@ TOKEN_KEYS = ("input_tokens", "output_tokens", "total_tokens")
 # A turn's counts are far below this; anything above is a runner's mistake.
 MAX_TOKENS = 10**9
 MAX_NAME = 100
+# A turn's tool calls, asked and malformed: a brain asks for a few.
+MAX_CALLS = 1000
 
 ERR_BAD_COUNT = "{key} must be a whole number from 0 to {limit:,}"
 
@@ -72,8 +74,8 @@ def brain_turn_record(
     data: dict[str, Any] = {
         "brain": str(brain)[:MAX_NAME],
         "model": str(model)[:MAX_NAME],
-        "tool_calls": _count("tool_calls", tool_calls),
-        "bad_calls": _count("bad_calls", bad_calls),
+        "tool_calls": _count("tool_calls", tool_calls, limit=MAX_CALLS),
+        "bad_calls": _count("bad_calls", bad_calls, limit=MAX_CALLS),
     }
     if tokens is not None:
         counts = {key: _count(key, tokens.get(key, 0)) for key in TOKEN_KEYS[:2]}
@@ -93,11 +95,11 @@ def brain_turn_record(
     return event
 
 
-def _count(key: str, value: Any) -> int:
+def _count(key: str, value: Any, *, limit: int = MAX_TOKENS) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise UsageInvalid(ERR_BAD_COUNT.format(key=key, limit=MAX_TOKENS))
-    if value > MAX_TOKENS:
-        raise UsageInvalid(ERR_BAD_COUNT.format(key=key, limit=MAX_TOKENS))
+        raise UsageInvalid(ERR_BAD_COUNT.format(key=key, limit=limit))
+    if value > limit:
+        raise UsageInvalid(ERR_BAD_COUNT.format(key=key, limit=limit))
     return value
 
 

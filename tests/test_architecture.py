@@ -1,35 +1,49 @@
-"""The architecture is a contract: import-linter checks the imports (`make lint`,
-`make test-all`), and markup lives in templates, never in a Python module."""
+"""The architecture is a contract: import-linter checks the imports (here, and
+`make lint`), no module of the apps outgrows a reading, and markup lives in
+templates, never in a Python module."""
 
 from __future__ import annotations
 
 import ast
 import re
-import shutil
-import subprocess
-import sys
+import tomllib
 from pathlib import Path
 
-import pytest
+from importlinter.cli import lint_imports
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
-def test_every_import_points_down_and_no_app_imports_in_a_circle():
-    lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
-    assert lint, "import-linter is part of the test extra: pip install -e '.[test]'"
+def test_every_import_points_down_and_no_app_imports_in_a_circle(capsys, monkeypatch):
+    """The contracts of pyproject.toml, checked in this process (what `make lint`
+    runs as lint-imports): a wrong arrow fails the fast suite too."""
+    monkeypatch.chdir(REPO)
 
-    proc = subprocess.run(
-        [lint, "--no-cache"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    status = lint_imports(no_cache=True, no_logo=True)
 
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "0 broken" in proc.stdout
+    out = capsys.readouterr().out
+    assert status == 0, out[-4000:]
+    assert "0 broken" in out
+    assert "The ground imports no app" in out
+
+
+def test_the_ground_contract_names_every_app():
+    """pippa_site may import no app: the forbidden list is every package of the site."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"][
+        "importlinter"
+    ]
+    apps = {
+        init.parent.name
+        for init in REPO.glob("*/__init__.py")
+        if init.parent.name not in NOT_THE_SITE | {"pippa_site"}
+    }
+    (ground,) = [
+        c for c in config["contracts"] if c.get("source_modules") == ["pippa_site"]
+    ]
+
+    assert ground["type"] == "forbidden"
+    assert set(ground["forbidden_modules"]) == apps
+    assert set(config["root_packages"]) == apps | {"pippa_site"}
 
 
 # What may make markup safe outside the templates: the admin's small columns
@@ -101,3 +115,38 @@ def test_no_module_of_the_site_reaches_into_djangos_internals():
                 if DJANGO_INTERNALS.search(line):
                     found.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
     assert found == []
+
+
+# A module a maintainer reads whole: past this many lines one is split by what
+# it serves (pippa_mcp's tools by what they act on, dashboard's selectors by page).
+MODULE_MAX_LINES = 900
+
+
+def _app_modules():
+    for package in sorted(REPO.iterdir()):
+        if not (package / "__init__.py").exists() or package.name in NOT_THE_SITE:
+            continue
+        for path in sorted(package.rglob("*.py")):
+            if "migrations" not in path.parts:
+                yield path
+
+
+# The one module still over it, split by a change of its own (issue 47's step
+# protocol); the entry must go once it is under, and no other may be added.
+NOT_YET_SPLIT = {"tasks/executor.py"}
+
+
+def test_no_module_of_the_apps_is_over_900_lines():
+    assert any(p.parent.name == "pippa_mcp" for p in _app_modules())
+    too_long = {
+        path.relative_to(REPO).as_posix(): lines
+        for path in _app_modules()
+        if (lines := len(path.read_text().splitlines())) > MODULE_MAX_LINES
+    }
+
+    assert set(too_long) - NOT_YET_SPLIT == set(), (
+        f"split these by what they serve: {too_long}"
+    )
+    assert set(too_long) >= NOT_YET_SPLIT, (
+        f"under {MODULE_MAX_LINES} lines now: drop it from NOT_YET_SPLIT"
+    )

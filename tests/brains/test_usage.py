@@ -21,7 +21,13 @@ from brains.runner import LocalBackend, run_brain
 from brains.scripted import ScriptedBrain
 from tasks.models import Event
 from tasks.plan import task_create
-from tasks.usage import brain_turn_record, conversation_token_usage, task_token_usage
+from tasks.usage import (
+    MAX_CALLS,
+    UsageInvalid,
+    brain_turn_record,
+    conversation_token_usage,
+    task_token_usage,
+)
 from tests.support.fake_vendors import API_KEY, FAKES
 from tests.support.plans import CLOSES_CHART_PLAN as PLAN
 
@@ -303,6 +309,24 @@ def test_a_turn_with_bad_counts_is_refused_and_nothing_is_recorded(
     )
     assert response.status_code == 422, response.content
     assert "tokens" in response.json()["detail"]
+    assert not Event.objects.filter(task=task, kind="brain_turn").exists()
+
+
+def test_a_turn_with_more_calls_than_the_limit_is_refused_by_the_service_and_the_api(
+    make_conversation, user, client
+):
+    task = task_create(
+        conversation=make_conversation(owner=user), title="t", steps=PLAN
+    )
+    api = Bearer(client, user)
+    too_many = {"brain": "claude", "tool_calls": MAX_CALLS + 1}
+
+    response = api.post(f"/api/v1/tasks/{task.pk}/brain/turns", too_many)
+    with pytest.raises(UsageInvalid, match=f"from 0 to {MAX_CALLS:,}"):
+        brain_turn_record(task=task, **too_many)
+
+    assert response.status_code == 422, response.content
+    assert "tool_calls" in response.json()["detail"]
     assert not Event.objects.filter(task=task, kind="brain_turn").exists()
 
 

@@ -26,18 +26,6 @@ SVG = (
 )
 
 
-@pytest.fixture
-def council(make_conversation, user):
-    conversation = make_conversation(owner=user, title="Household")
-    council_round = round_start(
-        conversation=conversation,
-        topic="Which risks first?",
-        participants=[("Ada", "claude"), ("Kit", "kimi")],
-    )
-    ada, kit = council_round.participants.order_by("position")
-    return council_round, ada, kit
-
-
 def test_the_last_speaker_concludes_the_round_and_it_takes_no_more_turns(council):
     council_round, ada, kit = council
     turn_add(council_round=council_round, participant=ada, text="Flooding first.")

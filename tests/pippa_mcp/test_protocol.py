@@ -21,7 +21,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import ResourceTemplateReference
 
 from council.services import round_start
-from pippa_mcp import server
+from pippa_mcp import resources, server
 from pippa_mcp.server import acting_as, invalid_request_id
 from tasks.models import Conversation
 from tasks.plan import task_create
@@ -282,12 +282,12 @@ def test_resources_list_the_users_tasks_conversations_and_artifacts_page_by_page
     artifact = make_artifact(owner=user, title="notes")
     theirs = Conversation.objects.create(owner=make_user(username="mallory"), title="M")
     task_create(conversation=theirs, title="Not yours", steps=PLAN)
-    server_page = server.PAGE_ROWS
-    server.PAGE_ROWS = 2
+    server_page = resources.PAGE_ROWS
+    resources.PAGE_ROWS = 2
     try:
         pages = _resources_as(user, pages=True)
     finally:
-        server.PAGE_ROWS = server_page
+        resources.PAGE_ROWS = server_page
 
     listed = [r for page in pages for r in page.resources]
     assert [r.uri for r in listed] == [
