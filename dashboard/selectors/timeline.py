@@ -39,7 +39,8 @@ from tasks.models import (
     Task,
 )
 from tasks.resume import envelope_read
-from tasks.words import CHOICES, RULE_WORDS, actor_words
+from tasks.rules import rule_words
+from tasks.words import CHOICES, actor_words
 
 ERR_NO_STEP = "No such step of this task."
 STEPS_PER_PAGE = 100
@@ -392,7 +393,7 @@ def _attempts(rows: list[StepRow]) -> None:
             rule = str(data.get("rule") or "")
             current.note = (
                 f"{actor_words(str(data.get('worker') or ''))} found this call"
-                f" unfinished. {RULE_WORDS.get(rule, str(data.get('words') or ''))}"
+                f" unfinished. {rule_words(rule) or str(data.get('words') or '')}"
             ).strip()
         elif kind == Event.Kind.STEP_RETRIED:
             if open_call:
