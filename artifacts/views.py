@@ -10,7 +10,6 @@ source view is escaped text.
 from __future__ import annotations
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST, require_safe
@@ -30,6 +29,7 @@ from artifacts.selectors import (
 )
 from artifacts.services import artifact_verify
 from artifacts.store import BlobError, default_store
+from pippa_site.login import login_required
 from pippa_site.streaming import file_streamed
 
 # The raw payload may be a document with script; give it no powers at all.

@@ -7,7 +7,6 @@ Reading a round or a context is read-only: no lease, no state change.
 from __future__ import annotations
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
@@ -30,6 +29,7 @@ from council.services import (
     context_bytes,
     round_conclude,
 )
+from pippa_site.login import login_required
 
 MSG_CONCLUDED = (
     "Round {number} is concluded. Its outcome is shown first, and the"

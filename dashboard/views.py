@@ -8,13 +8,12 @@ Views stay thin: a selector or one service, then ``render`` or a redirect
 from __future__ import annotations
 
 import logging
-from functools import cache, partial, wraps
+from functools import cache, partial
 from types import SimpleNamespace
 from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.http import (
     FileResponse,
     Http404,
@@ -22,7 +21,7 @@ from django.http import (
     HttpResponse,
     HttpResponseBadRequest,
 )
-from django.shortcuts import redirect, render, resolve_url
+from django.shortcuts import redirect, render
 from django.template.defaultfilters import filesizeformat, pluralize
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -56,6 +55,7 @@ from dashboard.selectors.timeline import (
     worker_busy_elsewhere,
 )
 from pippa_site.errors import PippaError
+from pippa_site.login import login_required
 from pippa_site.streaming import file_streamed
 from tasks import actions
 from tasks import services as task_services
@@ -136,24 +136,6 @@ RESOLVE_LABELS = {
 }
 
 
-def dashboard_login_required(view):
-    """``login_required``, but an htmx request (a poll after the session ended)
-    gets a whole-page redirect to the login page instead of the login form
-    swapped into the middle of the page."""
-
-    @wraps(view)
-    def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
-        if request.htmx and not request.user.is_authenticated:
-            next_url = request.htmx.current_url_abs_path or request.get_full_path()
-            login = resolve_url(settings.LOGIN_URL)
-            return HttpResponseClientRedirect(
-                f"{login}?{urlencode({'next': next_url})}"
-            )
-        return login_required(view)(request, *args, **kwargs)
-
-    return wrapper
-
-
 def _counted(
     report, skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None
 ) -> list[tuple[str, int]]:
@@ -183,7 +165,7 @@ def _unchanged(request: HttpRequest, version: str) -> bool:
 
 
 @require_GET
-@dashboard_login_required
+@login_required
 def conversation_list(request: HttpRequest) -> HttpResponse:
     # The page refreshes itself every REFRESH_SECONDS: a 204 while nothing of
     # the user's changed, else the to-do list and the results, out of band.
@@ -220,7 +202,7 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
 
 
 @require_GET
-@dashboard_login_required
+@login_required
 def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     conversation = conversation_get_for_user(
         user=request.user, conversation_id=pk, staff=True
@@ -254,7 +236,7 @@ def _demo_live_offer(conversation, tasks: list[Task]) -> bool:
 
 
 @require_POST
-@dashboard_login_required
+@login_required
 def demo_live_run(request: HttpRequest, pk: int) -> HttpResponse:
     """Start a fresh live demo task in the demo's live conversation."""
     conversation = conversation_get_for_user(
@@ -269,7 +251,7 @@ def demo_live_run(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
-@dashboard_login_required
+@login_required
 def conversation_delete(request: HttpRequest, pk: int) -> HttpResponse:
     conversation = conversation_get_for_user(
         user=request.user, conversation_id=pk, staff=True
@@ -379,7 +361,7 @@ def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpRe
 
 
 @require_GET
-@dashboard_login_required
+@login_required
 def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
     # A live poll carries the last event seq it showed: nothing new, nothing
     # to send. htmx swaps nothing on 204: scroll positions, open folds and
@@ -456,7 +438,7 @@ def _live_update(request: HttpRequest, task: Task, since: int) -> HttpResponse:
 
 
 @require_GET
-@dashboard_login_required
+@login_required
 def task_decide(request: HttpRequest, pk: int, position: int) -> HttpResponse:
     """Open the decision card of step ``position`` (a message's link).
 
@@ -480,7 +462,7 @@ def task_decide(request: HttpRequest, pk: int, position: int) -> HttpResponse:
 
 
 @require_GET
-@dashboard_login_required
+@login_required
 def task_resume_context(request: HttpRequest, pk: int) -> HttpResponse:
     task = task_get_for_user(user=request.user, task_id=pk, staff=True)
     document = task_resume_context_json(task=task)
@@ -494,7 +476,7 @@ def task_resume_context(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @require_GET
-@dashboard_login_required
+@login_required
 def step_saved_output(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
     """Serve the output an interrupted call saved, so Dad sees what "use it" adopts.
 
@@ -613,7 +595,7 @@ def _to_confirmation(request: HttpRequest, url: str) -> HttpResponse:
 
 
 @require_POST
-@dashboard_login_required
+@login_required
 def task_resume(request: HttpRequest, pk: int) -> HttpResponse:
     task = task_get_for_user(user=request.user, task_id=pk, staff=True)
     _act(request, actions.task_resume, MSG_QUEUED.format(title=task.title), task=task)
@@ -621,7 +603,7 @@ def task_resume(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @require_POST
-@dashboard_login_required
+@login_required
 def task_pause(request: HttpRequest, pk: int) -> HttpResponse:
     task = task_get_for_user(user=request.user, task_id=pk, staff=True)
     words = partial(_in_flight_words, task, MSG_PAUSED, MSG_PAUSING)
@@ -630,7 +612,7 @@ def task_pause(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
-@dashboard_login_required
+@login_required
 def task_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     task = task_get_for_user(user=request.user, task_id=pk, staff=True)
     if request.method == "POST" and _confirmed(request):
@@ -695,7 +677,7 @@ def _step_confirm_context(step, action: str) -> dict:
 
 
 @require_http_methods(["GET", "POST"])
-@dashboard_login_required
+@login_required
 def step_retry(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
     step = step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
     url = reverse("dashboard:step_retry", args=[pk, step.pk])
@@ -711,7 +693,7 @@ def step_retry(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
-@dashboard_login_required
+@login_required
 def step_resolve(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
     step = step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
     url = reverse("dashboard:step_resolve", args=[pk, step.pk])
@@ -738,7 +720,7 @@ def step_resolve(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
-@dashboard_login_required
+@login_required
 def task_branch(request: HttpRequest, pk: int) -> HttpResponse:
     task = task_get_for_user(user=request.user, task_id=pk, staff=True)
     source = request.POST if request.method == "POST" else request.GET
@@ -810,7 +792,7 @@ ERR_UPLOAD_TOO_LARGE = (
 
 
 @require_POST
-@dashboard_login_required
+@login_required
 def task_upload(request: HttpRequest, pk: int) -> HttpResponse:
     """Attach a file to one of the user's own tasks, as the API's upload does
     (``tasks.services.task_artifact_upload``: the owner's quota, write before

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.csrf import csrf_exempt
@@ -20,6 +19,7 @@ from notifications.outbox import (
     notify_turn_off,
     notify_unsubscribe_user,
 )
+from pippa_site.login import login_required
 
 MSG_SAVED_ON = "Saved: you will be told when a step waits for you."
 MSG_SAVED_OFF = "Saved: notifications are off."

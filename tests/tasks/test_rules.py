@@ -33,8 +33,9 @@ FACT_NAMES = {"intact", "remakeable"}
 def test_every_resume_rule_has_dads_words_an_action_and_known_choices(key):
     rule = RULES[key]
     assert rule.key == key
-    assert rule.words.strip() and rule.says.strip()
-    assert rule.words[0].isupper() and rule.words.endswith("."), rule.words
+    assert rule.says.strip()
+    assert rule.words[0].isupper(), rule.words
+    assert rule.words.endswith("."), rule.words
     assert rule.action in ACTIONS_OF_A_RULE
     assert set(rule.choices) <= set(CHOICES)
     assert set(rule.only_if) <= set(rule.choices)
