@@ -3,9 +3,9 @@
 Visibility is ``pippa_site.owners``' one rule (docs/ownership.md): every
 artifact row has one owner, and a user sees the rows they own; lineage joins
 only one owner's rows, so the sources and derived artifacts of a row are the
-owner's too. The dashboard's artifact pages pass ``staff=True`` (staff see
-every row there, as they see every conversation); the API and every write that
-names an artifact (``source_refs``, a council citation) use the owner's rows
+owner's too. The artifact pages that read pass ``staff_reads(request)``
+(staff see every row there, as they see every conversation); the API, a
+page that writes (verify) and every write that names an artifact (``source_refs``, a council citation) use the owner's rows
 only. Everyone else gets a 404, never a 403, so ids of other people's
 artifacts reveal nothing.
 """
@@ -31,7 +31,7 @@ TEXT_MEDIA_PREFIXES = ("text/", "image/svg+xml", "application/json", "applicatio
 def artifact_user_may_see(*, user, artifact_id: int, staff: bool = False) -> bool:
     """Return whether ``user`` may see the artifact (``pippa_site.owners``).
 
-    ``staff=True`` lets staff see every row (the dashboard's artifact pages);
+    ``staff=True`` lets staff see every row (the artifact pages that read);
     every write that names an artifact leaves it off.
     """
     return Artifact.objects.for_user(user, staff=staff).filter(pk=artifact_id).exists()
@@ -91,10 +91,13 @@ def artifact_lineage(*, artifact: Artifact, user) -> dict[str, list[LineageNode]
     }
 
 
-def artifact_owners(*, artifact: Artifact, user) -> list[OwnerLink]:
+def artifact_owners(
+    *, artifact: Artifact, user, staff: bool = False
+) -> list[OwnerLink]:
     """Tasks and council turns that keep ``artifact``, limited to what ``user`` sees
-    (each keeping app lists its own, ``artifacts.keepers``)."""
-    return keepers.owners(artifact=artifact, user=user)
+    (every one to staff with ``staff``; each keeping app lists its own,
+    ``artifacts.keepers``)."""
+    return keepers.owners(artifact=artifact, user=user, staff=staff)
 
 
 def artifact_home(

@@ -56,6 +56,7 @@ from dashboard.selectors.timeline import (
 )
 from pippa_site.errors import PippaError
 from pippa_site.login import login_required
+from pippa_site.owners import staff_reads
 from pippa_site.streaming import file_streamed
 from tasks import actions
 from tasks import services as task_services
@@ -169,13 +170,15 @@ def _unchanged(request: HttpRequest, version: str) -> bool:
 def conversation_list(request: HttpRequest) -> HttpResponse:
     # The page refreshes itself every REFRESH_SECONDS: a 204 while nothing of
     # the user's changed, else the to-do list and the results, out of band.
-    totals = dashboard_totals(user=request.user)
+    staff = staff_reads(request)
+    totals = dashboard_totals(user=request.user, staff=staff)
     if _unchanged(request, totals.version):
         return HttpResponse(status=204)
     query = request.GET.get("q", "")[:200]
     needs_you = request.GET.get("needs") == "you"
     page = conversation_page(
         user=request.user,
+        staff=staff,
         query=query,
         page=request.GET.get("page"),
         needs_you=needs_you,
@@ -204,10 +207,13 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
 @require_GET
 @login_required
 def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    staff = staff_reads(request)
     conversation = conversation_get_for_user(
-        user=request.user, conversation_id=pk, staff=True
+        user=request.user, conversation_id=pk, staff=staff
     )
-    version = dashboard_totals(user=request.user, conversation=conversation).version
+    version = dashboard_totals(
+        user=request.user, staff=staff, conversation=conversation
+    ).version
     if _unchanged(request, version):
         return HttpResponse(status=204)
     tasks = conversation_tasks(conversation=conversation)
@@ -239,9 +245,7 @@ def _demo_live_offer(conversation, tasks: list[Task]) -> bool:
 @login_required
 def demo_live_run(request: HttpRequest, pk: int) -> HttpResponse:
     """Start a fresh live demo task in the demo's live conversation."""
-    conversation = conversation_get_for_user(
-        user=request.user, conversation_id=pk, staff=True
-    )
+    conversation = conversation_get_for_user(user=request.user, conversation_id=pk)
     tasks = conversation_tasks(conversation=conversation)
     if not _demo_live_offer(conversation, tasks):
         raise Http404("no demo task to start here")
@@ -253,9 +257,7 @@ def demo_live_run(request: HttpRequest, pk: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @login_required
 def conversation_delete(request: HttpRequest, pk: int) -> HttpResponse:
-    conversation = conversation_get_for_user(
-        user=request.user, conversation_id=pk, staff=True
-    )
+    conversation = conversation_get_for_user(user=request.user, conversation_id=pk)
     if request.method == "POST":
         report = task_services.conversation_delete(conversation_id=conversation.pk)
         summary = ", ".join(
@@ -370,7 +372,9 @@ def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
     # worker that stops answering writes no event, but the page must say so.
     raw_since = request.GET.get("since") if request.htmx else None
     if raw_since is not None:
-        last_seq, lease_live = task_poll_state_for_user(user=request.user, task_id=pk)
+        last_seq, lease_live = task_poll_state_for_user(
+            user=request.user, task_id=pk, staff=staff_reads(request)
+        )
         since = _int_or_none(raw_since)
         if since is None or not 0 <= since <= last_seq:
             return HttpResponseBadRequest(
@@ -379,7 +383,7 @@ def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
             )
         if since == last_seq and lease_live == ("lease" in request.GET):
             return HttpResponse(status=204)
-    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
+    task = task_get_for_user(user=request.user, task_id=pk, staff=staff_reads(request))
     target = request.htmx.target if request.htmx else None
     if raw_since is not None and target == "live":
         return _live_update(request, task, since)
@@ -447,7 +451,7 @@ def task_decide(request: HttpRequest, pk: int, position: int) -> HttpResponse:
     is the task page at the card. A step that no longer waits (decided
     meanwhile) opens at its row, saying so.
     """
-    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
+    task = task_get_for_user(user=request.user, task_id=pk)
     step = Step.objects.filter(task=task, position=position).first()
     if step is None:
         raise Http404("no such step")
@@ -464,7 +468,7 @@ def task_decide(request: HttpRequest, pk: int, position: int) -> HttpResponse:
 @require_GET
 @login_required
 def task_resume_context(request: HttpRequest, pk: int) -> HttpResponse:
-    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
+    task = task_get_for_user(user=request.user, task_id=pk, staff=staff_reads(request))
     document = task_resume_context_json(task=task)
     if request.htmx:
         return render(
@@ -484,7 +488,9 @@ def step_saved_output(request: HttpRequest, pk: int, step_id: int) -> HttpRespon
     Never rendered inline unless it is a picture (raster or SVG); always
     sandboxed.
     """
-    step = step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
+    step = step_get_for_user(
+        user=request.user, task_id=pk, step_id=step_id, staff=staff_reads(request)
+    )
     saved = saved_output(envelope_read(step.pk).payload)
     if saved is None:
         raise Http404("this step has no saved output waiting")
@@ -597,7 +603,7 @@ def _to_confirmation(request: HttpRequest, url: str) -> HttpResponse:
 @require_POST
 @login_required
 def task_resume(request: HttpRequest, pk: int) -> HttpResponse:
-    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
+    task = task_get_for_user(user=request.user, task_id=pk)
     _act(request, actions.task_resume, MSG_QUEUED.format(title=task.title), task=task)
     return _after_action(request, task)
 
@@ -605,7 +611,7 @@ def task_resume(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 @login_required
 def task_pause(request: HttpRequest, pk: int) -> HttpResponse:
-    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
+    task = task_get_for_user(user=request.user, task_id=pk)
     words = partial(_in_flight_words, task, MSG_PAUSED, MSG_PAUSING)
     _act(request, actions.task_pause, words, task=task)
     return _after_action(request, task)
@@ -614,7 +620,7 @@ def task_pause(request: HttpRequest, pk: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @login_required
 def task_cancel(request: HttpRequest, pk: int) -> HttpResponse:
-    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
+    task = task_get_for_user(user=request.user, task_id=pk)
     if request.method == "POST" and _confirmed(request):
         words = partial(_in_flight_words, task, MSG_CANCELLED, MSG_CANCELLING)
         _act(request, actions.task_cancel, words, task=task)
@@ -722,7 +728,7 @@ def step_resolve(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @login_required
 def task_branch(request: HttpRequest, pk: int) -> HttpResponse:
-    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
+    task = task_get_for_user(user=request.user, task_id=pk)
     source = request.POST if request.method == "POST" else request.GET
     position = _int_or_none(source.get("after_position"))
     if position is None:

@@ -5,8 +5,9 @@ The doors for programs (the JSON API, the MCP server, the brain runner's
 in-process backend) all use these, so a brain sees the same documents
 whichever way it is connected. Another user's object is reported exactly like
 a missing one (Http404). The dashboard reads conversations and tasks through
-the same two getters, passing ``staff=True`` where staff see every row
-(``pippa_site.owners``); a program's door never does.
+the same two getters, passing ``staff=staff_reads(request)`` on a page that
+reads (``pippa_site.owners``: staff see every row there); a page that writes
+and a program's door never do.
 """
 
 from __future__ import annotations

@@ -51,7 +51,9 @@ STEPS_PER_PAGE = 100
 MAX_ADVICE_PER_PAGE = 5
 
 
-def task_poll_state_for_user(*, user, task_id: int) -> tuple[int, bool]:
+def task_poll_state_for_user(
+    *, user, task_id: int, staff: bool = False
+) -> tuple[int, bool]:
     """Return (last event seq, whether a worker holds a live lease) of a task
     ``user`` may see, or raise Http404 like ``task_get_for_user``.
 
@@ -60,7 +62,7 @@ def task_poll_state_for_user(*, user, task_id: int) -> tuple[int, bool]:
     without a word), which the lease's state tells. One indexed row.
     """
     tasks = Task.objects.filter(pk=task_id)
-    if not sees_every_row(user, staff=True):
+    if not sees_every_row(user, staff=staff):
         tasks = tasks.filter(conversation__owner=user)
     row = tasks.values_list("last_seq", "lease_owner", "lease_expires_at").first()
     if row is None:
@@ -102,12 +104,12 @@ def worker_busy_elsewhere(*, task: Task) -> bool:
     )
 
 
-def step_get_for_user(*, user, task_id: int, step_id: int) -> Step:
-    """Return one step of a task ``user`` may see, or raise Http404."""
+def step_get_for_user(*, user, task_id: int, step_id: int, staff: bool = False) -> Step:
+    """Return one step of a task ``user`` may see (``pippa_site.owners``), or raise Http404."""
     return (
         Step.objects.filter(task_id=task_id)
         .select_related("task", "task__conversation", "output")
-        .get_for_user(user, step_id, staff=True, error=ERR_NO_STEP)
+        .get_for_user(user, step_id, staff=staff, error=ERR_NO_STEP)
     )
 
 
