@@ -15,11 +15,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from django.http import Http404
-
 from artifacts import keepers
 from artifacts.keepers import OwnerLink
 from artifacts.models import Artifact, ArtifactSource
+from pippa_site.errors import NotFound
 from pippa_site.owners import user_sees_row
 
 ERR_NOT_FOUND = "No such artifact."
@@ -38,13 +37,13 @@ def artifact_user_may_see(*, user, artifact_id: int, staff: bool = False) -> boo
 
 
 def artifact_get_for_user(*, user, artifact_id: int, staff: bool = False) -> Artifact:
-    """Return the artifact if ``user`` may see it; raise Http404 otherwise."""
+    """Return the artifact if ``user`` may see it; raise NotFound otherwise."""
     # The owner check is on the row itself (staff may be let through).
     if not getattr(user, "is_authenticated", False):
-        raise Http404(ERR_NOT_FOUND)
+        raise NotFound(ERR_NOT_FOUND)
     artifact = Artifact.objects.filter(pk=artifact_id).first()
     if artifact is None or not user_sees_row(user, artifact.owner_id, staff=staff):
-        raise Http404(ERR_NOT_FOUND)
+        raise NotFound(ERR_NOT_FOUND)
     return artifact
 
 

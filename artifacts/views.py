@@ -10,7 +10,7 @@ source view is escaped text.
 from __future__ import annotations
 
 from django.contrib import messages
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.http import FileResponse, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST, require_safe
 
@@ -29,6 +29,7 @@ from artifacts.selectors import (
 )
 from artifacts.services import artifact_verify
 from artifacts.store import BlobError, default_store
+from pippa_site.errors import NotFound
 from pippa_site.login import login_required
 from pippa_site.owners import staff_reads
 from pippa_site.streaming import file_streamed
@@ -56,7 +57,7 @@ def _payload_response(
     try:
         fh = default_store().open(artifact.sha256)
     except BlobError:
-        raise Http404(ERR_BLOB_MISSING) from None
+        raise NotFound(ERR_BLOB_MISSING) from None
     response = FileResponse(
         fh,
         content_type=artifact.media_type,
@@ -110,7 +111,7 @@ def artifact_preview(request: HttpRequest, artifact_id: int) -> HttpResponse:
         return cached
     preview = preview_artifact_for(artifact)
     if preview is None:
-        raise Http404(ERR_NO_PREVIEW)
+        raise NotFound(ERR_NO_PREVIEW)
     return _payload_response(request, preview, download=False)
 
 

@@ -16,7 +16,6 @@ from django.conf import settings
 from django.contrib import messages
 from django.http import (
     FileResponse,
-    Http404,
     HttpRequest,
     HttpResponse,
     HttpResponseBadRequest,
@@ -54,7 +53,7 @@ from dashboard.selectors.timeline import (
     task_timeline_changes,
     worker_busy_elsewhere,
 )
-from pippa_site.errors import PippaError
+from pippa_site.errors import NotFound, PippaError
 from pippa_site.login import login_required
 from pippa_site.owners import staff_reads
 from pippa_site.streaming import file_streamed
@@ -248,7 +247,7 @@ def demo_live_run(request: HttpRequest, pk: int) -> HttpResponse:
     conversation = conversation_get_for_user(user=request.user, conversation_id=pk)
     tasks = conversation_tasks(conversation=conversation)
     if not _demo_live_offer(conversation, tasks):
-        raise Http404("no demo task to start here")
+        raise NotFound("no demo task to start here")
     task = live_task_start(conversation=conversation)
     messages.success(request, MSG_DEMO_STARTED)
     return redirect(task)
@@ -454,7 +453,7 @@ def task_decide(request: HttpRequest, pk: int, position: int) -> HttpResponse:
     task = task_get_for_user(user=request.user, task_id=pk)
     step = Step.objects.filter(task=task, position=position).first()
     if step is None:
-        raise Http404("no such step")
+        raise NotFound("no such step")
     has_card = step.stopped or Step.objects.filter(pk=step.pk).needs_you().exists()
     if has_card and task.status != Task.Status.CANCELLED:
         return redirect(f"{task.get_absolute_url()}#attention-{position}")
@@ -493,11 +492,11 @@ def step_saved_output(request: HttpRequest, pk: int, step_id: int) -> HttpRespon
     )
     saved = saved_output(envelope_read(step.pk).payload)
     if saved is None:
-        raise Http404("this step has no saved output waiting")
+        raise NotFound("this step has no saved output waiting")
     try:
         handle = default_store().open(saved.sha)
     except (BlobError, OSError) as exc:
-        raise Http404("the saved output is gone") from exc
+        raise NotFound("the saved output is gone") from exc
     inline = saved.preview in ("image", "svg")
     if saved.preview in ("excerpt", "headlines"):
         content_type = "text/plain; charset=utf-8"
@@ -706,7 +705,7 @@ def step_resolve(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
     if request.method == "GET":
         action = request.GET.get("action", "")
         if action not in actions.ACTIONS:
-            raise Http404("no such choice")
+            raise NotFound("no such choice")
         return _confirm(
             request,
             step.task,

@@ -31,7 +31,8 @@ from __future__ import annotations
 from typing import Any, Self
 
 from django.db import models
-from django.http import Http404
+
+from pippa_site.errors import NotFound
 
 
 def sees_every_row(user: Any, *, staff: bool) -> bool:
@@ -74,9 +75,9 @@ class OwnedQuerySet(models.QuerySet):
         return self.filter(**{self.owner_field: user.pk})
 
     def get_for_user(self, user: Any, pk: int, *, staff: bool = False, error: str):
-        """Return row ``pk`` if ``user`` may see it; else raise Http404(``error``),
+        """Return row ``pk`` if ``user`` may see it; else raise NotFound(``error``),
         the same for another user's row as for a missing one."""
         found = self.for_user(user, staff=staff).filter(pk=pk).first()
         if found is None:
-            raise Http404(error)
+            raise NotFound(error)
         return found

@@ -15,7 +15,6 @@ from django.core.paginator import Page, Paginator
 from django.db.models import (
     Q,
 )
-from django.http import Http404
 from django.utils import timezone
 
 from artifacts.preview import preview_status
@@ -31,6 +30,7 @@ from dashboard.selectors.outputs import (
     preview_kind,
     saved_output,
 )
+from pippa_site.errors import NotFound
 from pippa_site.owners import sees_every_row
 from tasks.actions import ATTENTION_STEPS, Choice, step_decision
 from tasks.models import (
@@ -55,7 +55,7 @@ def task_poll_state_for_user(
     *, user, task_id: int, staff: bool = False
 ) -> tuple[int, bool]:
     """Return (last event seq, whether a worker holds a live lease) of a task
-    ``user`` may see, or raise Http404 like ``task_get_for_user``.
+    ``user`` may see, or raise NotFound like ``task_get_for_user``.
 
     A live poll compares both with what its page shows: every change of a task
     appends an event, except a worker that stops answering (its lease runs out
@@ -66,7 +66,7 @@ def task_poll_state_for_user(
         tasks = tasks.filter(conversation__owner=user)
     row = tasks.values_list("last_seq", "lease_owner", "lease_expires_at").first()
     if row is None:
-        raise Http404("No Task matches the given query.")
+        raise NotFound("No Task matches the given query.")
     last_seq, holder, expires = row
     return last_seq, bool(holder) and expires is not None and expires >= timezone.now()
 
@@ -105,7 +105,7 @@ def worker_busy_elsewhere(*, task: Task) -> bool:
 
 
 def step_get_for_user(*, user, task_id: int, step_id: int, staff: bool = False) -> Step:
-    """Return one step of a task ``user`` may see (``pippa_site.owners``), or raise Http404."""
+    """Return one step of a task ``user`` may see (``pippa_site.owners``), or raise NotFound."""
     return (
         Step.objects.filter(task_id=task_id)
         .select_related("task", "task__conversation", "output")
