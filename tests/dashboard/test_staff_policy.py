@@ -83,6 +83,16 @@ def test_staff_still_read_anothers_conversation_task_artifact_and_round(
         council_round.get_absolute_url(),
     ):
         assert boss_client.get(url).status_code == 200, url
+    page = boss_client.get(task.get_absolute_url()).content.decode()
+    # What they could not do is not offered: the page says whose it is.
+    assert 'id="onlooker"' in page
+    assert (
+        reverse("dashboard:step_retry", args=[task.pk, task.steps.get(position=2).pk])
+        not in page
+    )
+    assert (
+        f"{reverse('dashboard:task_branch', args=[task.pk])}?after_position" not in page
+    )
     listed = boss_client.get(reverse("dashboard:conversations")).content.decode()
     assert "Mum&#x27;s" in listed or "Mum's" in listed
 
