@@ -18,7 +18,6 @@ from typing import Annotated, Any, Literal
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import (
-    Http404,
     HttpRequest,
     HttpResponse,
     StreamingHttpResponse,
@@ -209,11 +208,6 @@ def _refused(request: HttpRequest, exc: PippaError) -> HttpResponse:
     if isinstance(exc, TooMany):
         response["Retry-After"] = str(exc.retry_after)
     return response
-
-
-@api.exception_handler(Http404)
-def _not_found(request: HttpRequest, exc: Exception) -> HttpResponse:
-    return api.create_response(request, {"detail": str(exc) or "not found"}, status=404)
 
 
 # -- schemas ------------------------------------------------------------------

@@ -16,7 +16,6 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 from django.conf import settings
-from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.http.request import RawPostDataException
 from django.middleware.csp import get_nonce
@@ -40,6 +39,7 @@ from starlette.routing import request_response
 
 from api import oauth
 from pippa_site.bearer import site_base
+from pippa_site.login import login_required
 
 ERR_CONSENT_STALE = (
     "This sign-in request has expired or is not one this site made. Start the"

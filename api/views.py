@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
@@ -27,6 +26,7 @@ from api.services import (
     token_revoke,
 )
 from artifacts.quota import quota_usage
+from pippa_site.login import login_required
 
 MSG_REVOKED = "Token “{name}” revoked. A runner that still uses it is now turned away."
 MSG_SIGNED_OUT = (

@@ -39,8 +39,9 @@ class Keeper:
       artifact, for each parent (a delete's preview; a parent already gone is
       said to be gone).
     - ``kept_by(artifact)``: a person's lines for the admin's "kept by".
-    - ``owners(artifact, user)``: the tasks or turns the artifact's page lists
-      (``None`` when another keeper of the same app lists them).
+    - ``owners(artifact, user, staff)``: the tasks or turns the artifact's
+      page lists, as ``user`` sees them (``pippa_site.owners``; ``None`` when
+      another keeper of the same app lists them).
     """
 
     name: str
@@ -51,7 +52,7 @@ class Keeper:
     noun: str
     shared: Callable[[list[int]], dict[int, str]]
     kept_by: Callable[[Any], list[str]]
-    owners: Callable[[Any, Any], list[OwnerLink]] | None = None
+    owners: Callable[[Any, Any, bool], list[OwnerLink]] | None = None
 
     @property
     def artifact_id(self) -> str:
@@ -136,11 +137,12 @@ def kept_by(artifact) -> list[str]:
     return [line for keeper in keepers() for line in keeper.kept_by(artifact)]
 
 
-def owners(*, artifact, user) -> list[OwnerLink]:
-    """The tasks and council turns that keep ``artifact``, as ``user`` sees them."""
+def owners(*, artifact, user, staff: bool = False) -> list[OwnerLink]:
+    """The tasks and council turns that keep ``artifact``, as ``user`` sees them
+    (every one to staff with ``staff``)."""
     return [
         link
         for keeper in keepers()
         if keeper.owners is not None
-        for link in keeper.owners(artifact, user)
+        for link in keeper.owners(artifact, user, staff)
     ]

@@ -3,9 +3,9 @@
 Visibility is ``pippa_site.owners``' one rule (docs/ownership.md): every
 artifact row has one owner, and a user sees the rows they own; lineage joins
 only one owner's rows, so the sources and derived artifacts of a row are the
-owner's too. The dashboard's artifact pages pass ``staff=True`` (staff see
-every row there, as they see every conversation); the API and every write that
-names an artifact (``source_refs``, a council citation) use the owner's rows
+owner's too. The artifact pages that read pass ``staff_reads(request)``
+(staff see every row there, as they see every conversation); the API, a
+page that writes (verify) and every write that names an artifact (``source_refs``, a council citation) use the owner's rows
 only. Everyone else gets a 404, never a 403, so ids of other people's
 artifacts reveal nothing.
 """
@@ -15,11 +15,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from django.http import Http404
-
 from artifacts import keepers
 from artifacts.keepers import OwnerLink
 from artifacts.models import Artifact, ArtifactSource
+from pippa_site.errors import NotFound
 from pippa_site.owners import user_sees_row
 
 ERR_NOT_FOUND = "No such artifact."
@@ -31,20 +30,20 @@ TEXT_MEDIA_PREFIXES = ("text/", "image/svg+xml", "application/json", "applicatio
 def artifact_user_may_see(*, user, artifact_id: int, staff: bool = False) -> bool:
     """Return whether ``user`` may see the artifact (``pippa_site.owners``).
 
-    ``staff=True`` lets staff see every row (the dashboard's artifact pages);
+    ``staff=True`` lets staff see every row (the artifact pages that read);
     every write that names an artifact leaves it off.
     """
     return Artifact.objects.for_user(user, staff=staff).filter(pk=artifact_id).exists()
 
 
 def artifact_get_for_user(*, user, artifact_id: int, staff: bool = False) -> Artifact:
-    """Return the artifact if ``user`` may see it; raise Http404 otherwise."""
+    """Return the artifact if ``user`` may see it; raise NotFound otherwise."""
     # The owner check is on the row itself (staff may be let through).
     if not getattr(user, "is_authenticated", False):
-        raise Http404(ERR_NOT_FOUND)
+        raise NotFound(ERR_NOT_FOUND)
     artifact = Artifact.objects.filter(pk=artifact_id).first()
     if artifact is None or not user_sees_row(user, artifact.owner_id, staff=staff):
-        raise Http404(ERR_NOT_FOUND)
+        raise NotFound(ERR_NOT_FOUND)
     return artifact
 
 
@@ -91,10 +90,13 @@ def artifact_lineage(*, artifact: Artifact, user) -> dict[str, list[LineageNode]
     }
 
 
-def artifact_owners(*, artifact: Artifact, user) -> list[OwnerLink]:
+def artifact_owners(
+    *, artifact: Artifact, user, staff: bool = False
+) -> list[OwnerLink]:
     """Tasks and council turns that keep ``artifact``, limited to what ``user`` sees
-    (each keeping app lists its own, ``artifacts.keepers``)."""
-    return keepers.owners(artifact=artifact, user=user)
+    (every one to staff with ``staff``; each keeping app lists its own,
+    ``artifacts.keepers``)."""
+    return keepers.owners(artifact=artifact, user=user, staff=staff)
 
 
 def artifact_home(

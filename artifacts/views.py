@@ -10,8 +10,7 @@ source view is escaped text.
 from __future__ import annotations
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.http import FileResponse, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST, require_safe
 
@@ -30,6 +29,9 @@ from artifacts.selectors import (
 )
 from artifacts.services import artifact_verify
 from artifacts.store import BlobError, default_store
+from pippa_site.errors import NotFound
+from pippa_site.login import login_required
+from pippa_site.owners import staff_reads
 from pippa_site.streaming import file_streamed
 
 # The raw payload may be a document with script; give it no powers at all.
@@ -55,7 +57,7 @@ def _payload_response(
     try:
         fh = default_store().open(artifact.sha256)
     except BlobError:
-        raise Http404(ERR_BLOB_MISSING) from None
+        raise NotFound(ERR_BLOB_MISSING) from None
     response = FileResponse(
         fh,
         content_type=artifact.media_type,
@@ -87,7 +89,7 @@ def _filename(artifact: Artifact) -> str:
 @login_required
 def artifact_source(request: HttpRequest, artifact_id: int) -> HttpResponse:
     artifact = artifact_get_for_user(
-        user=request.user, artifact_id=artifact_id, staff=True
+        user=request.user, artifact_id=artifact_id, staff=staff_reads(request)
     )
     cached = not_modified(request, sha256=artifact.sha256)
     if cached is not None:
@@ -100,7 +102,7 @@ def artifact_source(request: HttpRequest, artifact_id: int) -> HttpResponse:
 @login_required
 def artifact_preview(request: HttpRequest, artifact_id: int) -> HttpResponse:
     artifact = artifact_get_for_user(
-        user=request.user, artifact_id=artifact_id, staff=True
+        user=request.user, artifact_id=artifact_id, staff=staff_reads(request)
     )
     # A repeat view is answered from the widget's own row: no preview row, no blob.
     sha = preview_sha_for(artifact)
@@ -109,7 +111,7 @@ def artifact_preview(request: HttpRequest, artifact_id: int) -> HttpResponse:
         return cached
     preview = preview_artifact_for(artifact)
     if preview is None:
-        raise Http404(ERR_NO_PREVIEW)
+        raise NotFound(ERR_NO_PREVIEW)
     return _payload_response(request, preview, download=False)
 
 
@@ -118,7 +120,7 @@ def artifact_preview(request: HttpRequest, artifact_id: int) -> HttpResponse:
 def artifact_source_text(request: HttpRequest, artifact_id: int) -> HttpResponse:
     """The payload as escaped text (SVG/HTML source), capped, never as markup."""
     artifact = artifact_get_for_user(
-        user=request.user, artifact_id=artifact_id, staff=True
+        user=request.user, artifact_id=artifact_id, staff=staff_reads(request)
     )
     head = artifact_text_head(artifact=artifact, limit=MAX_SOURCE_TEXT_BYTES)
     error = ""
@@ -144,10 +146,11 @@ def artifact_source_text(request: HttpRequest, artifact_id: int) -> HttpResponse
 @require_GET
 @login_required
 def artifact_detail(request: HttpRequest, artifact_id: int) -> HttpResponse:
+    staff = staff_reads(request)
     artifact = artifact_get_for_user(
-        user=request.user, artifact_id=artifact_id, staff=True
+        user=request.user, artifact_id=artifact_id, staff=staff
     )
-    owners = artifact_owners(artifact=artifact, user=request.user)
+    owners = artifact_owners(artifact=artifact, user=request.user, staff=staff)
     lineage = artifact_lineage(artifact=artifact, user=request.user)
     media = artifact.media_type.split(";")[0].strip().lower()
     is_data = media == "application/json" or media.endswith("+json")
@@ -196,9 +199,7 @@ def _head_text(artifact: Artifact) -> tuple[str, bool] | None:
 @require_POST
 @login_required
 def artifact_verify_view(request: HttpRequest, artifact_id: int) -> HttpResponse:
-    artifact = artifact_get_for_user(
-        user=request.user, artifact_id=artifact_id, staff=True
-    )
+    artifact = artifact_get_for_user(user=request.user, artifact_id=artifact_id)
     integrity = artifact_verify(artifact=artifact)
     level = messages.SUCCESS if integrity == Artifact.Integrity.OK else messages.ERROR
     messages.add_message(request, level, MSG_VERIFIED[integrity])

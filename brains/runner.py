@@ -695,14 +695,13 @@ class LocalBackend:
     def read_artifact(
         self, artifact_id: int, limit: int = MAX_EXCERPT_BYTES
     ) -> dict[str, Any]:
-        from django.http import Http404
-
         from artifacts.store import BlobMissing, default_store
+        from pippa_site.errors import NotFound
         from tasks.documents import artifact_get, artifact_payload
 
         try:
             artifact = artifact_get(user=self.user, artifact_id=artifact_id)
-        except Http404 as exc:
+        except NotFound as exc:
             raise ToolFailure(str(exc)) from None
         payload = json.loads(json.dumps(artifact_payload(artifact), default=str))
         try:

@@ -26,11 +26,11 @@ def _turn_lines(artifact) -> list[str]:
     ]
 
 
-def turn_owners(artifact, user) -> list[OwnerLink]:
-    """The council turns that link ``artifact``, as ``user`` sees them."""
-    # The artifact's page is a dashboard page: staff see every keeper there.
+def turn_owners(artifact, user, staff: bool = False) -> list[OwnerLink]:
+    """The council turns that link ``artifact``, as ``user`` sees them (every
+    one to staff with ``staff``, as the artifact's page passes)."""
     links = (
-        TurnArtifact.objects.for_user(user, staff=True)
+        TurnArtifact.objects.for_user(user, staff=staff)
         .filter(artifact=artifact)
         .select_related(
             "turn", "turn__participant", "turn__round", "turn__round__conversation"

@@ -6,8 +6,6 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from django.http import Http404
-
 from artifacts.models import Artifact
 from artifacts.preview import STATUS_OK, WIDGET_MEDIA_TYPES, preview_status
 from artifacts.store import BlobError, default_store
@@ -18,6 +16,7 @@ from council.services import (
     round_turns,
     serialize_branch_context,
 )
+from pippa_site.errors import NotFound
 
 ERR_ROUND_NOT_FOUND = "No such council round."
 ERR_TURN_NOT_FOUND = "No such turn."
@@ -29,7 +28,7 @@ ERR_NO_PARTICIPANTS = "this council round has no participants"
 def round_get_for_user(*, user, round_id: int, staff: bool = False) -> CouncilRound:
     """Return the round if ``user`` may see its conversation (``pippa_site.owners``;
     staff see every round only with ``staff=True``, as the council pages pass);
-    else Http404."""
+    else NotFound."""
     return CouncilRound.objects.select_related("conversation").get_for_user(
         user, round_id, staff=staff, error=ERR_ROUND_NOT_FOUND
     )
@@ -64,7 +63,7 @@ def participant_get(*, council_round: CouncilRound, participant_id) -> Participa
     try:
         return council_round.participants.get(pk=int(participant_id))
     except (TypeError, ValueError, Participant.DoesNotExist):
-        raise Http404(ERR_PARTICIPANT_NOT_FOUND) from None
+        raise NotFound(ERR_PARTICIPANT_NOT_FOUND) from None
 
 
 def turn_context_sha(*, turn: Turn) -> str:
@@ -75,7 +74,7 @@ def turn_context_sha(*, turn: Turn) -> str:
         .first()
     )
     if sha is None:
-        raise Http404(ERR_CONTEXT_MISSING)
+        raise NotFound(ERR_CONTEXT_MISSING)
     return sha
 
 
@@ -84,7 +83,7 @@ def turn_context_bytes(*, turn: Turn, sha256: str | None = None) -> bytes:
     try:
         return default_store().get(sha256 or turn_context_sha(turn=turn))
     except BlobError:
-        raise Http404(ERR_CONTEXT_MISSING) from None
+        raise NotFound(ERR_CONTEXT_MISSING) from None
 
 
 @dataclass
@@ -180,7 +179,7 @@ def turn_context_view(*, turn: Turn) -> ContextView:
     try:
         raw = turn_context_bytes(turn=turn)
         doc = json.loads(raw)
-    except (Http404, ValueError):
+    except (NotFound, ValueError):
         view.error = ERR_CONTEXT_MISSING
         return view
     named = Counter(
@@ -255,7 +254,7 @@ def context_for(*, council_round: CouncilRound, participant_id=None) -> dict:
     if participant_id is None:
         participant = next_participant(council_round=council_round)
         if participant is None:
-            raise Http404(ERR_NO_PARTICIPANTS)
+            raise NotFound(ERR_NO_PARTICIPANTS)
     else:
         participant = participant_get(
             council_round=council_round, participant_id=participant_id

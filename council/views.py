@@ -7,7 +7,6 @@ Reading a round or a context is read-only: no lease, no state change.
 from __future__ import annotations
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
@@ -30,6 +29,8 @@ from council.services import (
     context_bytes,
     round_conclude,
 )
+from pippa_site.login import login_required
+from pippa_site.owners import staff_reads
 
 MSG_CONCLUDED = (
     "Round {number} is concluded. Its outcome is shown first, and the"
@@ -48,7 +49,9 @@ def _json(body: bytes) -> HttpResponse:
 @require_GET
 @login_required
 def round_detail(request: HttpRequest, round_id: int) -> HttpResponse:
-    council_round = round_get_for_user(user=request.user, round_id=round_id, staff=True)
+    council_round = round_get_for_user(
+        user=request.user, round_id=round_id, staff=staff_reads(request)
+    )
     participants = list(council_round.participants.all())
     return render(
         request,
@@ -86,7 +89,9 @@ def round_conclude_view(request: HttpRequest, round_id: int) -> HttpResponse:
 @login_required
 def round_context(request: HttpRequest, round_id: int) -> HttpResponse:
     """The context the next speaker (or ``?participant=<id>``) would receive now."""
-    council_round = round_get_for_user(user=request.user, round_id=round_id, staff=True)
+    council_round = round_get_for_user(
+        user=request.user, round_id=round_id, staff=staff_reads(request)
+    )
     context = context_for(
         council_round=council_round, participant_id=request.GET.get("participant")
     )
@@ -97,7 +102,9 @@ def round_context(request: HttpRequest, round_id: int) -> HttpResponse:
 @login_required
 def turn_context(request: HttpRequest, turn_id: int) -> HttpResponse:
     """The stored context this turn's speaker received, byte for byte."""
-    turn = turn_get_for_user(user=request.user, turn_id=turn_id, staff=True)
+    turn = turn_get_for_user(
+        user=request.user, turn_id=turn_id, staff=staff_reads(request)
+    )
     # Stored once and never rewritten: cacheable by its sha like any payload.
     sha = turn_context_sha(turn=turn)
     cached = not_modified(request, sha256=sha)
@@ -114,6 +121,8 @@ def turn_context_page(request: HttpRequest, turn_id: int) -> HttpResponse:
     The round page folds each turn's context and fetches this fragment (htmx)
     when it is opened; without script the fold links to the whole page.
     """
-    turn = turn_get_for_user(user=request.user, turn_id=turn_id, staff=True)
+    turn = turn_get_for_user(
+        user=request.user, turn_id=turn_id, staff=staff_reads(request)
+    )
     template = "council/turn_context.html" + ("#context" if request.htmx else "")
     return render(request, template, {"context": turn_context_view(turn=turn)})

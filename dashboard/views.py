@@ -8,21 +8,19 @@ Views stay thin: a selector or one service, then ``render`` or a redirect
 from __future__ import annotations
 
 import logging
-from functools import cache, partial, wraps
+from functools import cache, partial
 from types import SimpleNamespace
 from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.http import (
     FileResponse,
-    Http404,
     HttpRequest,
     HttpResponse,
     HttpResponseBadRequest,
 )
-from django.shortcuts import redirect, render, resolve_url
+from django.shortcuts import redirect, render
 from django.template.defaultfilters import filesizeformat, pluralize
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -55,7 +53,9 @@ from dashboard.selectors.timeline import (
     task_timeline_changes,
     worker_busy_elsewhere,
 )
-from pippa_site.errors import PippaError
+from pippa_site.errors import NotFound, PippaError
+from pippa_site.login import login_required
+from pippa_site.owners import staff_reads
 from pippa_site.streaming import file_streamed
 from pippa_site.text import TITLE_MAX
 from tasks import actions
@@ -142,24 +142,6 @@ BRANCH_STEPS_NAMED = 8
 EVENT_KIND_MAX = Event._meta.get_field("kind").max_length
 
 
-def dashboard_login_required(view):
-    """``login_required``, but an htmx request (a poll after the session ended)
-    gets a whole-page redirect to the login page instead of the login form
-    swapped into the middle of the page."""
-
-    @wraps(view)
-    def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
-        if request.htmx and not request.user.is_authenticated:
-            next_url = request.htmx.current_url_abs_path or request.get_full_path()
-            login = resolve_url(settings.LOGIN_URL)
-            return HttpResponseClientRedirect(
-                f"{login}?{urlencode({'next': next_url})}"
-            )
-        return login_required(view)(request, *args, **kwargs)
-
-    return wrapper
-
-
 def _counted(
     report, skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None
 ) -> list[tuple[str, int]]:
@@ -189,17 +171,19 @@ def _unchanged(request: HttpRequest, version: str) -> bool:
 
 
 @require_GET
-@dashboard_login_required
+@login_required
 def conversation_list(request: HttpRequest) -> HttpResponse:
     # The page refreshes itself every REFRESH_SECONDS: a 204 while nothing of
     # the user's changed, else the to-do list and the results, out of band.
-    totals = dashboard_totals(user=request.user)
+    staff = staff_reads(request)
+    totals = dashboard_totals(user=request.user, staff=staff)
     if _unchanged(request, totals.version):
         return HttpResponse(status=204)
     query = request.GET.get("q", "")[:200]
     needs_you = request.GET.get("needs") == "you"
     page = conversation_page(
         user=request.user,
+        staff=staff,
         query=query,
         page=request.GET.get("page"),
         needs_you=needs_you,
@@ -226,12 +210,15 @@ def conversation_list(request: HttpRequest) -> HttpResponse:
 
 
 @require_GET
-@dashboard_login_required
+@login_required
 def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    staff = staff_reads(request)
     conversation = conversation_get_for_user(
-        user=request.user, conversation_id=pk, staff=True
+        user=request.user, conversation_id=pk, staff=staff
     )
-    version = dashboard_totals(user=request.user, conversation=conversation).version
+    version = dashboard_totals(
+        user=request.user, staff=staff, conversation=conversation
+    ).version
     if _unchanged(request, version):
         return HttpResponse(status=204)
     tasks = conversation_tasks(conversation=conversation)
@@ -260,26 +247,22 @@ def _demo_live_offer(conversation, tasks: list[Task]) -> bool:
 
 
 @require_POST
-@dashboard_login_required
+@login_required
 def demo_live_run(request: HttpRequest, pk: int) -> HttpResponse:
     """Start a fresh live demo task in the demo's live conversation."""
-    conversation = conversation_get_for_user(
-        user=request.user, conversation_id=pk, staff=True
-    )
+    conversation = conversation_get_for_user(user=request.user, conversation_id=pk)
     tasks = conversation_tasks(conversation=conversation)
     if not _demo_live_offer(conversation, tasks):
-        raise Http404("no demo task to start here")
+        raise NotFound("no demo task to start here")
     task = live_task_start(conversation=conversation)
     messages.success(request, MSG_DEMO_STARTED)
     return redirect(task)
 
 
 @require_http_methods(["GET", "POST"])
-@dashboard_login_required
+@login_required
 def conversation_delete(request: HttpRequest, pk: int) -> HttpResponse:
-    conversation = conversation_get_for_user(
-        user=request.user, conversation_id=pk, staff=True
-    )
+    conversation = conversation_get_for_user(user=request.user, conversation_id=pk)
     if request.method == "POST":
         report = task_services.conversation_delete(conversation_id=conversation.pk)
         summary = ", ".join(
@@ -386,7 +369,7 @@ def _task_page(request: HttpRequest, task: Task, fragment: str | None) -> HttpRe
 
 
 @require_GET
-@dashboard_login_required
+@login_required
 def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
     # A live poll carries the last event seq it showed: nothing new, nothing
     # to send. htmx swaps nothing on 204: scroll positions, open folds and
@@ -395,7 +378,9 @@ def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
     # worker that stops answering writes no event, but the page must say so.
     raw_since = request.GET.get("since") if request.htmx else None
     if raw_since is not None:
-        last_seq, lease_live = task_poll_state_for_user(user=request.user, task_id=pk)
+        last_seq, lease_live = task_poll_state_for_user(
+            user=request.user, task_id=pk, staff=staff_reads(request)
+        )
         since = _int_or_none(raw_since)
         if since is None or not 0 <= since <= last_seq:
             return HttpResponseBadRequest(
@@ -404,7 +389,7 @@ def task_detail(request: HttpRequest, pk: int) -> HttpResponse:
             )
         if since == last_seq and lease_live == ("lease" in request.GET):
             return HttpResponse(status=204)
-    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
+    task = task_get_for_user(user=request.user, task_id=pk, staff=staff_reads(request))
     target = request.htmx.target if request.htmx else None
     if raw_since is not None and target == "live":
         return _live_update(request, task, since)
@@ -463,7 +448,7 @@ def _live_update(request: HttpRequest, task: Task, since: int) -> HttpResponse:
 
 
 @require_GET
-@dashboard_login_required
+@login_required
 def task_decide(request: HttpRequest, pk: int, position: int) -> HttpResponse:
     """Open the decision card of step ``position`` (a message's link).
 
@@ -472,10 +457,10 @@ def task_decide(request: HttpRequest, pk: int, position: int) -> HttpResponse:
     is the task page at the card. A step that no longer waits (decided
     meanwhile) opens at its row, saying so.
     """
-    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
+    task = task_get_for_user(user=request.user, task_id=pk)
     step = Step.objects.filter(task=task, position=position).first()
     if step is None:
-        raise Http404("no such step")
+        raise NotFound("no such step")
     has_card = step.stopped or Step.objects.filter(pk=step.pk).needs_you().exists()
     if has_card and task.status != Task.Status.CANCELLED:
         return redirect(f"{task.get_absolute_url()}#attention-{position}")
@@ -487,9 +472,9 @@ def task_decide(request: HttpRequest, pk: int, position: int) -> HttpResponse:
 
 
 @require_GET
-@dashboard_login_required
+@login_required
 def task_resume_context(request: HttpRequest, pk: int) -> HttpResponse:
-    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
+    task = task_get_for_user(user=request.user, task_id=pk, staff=staff_reads(request))
     document = task_resume_context_json(task=task)
     if request.htmx:
         return render(
@@ -501,7 +486,7 @@ def task_resume_context(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @require_GET
-@dashboard_login_required
+@login_required
 def step_saved_output(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
     """Serve the output an interrupted call saved, so Dad sees what "use it" adopts.
 
@@ -509,14 +494,16 @@ def step_saved_output(request: HttpRequest, pk: int, step_id: int) -> HttpRespon
     Never rendered inline unless it is a picture (raster or SVG); always
     sandboxed.
     """
-    step = step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
+    step = step_get_for_user(
+        user=request.user, task_id=pk, step_id=step_id, staff=staff_reads(request)
+    )
     saved = saved_output(envelope_read(step.pk).payload)
     if saved is None:
-        raise Http404("this step has no saved output waiting")
+        raise NotFound("this step has no saved output waiting")
     try:
         handle = default_store().open(saved.sha)
     except (BlobError, OSError) as exc:
-        raise Http404("the saved output is gone") from exc
+        raise NotFound("the saved output is gone") from exc
     inline = saved.preview in ("image", "svg")
     if saved.preview in ("excerpt", "headlines"):
         content_type = "text/plain; charset=utf-8"
@@ -620,26 +607,26 @@ def _to_confirmation(request: HttpRequest, url: str) -> HttpResponse:
 
 
 @require_POST
-@dashboard_login_required
+@login_required
 def task_resume(request: HttpRequest, pk: int) -> HttpResponse:
-    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
+    task = task_get_for_user(user=request.user, task_id=pk)
     _act(request, actions.task_resume, MSG_QUEUED.format(title=task.title), task=task)
     return _after_action(request, task)
 
 
 @require_POST
-@dashboard_login_required
+@login_required
 def task_pause(request: HttpRequest, pk: int) -> HttpResponse:
-    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
+    task = task_get_for_user(user=request.user, task_id=pk)
     words = partial(_in_flight_words, task, MSG_PAUSED, MSG_PAUSING)
     _act(request, actions.task_pause, words, task=task)
     return _after_action(request, task)
 
 
 @require_http_methods(["GET", "POST"])
-@dashboard_login_required
+@login_required
 def task_cancel(request: HttpRequest, pk: int) -> HttpResponse:
-    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
+    task = task_get_for_user(user=request.user, task_id=pk)
     if request.method == "POST" and _confirmed(request):
         words = partial(_in_flight_words, task, MSG_CANCELLED, MSG_CANCELLING)
         _act(request, actions.task_cancel, words, task=task)
@@ -702,7 +689,7 @@ def _step_confirm_context(step, action: str) -> dict:
 
 
 @require_http_methods(["GET", "POST"])
-@dashboard_login_required
+@login_required
 def step_retry(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
     step = step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
     url = reverse("dashboard:step_retry", args=[pk, step.pk])
@@ -718,14 +705,14 @@ def step_retry(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
-@dashboard_login_required
+@login_required
 def step_resolve(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
     step = step_get_for_user(user=request.user, task_id=pk, step_id=step_id)
     url = reverse("dashboard:step_resolve", args=[pk, step.pk])
     if request.method == "GET":
         action = request.GET.get("action", "")
         if action not in actions.ACTIONS:
-            raise Http404("no such choice")
+            raise NotFound("no such choice")
         return _confirm(
             request,
             step.task,
@@ -745,9 +732,9 @@ def step_resolve(request: HttpRequest, pk: int, step_id: int) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
-@dashboard_login_required
+@login_required
 def task_branch(request: HttpRequest, pk: int) -> HttpResponse:
-    task = task_get_for_user(user=request.user, task_id=pk, staff=True)
+    task = task_get_for_user(user=request.user, task_id=pk)
     source = request.POST if request.method == "POST" else request.GET
     position = _int_or_none(source.get("after_position"))
     if position is None:
@@ -819,7 +806,7 @@ ERR_UPLOAD_TOO_LARGE = (
 
 
 @require_POST
-@dashboard_login_required
+@login_required
 def task_upload(request: HttpRequest, pk: int) -> HttpResponse:
     """Attach a file to one of the user's own tasks, as the API's upload does
     (``tasks.services.task_artifact_upload``: the owner's quota, write before

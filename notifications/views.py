@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
@@ -20,6 +19,8 @@ from notifications.outbox import (
     notify_turn_off,
     notify_unsubscribe_user,
 )
+from pippa_site.errors import NotFound
+from pippa_site.login import login_required
 
 MSG_SAVED_ON = "Saved: you will be told when a step waits for you."
 MSG_SAVED_OFF = "Saved: notifications are off."
@@ -110,7 +111,7 @@ def notify_off(request: HttpRequest, token: str) -> HttpResponse:
     """
     user_id = notify_unsubscribe_user(token)
     if user_id is None:
-        raise Http404("this link is not one of this site's")
+        raise NotFound("this link is not one of this site's")
     if request.method == "POST":
         notify_turn_off(user_id=user_id)
         return render(request, "notifications/off.html", {"done": True})

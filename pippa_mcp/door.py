@@ -24,7 +24,6 @@ from typing import Any
 import anyio
 import anyio.to_thread
 from django.db import DatabaseError, DataError, close_old_connections, connections
-from django.http import Http404
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import (
@@ -128,9 +127,7 @@ def _check_arguments(fn: Callable, args: tuple, kwargs: dict) -> None:
 
 def _plain_error(exc: Exception) -> str | None:
     """The plain sentence for a failure a caller can act on, else None."""
-    if isinstance(exc, Http404):
-        return str(exc) or "not found"
-    if isinstance(exc, PippaError):
+    if isinstance(exc, PippaError):  # NotFound among them
         return str(exc)
     if isinstance(exc, BlobError):
         return "an artifact's payload is missing or damaged in the blob store"

@@ -11,6 +11,8 @@ This module sits below every app: it imports nothing of the project.
 
 from __future__ import annotations
 
+from django.http import Http404
+
 
 class PippaError(Exception):
     """An anticipated refusal; its message is for the person who asked."""
@@ -26,8 +28,13 @@ class Invalid(PippaError, ValueError):
     code = "invalid"
 
 
-class NotFound(PippaError, LookupError):
-    """No such row, or not one the asker may see: 404."""
+class NotFound(PippaError, Http404, LookupError):
+    """No such row, or not one the asker may see: 404.
+
+    The one not-found error: owner getters, selectors and views raise it.
+    It is Django's ``Http404`` too, so a page that lets it through is
+    Django's 404 page, while the JSON API and the MCP server map it like
+    every other ``PippaError``, by type."""
 
     status = 404
     code = "not_found"

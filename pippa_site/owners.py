@@ -6,12 +6,17 @@ steps, links, council rounds and turns) through the conversation's owner. The
 rule, written once here:
 
 - a user sees the rows they own;
-- staff see every row only where the caller passes ``staff=True``: the
-  dashboard's pages do; the JSON API, the MCP server, the brain runner and
-  every write that names a row never do (a token acts as its own user, staff
-  or not). The Django admin, which only staff enter, is the repair room: it
-  lists every row, with Django's model permissions deciding who may change
-  what;
+- staff see every row only where a door opts in, and it decides that once
+  per request with ``staff_reads(request)``: the pages that read (the
+  dashboard's, the artifacts' and the council's, on GET or HEAD) pass it as
+  ``staff=``; a page that writes (pause, cancel, branch, a decision, a
+  delete, an upload) and its confirmation page never do, so a write acts on
+  the actor's own rows, staff or not. The JSON API, the MCP server and the
+  brain runner never opt in (a token acts as its own user, staff or not).
+  Below the doors, selectors take ``staff`` from their caller and default to
+  False. The Django admin, which only staff enter, is the repair room: it
+  lists every row and changes another user's (pause, cancel, release a
+  lease), with Django's model permissions deciding who may change what;
 - an anonymous user sees nothing.
 
 Another user's row is reported exactly like a missing one (a 404, never a
@@ -26,7 +31,8 @@ from __future__ import annotations
 from typing import Any, Self
 
 from django.db import models
-from django.http import Http404
+
+from pippa_site.errors import NotFound
 
 
 def sees_every_row(user: Any, *, staff: bool) -> bool:
@@ -35,6 +41,15 @@ def sees_every_row(user: Any, *, staff: bool) -> bool:
         staff
         and bool(getattr(user, "is_authenticated", False))
         and bool(getattr(user, "is_staff", False))
+    )
+
+
+def staff_reads(request: Any) -> bool:
+    """The door's one staff decision: whether this request shows its user every
+    user's rows. Only for staff, and only on a request that reads (GET or
+    HEAD); a page opts in by passing it as ``staff=``."""
+    return request.method in ("GET", "HEAD") and sees_every_row(
+        request.user, staff=True
     )
 
 
@@ -60,9 +75,9 @@ class OwnedQuerySet(models.QuerySet):
         return self.filter(**{self.owner_field: user.pk})
 
     def get_for_user(self, user: Any, pk: int, *, staff: bool = False, error: str):
-        """Return row ``pk`` if ``user`` may see it; else raise Http404(``error``),
+        """Return row ``pk`` if ``user`` may see it; else raise NotFound(``error``),
         the same for another user's row as for a missing one."""
         found = self.for_user(user, staff=staff).filter(pk=pk).first()
         if found is None:
-            raise Http404(error)
+            raise NotFound(error)
         return found

@@ -16,7 +16,6 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from artifacts.models import ArtifactClass
 from pippa_site.errors import Conflict, Invalid, LeaseConflict
 from pippa_site.text import TITLE_MAX, media_type_check, text_check, title_clean
 from tasks.executor import (
@@ -31,18 +30,14 @@ from tasks.executor import (
 from tasks.lease import lease_drop, lease_refuse_live, lease_release_own
 from tasks.models import TASK_OPEN, Event, LinkRole, Step, Task, TaskArtifact
 from tasks.resume import (
-    ADOPT,
-    CALL_AGAIN,
-    Envelope,
     ResumeAdvice,
     envelope_read,
-    payload_intact,
     resume_advice,
-    source_ids_for,
-    sources_alive,
+    uncertain_facts,
 )
+from tasks.rules import ADOPT, CALL_AGAIN, RULES, uncertain_rule
 from tasks.services import events_append
-from tasks.words import CHOICES, OUTSIDE_RERUN, OUTSIDE_RETRY, RULE_WORDS
+from tasks.words import CHOICES, OUTSIDE_RERUN, OUTSIDE_RETRY
 
 ERR_NOT_RETRYABLE = (
     "only a failed or needs-review step can be retried (step {position} is {status})"
@@ -407,37 +402,19 @@ def _branch_steps(branch: Task, steps: list[Step], after_position: int) -> None:
 
 
 def step_resolve_options(step: Step) -> list[str]:
-    """Return the actions the class rules allow for a failed or uncertain step."""
+    """Return the choices the resume rules (``tasks.rules``) give a person for
+    a failed, set-aside or uncertain step now."""
     step = Step.objects.select_related("task").get(pk=step.pk)
     if step.status == Step.Status.FAILED:
-        return ["rerun", "skip"]
+        return list(RULES["failed_retry"].choices)
     uncertain_running = step.status == Step.Status.RUNNING and not step.task.lease_live
     if step.status != Step.Status.NEEDS_REVIEW and not uncertain_running:
         return []
     env = envelope_read(step.pk)
     if uncertain_running and not env.open:
         return []
-    return _review_options(step, env)
-
-
-def _review_options(step: Step, env: Envelope) -> list[str]:
-    options = []
-    if env.payload and payload_intact(step.artifact_class, env.payload):
-        options.append("adopt")
-    persisted = bool(env.payload and env.payload.get("sha"))
-    if step.side_effects:
-        # A person decides; the call goes out again with the same idempotency key.
-        options.append("rerun")
-    elif step.artifact_class == ArtifactClass.SNAPSHOT and persisted:
-        pass  # a persisted snapshot is never taken twice (retry makes a new one)
-    elif step.artifact_class == ArtifactClass.RENDER and not sources_alive(
-        source_ids_for(step, env.payload)
-    ):
-        pass  # a render from dead sources would not be the same render
-    else:
-        options.append("rerun")
-    options += ["fail", "skip"]
-    return options
+    facts = uncertain_facts(step, env)
+    return uncertain_rule(facts).offered(facts)
 
 
 def step_resolve(*, step: Step, action: str, actor: str = "") -> Step:
@@ -544,7 +521,7 @@ class Decision:
 
     @property
     def plain_words(self) -> str:
-        return RULE_WORDS.get(self.advice.rule, "")
+        return self.advice.plain_words
 
 
 def step_decision(*, step: Step, task: Task) -> Decision | None:

@@ -4,19 +4,19 @@
 The doors for programs (the JSON API, the MCP server, the brain runner's
 in-process backend) all use these, so a brain sees the same documents
 whichever way it is connected. Another user's object is reported exactly like
-a missing one (Http404). The dashboard reads conversations and tasks through
-the same two getters, passing ``staff=True`` where staff see every row
-(``pippa_site.owners``); a program's door never does.
+a missing one (``NotFound``, a 404). The dashboard reads conversations and tasks through
+the same two getters, passing ``staff=staff_reads(request)`` on a page that
+reads (``pippa_site.owners``: staff see every row there); a page that writes
+and a program's door never do.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.http import Http404
-
 from artifacts.models import Artifact
 from artifacts.selectors import artifact_get_for_user
+from pippa_site.errors import NotFound
 from pippa_site.owners import user_sees_row
 from tasks.models import Conversation, Step, Task
 from tasks.shapes import (
@@ -39,7 +39,7 @@ def conversation_get_for_user(
     *, user, conversation_id: int, staff: bool = False
 ) -> Conversation:
     """Return the conversation if ``user`` may see it (``pippa_site.owners``:
-    their own; every one to staff only with ``staff=True``); else Http404."""
+    their own; every one to staff only with ``staff=True``); else NotFound."""
     return Conversation.objects.select_related("owner").get_for_user(
         user,
         conversation_id,
@@ -50,7 +50,7 @@ def conversation_get_for_user(
 
 def task_get_for_user(*, user, task_id: int, staff: bool = False) -> Task:
     """Return the task, with its conversation, if ``user`` may see the
-    conversation (as ``conversation_get_for_user``); else Http404.
+    conversation (as ``conversation_get_for_user``); else NotFound.
 
     Every request of every door that names a task starts here (a dashboard
     tab's poll every 2 s among them): one query for the task and its
@@ -59,10 +59,10 @@ def task_get_for_user(*, user, task_id: int, staff: bool = False) -> Task:
     try:
         pk = int(task_id)
     except (TypeError, ValueError):
-        raise Http404(ERR_NO_TASK.format(id=task_id)) from None
+        raise NotFound(ERR_NO_TASK.format(id=task_id)) from None
     task = Task.objects.select_related("conversation").filter(pk=pk).first()
     if task is None or not user_sees_row(user, task.conversation.owner_id, staff=staff):
-        raise Http404(ERR_NO_TASK.format(id=task_id))
+        raise NotFound(ERR_NO_TASK.format(id=task_id))
     return task
 
 
@@ -70,8 +70,8 @@ def artifact_get(*, user, artifact_id: int) -> Artifact:
     """The user's own artifact (staff too see only their own), with an API-worded 404."""
     try:
         return artifact_get_for_user(user=user, artifact_id=artifact_id)
-    except Http404:
-        raise Http404(ERR_NO_ARTIFACT.format(id=artifact_id)) from None
+    except NotFound:
+        raise NotFound(ERR_NO_ARTIFACT.format(id=artifact_id)) from None
 
 
 def artifacts_get(*, user, artifact_ids) -> list[Artifact]:

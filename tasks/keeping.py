@@ -45,16 +45,16 @@ def _output_lines(artifact) -> list[str]:
     return [f"output of task {t} step {p}" for t, p in steps[:MAX_LINES]]
 
 
-def task_owners(artifact, user) -> list[OwnerLink]:
-    """The tasks that link or output ``artifact``, each once, as ``user`` sees them."""
-    # The artifact's page is a dashboard page: staff see every keeper there.
+def task_owners(artifact, user, staff: bool = False) -> list[OwnerLink]:
+    """The tasks that link or output ``artifact``, each once, as ``user`` sees
+    them (every one to staff with ``staff``, as the artifact's page passes)."""
     links = (
-        TaskArtifact.objects.for_user(user, staff=True)
+        TaskArtifact.objects.for_user(user, staff=staff)
         .filter(artifact=artifact)
         .select_related("task", "task__conversation")
     )
     outputs = (
-        Step.objects.for_user(user, staff=True)
+        Step.objects.for_user(user, staff=staff)
         .filter(output=artifact)
         .select_related("task", "task__conversation")
     )

@@ -1,8 +1,10 @@
-"""What resume will do with each step: the class rules, and their words.
+"""What resume will do with each step, by the rules of ``tasks.rules``.
 
 ``uncertain_decide`` settles a step whose tool-call envelope was left open,
 by its artifact class; ``resume_advice`` says what resuming will do with any
-step, in words a person understands. The executor acts on exactly the
+step. Both read the rules' one table (``tasks.rules.RULES``): this module
+gathers the facts the rules read (the envelope, whether a saved payload
+verifies, whether a render's sources do). The executor acts on exactly the
 decision ``uncertain_decide`` returns, so the advice shown is the thing that
 happens. The document a resumed brain reads, which carries this advice for
 the steps still to run, is ``tasks.resume_document``.
@@ -16,9 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from artifacts.models import Artifact, ArtifactClass
-from artifacts.quota import REASON_QUOTA
 from artifacts.store import CHUNK, default_store
 from tasks.models import Event, Step, Task
+from tasks.rules import (  # noqa: F401  (ADOPT, CALL_AGAIN, REVIEW: the executor's names)
+    ADOPT,
+    CALL_AGAIN,
+    REVIEW,
+    RULES,
+    Facts,
+    rule_words,
+    uncertain_rule,
+)
 from tasks.tools import files_root
 from tasks.words import relative_text
 
@@ -41,18 +51,21 @@ CLOSING_KINDS = {
     Event.Kind.STEP_RESOLVED,
 }
 
-ADOPT = "adopt"
-CALL_AGAIN = "call_again"
-REVIEW = "review"
-
 
 @dataclass(frozen=True)
 class ResumeAdvice:
-    rule: str
-    words: str
+    rule: str  # a key of tasks.rules.RULES (or one an older event recorded)
+    words: str  # the engineer's sentence
     # What the executor does: adopt / call_again / review (uncertain), run,
     # wait (a live worker has it), none (nothing to do), blocked (needs a person).
     action: str = "none"
+
+    @property
+    def plain_words(self) -> str:
+        """Dad's words for the rule (the needs-a-person words for one no rule has)."""
+        return rule_words(self.rule) or (
+            rule_words("needs_review") if self.action == "blocked" else ""
+        )
 
 
 @dataclass
@@ -165,86 +178,27 @@ def sources_alive(ids: list[int] | None) -> bool:
     return all(store.verify(sha) for sha in shas.values())
 
 
-def uncertain_decide(step: Step, env: Envelope) -> ResumeAdvice:
-    """Apply docs/design.md's class table ("Four artifact classes, four resume
-    rules") to a step whose envelope is open."""
-    has_payload = bool(env.payload and env.payload.get("sha"))
-    if step.side_effects and env.unsaved:
-        return ResumeAdvice(
-            "side_effects_unsaved_review",
-            f"needs you: the tool ran; its output could not be saved: {env.unsaved}",
-            REVIEW,
-        )
-    if step.side_effects:
-        return ResumeAdvice(
-            "side_effects_review", "needs you: the tool has outside effects", REVIEW
-        )
-    if env.unsaved.startswith(REASON_QUOTA):
-        # Whatever the class: calling the tool again would meet the same
-        # quota; a person frees space or raises it, then retries.
-        return ResumeAdvice(
-            "quota_review",
-            f"needs you: the tool ran; its output could not be saved: {env.unsaved}",
-            REVIEW,
-        )
-    cls = step.artifact_class
-    if cls == ArtifactClass.FILE:
-        if has_payload and payload_intact(cls, env.payload):
-            return ResumeAdvice(
-                "class1_reuse_file",
-                "will reuse the saved file (its sha matches)",
-                ADOPT,
-            )
-        if has_payload:
-            return ResumeAdvice(
-                "class1_regenerate_missing",
-                "will make the file again: it is gone or no longer matches its sha",
-                CALL_AGAIN,
-            )
-        return ResumeAdvice(
-            "class1_regenerate_unsaved",
-            "will make the file again: its checksum was never saved",
-            CALL_AGAIN,
-        )
-    if cls == ArtifactClass.FETCH:
-        return ResumeAdvice("class2_fetch_again", "will fetch again", CALL_AGAIN)
-    if cls == ArtifactClass.SNAPSHOT:
-        if has_payload and payload_intact(cls, env.payload):
-            return ResumeAdvice(
-                "class3_adopt_snapshot",
-                f"will reuse the saved {_noun(step)}snapshot",
-                ADOPT,
-            )
-        if has_payload:
-            return ResumeAdvice(
-                "class3_snapshot_lost",
-                "needs you: the saved snapshot is missing or damaged,"
-                " and a snapshot is never taken twice",
-                REVIEW,
-            )
-        return ResumeAdvice(
-            "class3_issue_again_unshown",
-            "will issue the call again: no snapshot was saved, so none was shown",
-            CALL_AGAIN,
-        )
-    # Class 4: a derived render.
-    if has_payload and payload_intact(cls, env.payload):
-        return ResumeAdvice(
-            "class4_reuse_render",
-            "will reuse the saved render (its sha matches)",
-            ADOPT,
-        )
-    if sources_alive(source_ids_for(step, env.payload)):
-        return ResumeAdvice(
-            "class4_rerender",
-            "will render again from its sources (all present and intact)",
-            CALL_AGAIN,
-        )
-    return ResumeAdvice(
-        "class4_sources_gone",
-        "needs you: a source of this render is gone or damaged",
-        REVIEW,
+def uncertain_facts(step: Step, env: Envelope) -> Facts:
+    """What the resume rules read about a step whose envelope is open."""
+    return Facts(
+        side_effects=step.side_effects,
+        artifact_class=step.artifact_class,
+        unsaved=env.unsaved,
+        saved=bool(env.payload and env.payload.get("sha")),
+        verify=lambda: payload_intact(step.artifact_class, env.payload),
+        sources=lambda: sources_alive(source_ids_for(step, env.payload)),
     )
+
+
+def uncertain_decide(step: Step, env: Envelope) -> ResumeAdvice:
+    """The rule (``tasks.rules``) for a step whose envelope is open, as advice."""
+    rule = uncertain_rule(uncertain_facts(step, env))
+    return _advice(rule.key, unsaved=env.unsaved, noun=_noun(step))
+
+
+def _advice(key: str, **fields: Any) -> ResumeAdvice:
+    rule = RULES[key]
+    return ResumeAdvice(key, rule.says.format(**fields), rule.action)
 
 
 def _noun(step: Step) -> str:
@@ -256,18 +210,14 @@ def resume_advice(step: Step, *, task: Task | None = None) -> ResumeAdvice:
     task = task or step.task
     status = step.status
     if status == Step.Status.DONE:
-        return ResumeAdvice("done_keep", "done: its saved output is kept")
+        return _advice("done_keep")
     if status == Step.Status.SKIPPED:
-        return ResumeAdvice("skipped", "skipped: resume passes over it")
+        return _advice("skipped")
     if status == Step.Status.FAILED:
-        return ResumeAdvice(
-            "failed_retry",
-            f"failed after {step.attempts} attempt(s): retry it to run again",
-            "blocked",
-        )
+        return _advice("failed_retry", attempts=step.attempts)
     if status == Step.Status.NEEDS_REVIEW:
         env = envelope_read(step.pk)
-        reason = env.review_reason or "needs you: it was set aside for a person"
+        reason = env.review_reason or RULES["needs_review"].says
         return ResumeAdvice(
             env.review_rule or "needs_review",
             reason if reason.startswith("needs you") else f"needs you: {reason}",
@@ -275,23 +225,13 @@ def resume_advice(step: Step, *, task: Task | None = None) -> ResumeAdvice:
         )
     if status == Step.Status.RUNNING:
         if task.lease_live:
-            return ResumeAdvice(
-                "in_progress", f"running now on {task.lease_owner}", "wait"
-            )
+            return _advice("in_progress", owner=task.lease_owner)
         env = envelope_read(step.pk)
         if env.open:
             return uncertain_decide(step, env)
     if step.attempts >= step.max_attempts:
-        return ResumeAdvice("no_attempts_left", "will fail: no attempts left", "run")
+        return _advice("no_attempts_left")
+    fields = {"attempt": step.attempts + 1, "max_attempts": step.max_attempts}
     if step.waiting_to_retry:
-        return ResumeAdvice(
-            "retry_wait",
-            f"will run attempt {step.attempts + 1} of {step.max_attempts}: the tool"
-            f" failed, next attempt {relative_text(step.next_attempt_at)}",
-            "run",
-        )
-    return ResumeAdvice(
-        "run",
-        f"will run (attempt {step.attempts + 1} of {step.max_attempts})",
-        "run",
-    )
+        return _advice("retry_wait", when=relative_text(step.next_attempt_at), **fields)
+    return _advice("run", **fields)

@@ -2,7 +2,9 @@
 
 The engineer's terms (rule names, event kinds, "lease", "sha") stay in the
 data and in the pages' "details" folds; what a person reads first comes from
-here, so a wording is changed once.
+here, so a wording is changed once. The one exception is what resume will
+do with a step: those words sit in the resume rules' table (``tasks.rules``),
+beside the action and the choices they describe.
 """
 
 from __future__ import annotations
@@ -29,45 +31,9 @@ CLASS_LEGEND = {
     ),
 }
 
-# What resume will do with an unfinished step, by the rule tasks.resume applies.
-RULE_WORDS = {
-    "side_effects_review": (
-        "This step acts outside Pippa (it sends or writes something). Pippa cannot"
-        " tell whether it went out, so it will not do it again without you."
-    ),
-    "class1_reuse_file": "The file it made is still there and unchanged: Pippa will use it.",
-    "class1_regenerate_missing": (
-        "The file it made is gone or was changed: Pippa will make it again."
-    ),
-    "class1_regenerate_unsaved": (
-        "The file was never recorded: Pippa will make it again."
-    ),
-    "class2_fetch_again": (
-        "Fetching the same data again is safe: Pippa will fetch it again."
-    ),
-    "class3_adopt_snapshot": (
-        "The answer it got was saved: Pippa will use that saved answer"
-        " (a one-time answer is never fetched again)."
-    ),
-    "class3_snapshot_lost": (
-        "The saved answer is missing or damaged, and a one-time answer is never"
-        " fetched twice: you decide."
-    ),
-    "class3_issue_again_unshown": (
-        "Its answer was never saved or shown to anyone, so Pippa will ask again."
-    ),
-    "class4_reuse_render": "The picture it drew was saved intact: Pippa will use it.",
-    "class4_rerender": (
-        "Pippa will draw it again from the same results (they are all still there)."
-    ),
-    "class4_sources_gone": (
-        "Something it was drawn from is gone or damaged: you decide."
-    ),
-    "failed_retry": "It failed every attempt it was allowed.",
-    "needs_review": "It was set aside for a person: Pippa will not go on without you.",
-    "operator_adopt": "a person chose to use the saved output",
-    "operator_rerun": "a person chose to run the same call again",
-}
+# What resume will do with an unfinished step is said by its rule, in the
+# rules' own table (tasks.rules.RULES: the worker's action, a person's
+# choices and these words together).
 
 # The choices on a step that needs a person: (button, what happens).
 CHOICES = {

@@ -12,7 +12,8 @@ Every selector returns rows with their related objects already joined
 (``select_related``) or batched (``prefetch_related``), so a page's number of
 queries does not grow with the number of conversations, steps or events.
 
-Who sees what is ``pippa_site.owners``' rule: the dashboard is where staff see
-every row, so its selectors pass ``staff=True``, and the pages read a single
-conversation or task through ``tasks.documents``' getters with ``staff=True``.
+Who sees what is ``pippa_site.owners``' rule: the selectors take ``staff``
+from the view (default False), and a page that reads passes
+``staff_reads(request)``, so staff see every row on the dashboard's pages; a
+page that writes, or its confirmation, acts on the user's own rows.
 """

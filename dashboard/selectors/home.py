@@ -67,12 +67,12 @@ def _needs_you_exists() -> Exists:
 
 
 def _conversations_shown(
-    *, user, query: str, needs_you: bool
+    *, user, staff: bool, query: str, needs_you: bool
 ) -> QuerySet[Conversation]:
     """The conversations ``user`` may see that match ``query`` (a title of the
     conversation or of one of its tasks) and, with ``needs_you``, that have a
     step waiting for a person. No annotations: the list's rows, and its count."""
-    conversations = Conversation.objects.for_user(user, staff=True)
+    conversations = Conversation.objects.for_user(user, staff=staff)
     query = query.strip()
     if query:
         task_match = Task.objects.filter(
@@ -87,9 +87,15 @@ def _conversations_shown(
 
 
 def conversation_list(
-    *, user, query: str = "", needs_you: bool = False, none_need_you: bool = False
+    *,
+    user,
+    staff: bool = False,
+    query: str = "",
+    needs_you: bool = False,
+    none_need_you: bool = False,
 ) -> QuerySet[Conversation]:
-    """Return the conversations ``user`` may see, newest activity first.
+    """Return the conversations ``user`` may see (every one to staff with
+    ``staff``, ``pippa_site.owners``), newest activity first.
 
     Each row carries its tasks' totals as annotations (one grouped query), so
     the list never loads task rows one conversation at a time. "Activity" is
@@ -107,7 +113,7 @@ def conversation_list(
             tasks__pk__in=Step.objects.filter(needs_you_q()).values("task_id")
         )
     return (
-        _conversations_shown(user=user, query=query, needs_you=needs_you)
+        _conversations_shown(user=user, staff=staff, query=query, needs_you=needs_you)
         .select_related("owner")
         .annotate(
             task_count=Count("tasks"),
@@ -159,6 +165,7 @@ class CountedPaginator(Paginator):
 def conversation_page(
     *,
     user,
+    staff: bool = False,
     query: str = "",
     page: str | int | None = 1,
     needs_you: bool = False,
@@ -170,6 +177,7 @@ def conversation_page(
     first page that is not full is its own count."""
     rows = conversation_list(
         user=user,
+        staff=staff,
         query=query,
         needs_you=needs_you,
         none_need_you=totals is not None and not totals.needing_you,
@@ -177,7 +185,9 @@ def conversation_page(
     if totals is not None and not query.strip() and not needs_you:
         counted = totals.conversations
     else:
-        counted = _conversations_shown(user=user, query=query, needs_you=needs_you)
+        counted = _conversations_shown(
+            user=user, staff=staff, query=query, needs_you=needs_you
+        )
         if page in (None, "", 1, "1"):
             rows = list(rows[:CONVERSATIONS_PER_PAGE])  # the first page's rows
             if len(rows) < CONVERSATIONS_PER_PAGE:
@@ -304,23 +314,25 @@ class Totals:
     version (a search, the next page, a reload) takes them from the cache.
     """
 
-    def __init__(self, *, user, version: str, conversations: int) -> None:
+    def __init__(self, *, user, staff: bool, version: str, conversations: int) -> None:
         self.user = user
+        self.staff = sees_every_row(user, staff=staff)  # the page shows every row
         self.version = version  # changes when anything the page shows changes
         self.conversations = conversations  # the conversations the page may list
 
     @cached_property
     def _counts(self) -> dict[str, int]:
-        staff = sees_every_row(self.user, staff=True)
-        key = f"pippa:totals:{self.user.pk}:{int(staff)}:{self.version}"
+        key = f"pippa:totals:{self.user.pk}:{int(self.staff)}:{self.version}"
         return caches["default"].get_or_set(key, self._count_now, TOTALS_CACHE_SECONDS)
 
     def _count_now(self) -> dict[str, int]:
         # The needs-you count starts from the few steps of the partial index
         # of attention steps, not from a question put to each conversation.
-        needing_you = Step.objects.for_user(self.user, staff=True).filter(needs_you_q())
+        needing_you = Step.objects.for_user(self.user, staff=self.staff).filter(
+            needs_you_q()
+        )
         mine = Q(owner=self.user)
-        return Conversation.objects.for_user(self.user, staff=True).aggregate(
+        return Conversation.objects.for_user(self.user, staff=self.staff).aggregate(
             needing_you=_count(needing_you, "task__conversation", distinct=True),
             working=Count("tasks", filter=mine & Q(tasks__status__in=ACTIVE)),
             paused=Count("tasks", filter=mine & Q(tasks__status=Task.Status.PAUSED)),
@@ -355,7 +367,9 @@ def _count(rows: QuerySet, field: str = "pk", *, distinct: bool = False) -> Max:
     return Max(Subquery(rows.order_by().values(n=n)))
 
 
-def dashboard_totals(*, user, conversation: Conversation | None = None) -> Totals:
+def dashboard_totals(
+    *, user, staff: bool = False, conversation: Conversation | None = None
+) -> Totals:
     """The ``Totals`` of ``user``'s home page, or of one conversation's page.
 
     The version changes when any of their tasks logs an event, a task or a
@@ -366,7 +380,7 @@ def dashboard_totals(*, user, conversation: Conversation | None = None) -> Total
     ``_count``); the to-do counts are read later, if the page shows them.
     """
     if conversation is None:
-        conversations = Conversation.objects.for_user(user, staff=True)
+        conversations = Conversation.objects.for_user(user, staff=staff)
     else:
         conversations = Conversation.objects.filter(pk=conversation.pk)
     # One join (conversation to its tasks): a task row comes once, so only the
@@ -388,6 +402,7 @@ def dashboard_totals(*, user, conversation: Conversation | None = None) -> Total
     )
     return Totals(
         user=user,
+        staff=staff,
         version=(
             f"{totals['v_n']}.{totals['v_tasks']}.{totals['v_seqs']}."
             f"{totals['v_rounds'] or 0}.{totals['v_leases']}.{stamp:.6f}"

@@ -16,7 +16,6 @@ from django.core.paginator import Page, Paginator
 from django.db.models import (
     Q,
 )
-from django.http import Http404
 from django.utils import timezone
 
 from artifacts.preview import preview_status
@@ -32,6 +31,7 @@ from dashboard.selectors.outputs import (
     preview_kind,
     saved_output,
 )
+from pippa_site.errors import NotFound
 from pippa_site.owners import sees_every_row
 from tasks.actions import ATTENTION_STEPS, Choice, step_decision
 from tasks.models import (
@@ -40,7 +40,8 @@ from tasks.models import (
     Task,
 )
 from tasks.resume import envelope_read
-from tasks.words import CHOICES, RULE_WORDS, actor_words
+from tasks.rules import rule_words
+from tasks.words import CHOICES, actor_words
 
 ERR_NO_STEP = "No such step of this task."
 STEPS_PER_PAGE = 100
@@ -51,20 +52,22 @@ STEPS_PER_PAGE = 100
 MAX_ADVICE_PER_PAGE = 5
 
 
-def task_poll_state_for_user(*, user, task_id: int) -> tuple[int, bool]:
+def task_poll_state_for_user(
+    *, user, task_id: int, staff: bool = False
+) -> tuple[int, bool]:
     """Return (last event seq, whether a worker holds a live lease) of a task
-    ``user`` may see, or raise Http404 like ``task_get_for_user``.
+    ``user`` may see, or raise NotFound like ``task_get_for_user``.
 
     A live poll compares both with what its page shows: every change of a task
     appends an event, except a worker that stops answering (its lease runs out
     without a word), which the lease's state tells. One indexed row.
     """
     tasks = Task.objects.filter(pk=task_id)
-    if not sees_every_row(user, staff=True):
+    if not sees_every_row(user, staff=staff):
         tasks = tasks.filter(conversation__owner=user)
     row = tasks.values_list("last_seq", "lease_owner", "lease_expires_at").first()
     if row is None:
-        raise Http404("No Task matches the given query.")
+        raise NotFound("No Task matches the given query.")
     last_seq, holder, expires = row
     return last_seq, bool(holder) and expires is not None and expires >= timezone.now()
 
@@ -102,12 +105,12 @@ def worker_busy_elsewhere(*, task: Task) -> bool:
     )
 
 
-def step_get_for_user(*, user, task_id: int, step_id: int) -> Step:
-    """Return one step of a task ``user`` may see, or raise Http404."""
+def step_get_for_user(*, user, task_id: int, step_id: int, staff: bool = False) -> Step:
+    """Return one step of a task ``user`` may see (``pippa_site.owners``), or raise NotFound."""
     return (
         Step.objects.filter(task_id=task_id)
         .select_related("task", "task__conversation", "output")
-        .get_for_user(user, step_id, staff=True, error=ERR_NO_STEP)
+        .get_for_user(user, step_id, staff=staff, error=ERR_NO_STEP)
     )
 
 
@@ -433,7 +436,7 @@ def _attempts(rows: list[StepRow]) -> None:
             rule = str(data.get("rule") or "")
             current.note = (
                 f"{actor_words(str(data.get('worker') or ''))} found this call"
-                f" unfinished. {RULE_WORDS.get(rule, str(data.get('words') or ''))}"
+                f" unfinished. {rule_words(rule) or str(data.get('words') or '')}"
             ).strip()
         elif kind == Event.Kind.STEP_RETRIED:
             if open_call:

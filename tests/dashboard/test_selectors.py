@@ -58,7 +58,9 @@ def test_conversation_list_of_a_user_hides_other_users_and_staff_see_all(
     make_conversation(title="theirs")
     boss = make_user(username="boss", is_staff=True)
     assert [c.title for c in conversation_list(user=user)] == ["mine"]
-    assert conversation_list(user=boss).count() == 2
+    assert conversation_list(user=boss, staff=True).count() == 2
+    # Only where a page opts in: elsewhere staff see their own rows only.
+    assert conversation_list(user=boss).count() == 0
 
 
 def test_search_matches_a_task_title_without_duplicating_the_conversation(
@@ -258,7 +260,7 @@ def test_the_home_totals_are_one_query_and_agree_with_the_counts_they_stand_for(
     assert totals.conversations == conversation_list(user=user).count() == 1
     assert totals.working == todo_for_user(user=user).working == 2
     # Staff list every conversation, but only their own tasks are their work.
-    staff = dashboard_totals(user=boss)
+    staff = dashboard_totals(user=boss, staff=True)
     assert staff.conversations == 3
     assert staff.working == todo_for_user(user=boss).working == 1
 
@@ -411,8 +413,9 @@ def test_the_needs_you_count_agrees_with_the_needs_you_list_for_each_user(
     boss = make_user(username="boss", is_staff=True)
 
     for who, expected in ((user, 2), (other, 1), (boss, 3)):
-        listed = conversation_list(user=who, needs_you=True).count()
-        assert dashboard_totals(user=who).needing_you == listed == expected
+        listed = conversation_list(user=who, staff=True, needs_you=True).count()
+        totals = dashboard_totals(user=who, staff=True)
+        assert totals.needing_you == listed == expected
 
 
 def test_the_totals_skip_the_to_do_only_when_nothing_can_wait(
@@ -451,7 +454,7 @@ def test_the_totals_skip_the_to_do_only_when_nothing_can_wait(
         assert with_totals(who) == to_do(who)
     assert len(to_do(user)[0]) == len(to_do(other)[0]) == 1
     # Staff see the other's conversation need them, but it is not their decision.
-    assert dashboard_totals(user=boss).waiting == 2
+    assert dashboard_totals(user=boss, staff=True).waiting == 2
     assert to_do(boss) == ([], [], 0)
 
 
