@@ -75,10 +75,6 @@ def _connection_gone(exc: BaseException, lowered: str) -> bool:
     return any(w in lowered for w in words)
 
 
-def is_database_fault(exc: BaseException) -> bool:
-    return isinstance(exc, DatabaseError)
-
-
 def worker_waits(reason: str) -> bool:
     """Whether a step's unsaved output is the store's or the database's
     fault, which the worker waits out for every task (backing off, probing);
