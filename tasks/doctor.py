@@ -21,8 +21,9 @@ Repair order (each step may free rows for the next):
 6. Blob unlinks a killed delete left written down (``PendingUnlink``):
    finished at once, no grace period.
    Data files and folders other accounts could read (the data folder, the
-   database's files, the blob store): tightened to 0700 folders, 0600
-   database files, 0400 blob files (``pippa_site.private``).
+   database's files, the blob store, the class-1 files): tightened to 0700
+   folders, 0600 database files, 0400 blob and class-1 files
+   (``pippa_site.private``, ``tasks.tools.files_loose_paths``).
 7. Tool-call envelopes still open on a step no worker will ever pick up (its
    task is done, failed or waiting for a person): the step goes to
    ``needs_review``, with an event saying why.
@@ -72,6 +73,7 @@ from tasks.lease import lease_release
 from tasks.models import LEASE_DEAD, Conversation, Event, Step, Task, TaskArtifact
 from tasks.resume import CLOSING_KINDS
 from tasks.services import event_append
+from tasks.tools import files_loose_paths
 
 DEFAULT_GRACE_SECONDS = 3600
 CHUNK = 20000
@@ -555,7 +557,7 @@ def _check(
         )
 
     progress("checking the data folder's permissions")
-    loose = loose_paths() + store.loose_paths()
+    loose = loose_paths() + store.loose_paths() + files_loose_paths()
     results["loose_permissions"] = (
         len(loose),
         [f"{path} ({oct(_mode(path))})" for path, _ in loose[:SAMPLE]],
@@ -592,7 +594,7 @@ LABELS = {
     "loose_permissions": (
         "data files or folders other accounts may read",
         True,
-        "--repair makes folders 0700, the database 0600 and blob files 0400",
+        "--repair makes folders 0700, the database 0600, blob and class-1 files 0400",
     ),
     "expired_leases": ("task leases past expiry", True, ""),
     "open_envelopes": (
