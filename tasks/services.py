@@ -41,6 +41,7 @@ from tasks.statements import (  # noqa: F401 - the event log's names, re-exporte
     MAX_EVENT_DATA_CHARS,
     events_insert,
 )
+from tasks.tools import task_folders_remove
 
 log = logging.getLogger("pippa.tasks")
 
@@ -471,7 +472,9 @@ def conversation_delete(*, conversation_id: int) -> DeletionReport:
        event names.
     5. After commit, unlink those files that no row names (a rollback leaves
        every file; a crash leaves the record for the next delete, worker
-       start or doctor run, which finish it at once).
+       start or doctor run, which finish it at once), and remove the
+       class-1 folders of its tasks (a crash leaves them to the doctor:
+       ``gone_task_files``).
 
     A conversation that is already gone gives an empty report.
     """
@@ -495,6 +498,11 @@ def _conversation_delete(conversation_id: int, cut: set[str]) -> DeletionReport:
 
     unnamed = _payload_shas_without_rows(conversation_id, report) | cut
 
+    task_ids = list(
+        Task.objects.filter(conversation_id=conversation_id).values_list(
+            "pk", flat=True
+        )
+    )
     # One statement, and the schema's ON DELETE CASCADE does the rest: the
     # model's own delete() refuses (it names this service), and no collector
     # loads a row.
@@ -513,6 +521,8 @@ def _conversation_delete(conversation_id: int, cut: set[str]) -> DeletionReport:
     # Payloads no row names (a call cut off between its blob and its result)
     # go too, unless a surviving task's envelope still names them.
     blobs_unlink_after_commit(shas=_not_named_by_survivors(unnamed))
+    # The class-1 files its calls wrote (their blob copies went above).
+    transaction.on_commit(lambda: task_folders_remove(task_ids))
     return report
 
 

@@ -17,7 +17,10 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import logging
 import os
+import re
+import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +32,8 @@ from pydantic import ConfigDict, PydanticUserError, create_model
 
 from artifacts.models import ArtifactClass
 from artifacts.store import PRIVATE_DIR, PRIVATE_FILE
+
+log = logging.getLogger("pippa.tasks")
 
 BUILTIN_TOOL_MODULES = ("tasks.demo.tools",)
 
@@ -197,6 +202,42 @@ def folder_private(path: Path) -> Path:
         path.mkdir(parents=True, exist_ok=True)
         path.chmod(PRIVATE_DIR)  # mkdir's mode is cut by the umask; chmod is not
     return path
+
+
+# A task's class-1 folder under the files root: ``t<task id>``.
+TASK_FOLDER = re.compile(r"t([0-9]+)")
+
+
+def task_folders() -> dict[int, Path]:
+    """{task id: its class-1 folder} for every task folder under the files root."""
+    try:
+        entries = list(os.scandir(files_root()))
+    except FileNotFoundError:
+        return {}
+    return {
+        int(match[1]): Path(entry.path)
+        for entry in entries
+        if (match := TASK_FOLDER.fullmatch(entry.name)) and entry.is_dir()
+    }
+
+
+def task_folders_remove(task_ids) -> int:
+    """Remove the class-1 folders of these tasks (gone: their delete has
+    committed); return how many went. One that will not go is logged and
+    left for ``pippa_doctor --repair`` (finding ``gone_task_files``)."""
+    root = files_root()
+    removed = 0
+    for pk in task_ids:
+        folder = root / f"t{int(pk)}"
+        if not folder.is_dir():
+            continue
+        try:
+            shutil.rmtree(folder)
+            removed += 1
+        except OSError as exc:
+            if folder.exists():  # not a doctor's repair that took it first
+                log.warning("could not remove %s: %s", folder, exc)
+    return removed
 
 
 def files_loose_paths() -> list[tuple[Path, int]]:

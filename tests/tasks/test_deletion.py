@@ -34,6 +34,7 @@ from tasks.services import (
     conversation_deletion_preview,
     events_append,
 )
+from tasks.tools import files_root
 from tests.support.executing import crash_at, expire_lease
 from tests.support.leftovers import (
     assert_no_leftovers,
@@ -537,6 +538,8 @@ def test_deleting_every_demo_conversation_leaves_no_blob_and_a_clean_doctor(
             conversation_delete(conversation_id=pk)
 
     assert set(store.shas()) == set()
+    left = {path.relative_to(files_root()) for path in files_root().rglob("*")}
+    assert {str(path) for path in left} <= {"outbox.jsonl"}  # the "outside world"
     _doctor_clean(store)
 
 
