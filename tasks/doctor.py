@@ -320,10 +320,17 @@ def _orphan_blobs(store: BlobStore, cutoff: float) -> list[tuple[str, float]]:
     return found
 
 
-def _gone_task_folders() -> list[tuple[int, Any]]:
-    """(task id, folder) of the class-1 folders whose task is gone: a delete
-    killed between its commit and removing them."""
-    folders = task_folders()
+def _gone_task_folders(cutoff: float) -> list[tuple[int, Any]]:
+    """(task id, folder) of the class-1 folders older than ``cutoff`` whose
+    task is gone: a delete killed between its commit and removing them. (A
+    younger folder may be a task's this read is too early to see.)"""
+    folders = {}
+    for pk, folder in task_folders().items():
+        try:
+            if folder.stat().st_mtime < cutoff:
+                folders[pk] = folder
+        except FileNotFoundError:
+            pass
     alive: set[int] = set()
     for chunk in batched(sorted(folders)):
         alive.update(Task.objects.filter(pk__in=chunk).values_list("pk", flat=True))
@@ -556,7 +563,7 @@ def _check(
     results["stale_temp_files"] = (len(temps), [p.name for p in temps[:SAMPLE]], temps)
 
     progress("checking class-1 files of tasks that are gone")
-    gone = _gone_task_folders()
+    gone = _gone_task_folders(cutoff)
     results["gone_task_files"] = (
         len(gone),
         [str(path) for _, path in gone[:SAMPLE]],
@@ -603,7 +610,11 @@ LABELS = {
     "unowned_artifacts": ("artifacts nothing alive keeps", True, ""),
     "orphan_blobs": ("blobs no row names (older than the grace period)", True, ""),
     "stale_temp_files": ("stale temp files in blobs/tmp", True, ""),
-    "gone_task_files": ("class-1 files of tasks that are gone", True, ""),
+    "gone_task_files": (
+        "class-1 files of tasks that are gone (older than the grace period)",
+        True,
+        "",
+    ),
     "damaged_blobs": (
         "artifacts whose blob is missing or fails its sha",
         False,

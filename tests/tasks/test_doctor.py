@@ -571,8 +571,10 @@ def test_class1_files_of_a_task_whose_delete_was_killed_are_swept_and_a_live_tas
     gone, live = class1_task(), class1_task()
     conversation_delete(conversation_id=gone.conversation_id)  # no after-commit
     assert (files_root() / f"t{gone.pk}").is_dir()
+    code, report, _ = doctor()
+    assert "gone_task_files" not in found(report)  # too young: maybe not seen yet
 
-    code, report, _ = doctor("--repair")
+    code, report, _ = doctor("--repair", "--grace-seconds=0")
 
     assert found(report)["gone_task_files"] == 1
     assert remaining(report) == {}
