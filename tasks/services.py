@@ -35,7 +35,7 @@ from pippa_site.errors import Invalid, NotFound
 from pippa_site.text import TITLE_MAX, media_type_check, text_check, title_clean
 from tasks import statements
 from tasks.crashpoints import PREVIEW_BOUNDARY, crashpoint
-from tasks.models import Conversation, Event, Step, Task, TaskArtifact, lease_dead_q
+from tasks.models import Conversation, Event, Step, Task, TaskArtifact
 from tasks.statements import (  # noqa: F401 - the event log's names, re-exported
     ERR_EVENT_DATA_TOO_LARGE,
     MAX_EVENT_DATA_CHARS,
@@ -628,7 +628,7 @@ def _cut_call_blobs(conversation_id: int) -> set[str]:
         return set()
     busy = (
         Task.objects.exclude(conversation_id=conversation_id)
-        .exclude(lease_dead_q())
+        .exclude(pk__in=Task.objects.lease_dead().values("pk"))
         .values("pk")
     )
     calls_elsewhere = (
