@@ -96,10 +96,6 @@ class GcPlan:
     remove: list[ArtifactRecord] = field(default_factory=list)
     keep: list[ArtifactRecord] = field(default_factory=list)
 
-    @property
-    def remove_ids(self) -> list[int]:
-        return [r.id for r in self.remove]
-
 
 def batched(ids: Iterable[int], size: int = BATCH) -> Iterator[list[int]]:
     chunk: list[int] = []

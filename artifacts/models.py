@@ -122,10 +122,6 @@ class Artifact(models.Model):
     def class_label(self) -> str:
         return ArtifactClass(self.artifact_class).label
 
-    @property
-    def is_damaged(self) -> bool:
-        return self.integrity in (self.Integrity.MISSING, self.Integrity.CORRUPT)
-
 
 class ArtifactSource(models.Model):
     """Lineage: ``artifact`` was derived from ``source``.

@@ -156,12 +156,3 @@ def quota_enforce(cursor, *, owner_id: int, size: int) -> None:
     limit = _limit(limit_bytes)
     if limit > 0 and used > limit:
         raise Usage(used=used - size, limit=limit).refusal(size)
-
-
-def quota_set(*, owner_id: int, limit_bytes: int | None) -> None:
-    """Set a user's own limit (None: the site's default; 0: no limit)."""
-    if limit_bytes is not None and limit_bytes < 0:
-        raise ValueError("a quota is 0 (no limit) or more bytes")
-    StorageQuota.objects.update_or_create(
-        owner_id=owner_id, defaults={"limit_bytes": limit_bytes}
-    )

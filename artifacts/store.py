@@ -654,10 +654,6 @@ def read_digest(fh: BinaryIO) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 # The stores a PIPPA_BLOB_URL may name, by its scheme.
 URL_STORES = {"s3": "artifacts.s3.S3Store"}
 

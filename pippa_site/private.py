@@ -2,7 +2,8 @@
 
 The data folder is 0700; the SQLite database (with its ``-wal`` and ``-shm``
 files) and the secret key are 0600; the blob store's folders are 0700 and
-its files 0400 (``artifacts.store``). ``db_files_private`` runs on every new
+its files 0400 (``artifacts.store``), and so are a class-1 tool's folders and
+files (``tasks.tools``). ``db_files_private`` runs on every new
 SQLite connection (SQLite gives ``-wal`` and ``-shm`` the database file's own
 mode), and ``pippa_doctor`` reports anything looser (``--repair`` tightens
 it, ``loose_paths``).

@@ -13,7 +13,8 @@ Repair order (each step may free rows for the next):
 2. Artifacts nothing alive keeps (after 1, artifacts kept only by orphans
    are among them); their blobs are unlinked after the commit.
 3. Blob files no row names and stale temp files, older than the grace period
-   so an in-flight write (blob first, row second) is never swept.
+   so an in-flight write (blob first, row second) is never swept; the
+   class-1 folders of tasks that are gone (a delete killed after its commit).
 4. Rows whose blob is missing or fails its sha: flagged through
    ``Artifact.integrity``, never deleted; they stay problems for a person.
 5. Expired leases: released (a running task goes back to queued), with a
@@ -21,8 +22,9 @@ Repair order (each step may free rows for the next):
 6. Blob unlinks a killed delete left written down (``PendingUnlink``):
    finished at once, no grace period.
    Data files and folders other accounts could read (the data folder, the
-   database's files, the blob store): tightened to 0700 folders, 0600
-   database files, 0400 blob files (``pippa_site.private``).
+   database's files, the blob store, the class-1 files): tightened to 0700
+   folders, 0600 database files, 0400 blob and class-1 files
+   (``pippa_site.private``, ``tasks.tools.files_loose_paths``).
 7. Tool-call envelopes still open on a step no worker will ever pick up (its
    task is done, failed or waiting for a person): the step goes to
    ``needs_review``, with an event saying why.
@@ -72,6 +74,7 @@ from tasks.lease import lease_release
 from tasks.models import LEASE_DEAD, Conversation, Event, Step, Task, TaskArtifact
 from tasks.resume import CLOSING_KINDS
 from tasks.services import event_append
+from tasks.tools import files_loose_paths, task_folders, task_folders_remove
 
 DEFAULT_GRACE_SECONDS = 3600
 CHUNK = 20000
@@ -317,6 +320,23 @@ def _orphan_blobs(store: BlobStore, cutoff: float) -> list[tuple[str, float]]:
     return found
 
 
+def _gone_task_folders(cutoff: float) -> list[tuple[int, Any]]:
+    """(task id, folder) of the class-1 folders older than ``cutoff`` whose
+    task is gone: a delete killed between its commit and removing them. (A
+    younger folder may be a task's this read is too early to see.)"""
+    folders = {}
+    for pk, folder in task_folders().items():
+        try:
+            if folder.stat().st_mtime < cutoff:
+                folders[pk] = folder
+        except FileNotFoundError:
+            pass
+    alive: set[int] = set()
+    for chunk in batched(sorted(folders)):
+        alive.update(Task.objects.filter(pk__in=chunk).values_list("pk", flat=True))
+    return [(pk, folders[pk]) for pk in sorted(set(folders) - alive)]
+
+
 def _stale_temp_files(store: BlobStore, cutoff: float) -> list[Any]:
     stale = []
     for path in store.iter_temp_files():
@@ -542,6 +562,14 @@ def _check(
     temps = _stale_temp_files(store, cutoff)
     results["stale_temp_files"] = (len(temps), [p.name for p in temps[:SAMPLE]], temps)
 
+    progress("checking class-1 files of tasks that are gone")
+    gone = _gone_task_folders(cutoff)
+    results["gone_task_files"] = (
+        len(gone),
+        [str(path) for _, path in gone[:SAMPLE]],
+        [pk for pk, _ in gone],
+    )
+
     if integrity:
         progress("checking every artifact's blob")
         damaged, restored = _integrity_scan(store, verify=verify, progress=progress)
@@ -555,7 +583,7 @@ def _check(
         )
 
     progress("checking the data folder's permissions")
-    loose = loose_paths() + store.loose_paths()
+    loose = loose_paths() + store.loose_paths() + files_loose_paths()
     results["loose_permissions"] = (
         len(loose),
         [f"{path} ({oct(_mode(path))})" for path, _ in loose[:SAMPLE]],
@@ -582,6 +610,11 @@ LABELS = {
     "unowned_artifacts": ("artifacts nothing alive keeps", True, ""),
     "orphan_blobs": ("blobs no row names (older than the grace period)", True, ""),
     "stale_temp_files": ("stale temp files in blobs/tmp", True, ""),
+    "gone_task_files": (
+        "class-1 files of tasks that are gone (older than the grace period)",
+        True,
+        "",
+    ),
     "damaged_blobs": (
         "artifacts whose blob is missing or fails its sha",
         False,
@@ -592,7 +625,7 @@ LABELS = {
     "loose_permissions": (
         "data files or folders other accounts may read",
         True,
-        "--repair makes folders 0700, the database 0600 and blob files 0400",
+        "--repair makes folders 0700, the database 0600, blob and class-1 files 0400",
     ),
     "expired_leases": ("task leases past expiry", True, ""),
     "open_envelopes": (
@@ -684,6 +717,7 @@ def _repair(run: _Run, before: dict, report: DoctorReport) -> dict[str, int]:
     _repair_orphans(before, run.progress)
     repaired = _repair_artifacts(run, before)
     repaired.update(_repair_blobs(run, before))
+    repaired["gone_task_files"] = task_folders_remove(before["gone_task_files"][2])
     repaired["loose_permissions"] = _tighten(before["loose_permissions"][2])
     _flag_integrity(before)
     run.progress("releasing expired leases")

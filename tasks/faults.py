@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, connection
 
 from artifacts.quota import REASON_QUOTA, QuotaExceeded
-from artifacts.store import FolderStore, default_store
+from artifacts.store import PRIVATE_DIR, FolderStore, default_store
 from tasks.tools import files_root
 
 # -- reasons ------------------------------------------------------------------
@@ -73,10 +73,6 @@ def _connection_gone(exc: BaseException, lowered: str) -> bool:
         "connection not open",
     )
     return any(w in lowered for w in words)
-
-
-def is_database_fault(exc: BaseException) -> bool:
-    return isinstance(exc, DatabaseError)
 
 
 def worker_waits(reason: str) -> bool:
@@ -131,7 +127,7 @@ PROBE_MARGIN = 1024 * 1024  # free space wanted beyond the write that failed
 def _probe_folder(folder: Path, needed: int) -> str:
     """Return "" if ``folder`` takes a small durable write and has room, else why not."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)  # a new one: 0700
         stats = os.statvfs(folder)
         free = stats.f_bavail * stats.f_frsize
         if free < needed + PROBE_MARGIN:

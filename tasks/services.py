@@ -4,10 +4,13 @@ uploads, widget previews, deletion."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import Exists, Max, OuterRef, Subquery, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from artifacts.gc import (
@@ -18,7 +21,7 @@ from artifacts.gc import (
     gc_plan,
 )
 from artifacts.keepers import conversation_artifact_ids
-from artifacts.models import Artifact, ArtifactClass
+from artifacts.models import Artifact, ArtifactClass, PendingUnlink
 from artifacts.quota import QuotaExceeded
 from artifacts.services import (
     _check_class,
@@ -27,6 +30,7 @@ from artifacts.services import (
     blob_put_refused,
     sources_check,
 )
+from artifacts.store import default_store
 from pippa_site.errors import Invalid, NotFound
 from pippa_site.text import TITLE_MAX, media_type_check, text_check, title_clean
 from tasks import statements
@@ -38,6 +42,7 @@ from tasks.statements import (  # noqa: F401 - the event log's names, re-exporte
     MAX_EVENT_DATA_CHARS,
     events_insert,
 )
+from tasks.tools import task_folders_remove
 
 log = logging.getLogger("pippa.tasks")
 
@@ -445,10 +450,14 @@ def conversation_deletion_preview(*, conversation: Conversation) -> DeletionRepo
     return _deletion_plan(conversation.pk, lock=False)
 
 
-@transaction.atomic
 def conversation_delete(*, conversation_id: int) -> DeletionReport:
     """Delete a conversation with its whole stateful subtree.
 
+    0. Before the lock: if a tool call of the subtree was cut off after its
+       payload may have been written and before ``payload_persisted`` named
+       it, find the blobs the store holds from that call's time that nothing
+       names (``_cut_call_blobs``: the store's listing, read without holding
+       any lock).
     1. Take the lock: SQLite's write lock is held from BEGIN (IMMEDIATE);
        PostgreSQL locks the conversation row. Refuse if foreign keys are off.
     2. Count the subtree and plan the artifact rule to its fixed point
@@ -457,14 +466,25 @@ def conversation_delete(*, conversation_id: int) -> DeletionReport:
        participants, turns and turn links, tasks, steps, events and ownership
        links. No row is loaded into Python.
     4. Delete the artifacts nothing alive keeps; their lineage edges cascade.
-       Their shas, and those of payloads the subtree's events name but no row
-       does, are written to the pending-unlink record in this transaction.
+       Their shas, those of payloads the subtree's events name but no row
+       does, and those its cut-off calls wrote (0), are written to the
+       pending-unlink record in this transaction, less any another task's
+       event names.
     5. After commit, unlink those files that no row names (a rollback leaves
        every file; a crash leaves the record for the next delete, worker
-       start or doctor run, which finish it at once).
+       start or doctor run, which finish it at once), and remove the
+       class-1 folders of its tasks (a crash leaves them to the doctor:
+       ``gone_task_files``).
 
     A conversation that is already gone gives an empty report.
     """
+    cut = _cut_call_blobs(conversation_id)
+    return _conversation_delete(conversation_id, cut)
+
+
+@transaction.atomic
+def _conversation_delete(conversation_id: int, cut: set[str]) -> DeletionReport:
+    """``conversation_delete`` from step 1, in one locked transaction."""
     if not _foreign_keys_enforced():
         raise RuntimeError(ERR_FOREIGN_KEYS_OFF)
     exists = (
@@ -476,8 +496,13 @@ def conversation_delete(*, conversation_id: int) -> DeletionReport:
         return DeletionReport(conversation_id=conversation_id)
     report = _deletion_plan(conversation_id, lock=True)
 
-    unnamed = _payload_shas_without_rows(conversation_id, report)
+    unnamed = _payload_shas_without_rows(conversation_id, report) | cut
 
+    task_ids = list(
+        Task.objects.filter(conversation_id=conversation_id).values_list(
+            "pk", flat=True
+        )
+    )
     # One statement, and the schema's ON DELETE CASCADE does the rest: the
     # model's own delete() refuses (it names this service), and no collector
     # loads a row.
@@ -493,9 +518,11 @@ def conversation_delete(*, conversation_id: int) -> DeletionReport:
     deleted = artifacts_delete(records=report.removed_artifacts)
     if deleted != len(report.removed_artifacts):
         raise RuntimeError(ERR_GC_MISMATCH)
-    # Payloads no row names (a call cut off between payload_persisted and its
-    # result) go too, unless a surviving task's envelope still names them.
+    # Payloads no row names (a call cut off between its blob and its result)
+    # go too, unless a surviving task's envelope still names them.
     blobs_unlink_after_commit(shas=_not_named_by_survivors(unnamed))
+    # The class-1 files its calls wrote (their blob copies went above).
+    transaction.on_commit(lambda: task_folders_remove(task_ids))
     return report
 
 
@@ -525,3 +552,107 @@ def _not_named_by_survivors(shas: set[str]) -> list[str]:
             ).values_list("data__sha", flat=True)
         )
     return sorted(shas - keep)
+
+
+# Seconds either side of a cut-off call's span: the event's clock and the
+# store's (a bucket's LastModified counts whole seconds) may differ a little.
+CUT_CALL_SLACK = 2.0
+# A call's blob is written before any of these follows its tool_call_started
+# in the step: named (payload_persisted), noted as unsaved by the executor
+# (which records what it wrote as a pending unlink itself), or never written
+# (the tool failed).
+_CALL_ACCOUNTED = (
+    Event.Kind.PAYLOAD_PERSISTED,
+    Event.Kind.OUTPUT_UNSAVED,
+    Event.Kind.TOOL_CALL_FAILED,
+)
+
+
+def _cut_calls(conversation_id: int):
+    """(started at, ended by, lease expiry) of each tool call of the subtree
+    cut off (a crash, a killed worker) before its payload was accounted for:
+    no accounting event follows its ``tool_call_started`` in its step before
+    the step's next call. "Ended by" is the task's next event (its pause,
+    release or take-over; lease renewals aside). One query."""
+    started = Event.Kind.TOOL_CALL_STARTED
+    next_call = (
+        Event.objects.filter(
+            step_id=OuterRef("step_id"), kind=started, seq__gt=OuterRef("seq")
+        )
+        .order_by("seq")
+        .values("seq")[:1]
+    )
+    accounted = Event.objects.filter(
+        step_id=OuterRef("step_id"),
+        kind__in=_CALL_ACCOUNTED,
+        seq__gt=OuterRef("seq"),
+        seq__lt=Coalesce(OuterRef("next_call"), Value(2**31 - 1)),
+    )
+    ended = (
+        Event.objects.filter(task_id=OuterRef("task_id"), seq__gt=OuterRef("seq"))
+        .exclude(kind=Event.Kind.LEASE_RENEWED)
+        .order_by("seq")
+        .values("created_at")[:1]
+    )
+    return (
+        Event.objects.filter(task__conversation_id=conversation_id, kind=started)
+        .annotate(next_call=Subquery(next_call))
+        .filter(~Exists(accounted))
+        .annotate(ended=Subquery(ended))
+        .values_list("created_at", "ended", "task__lease_expires_at")
+    )
+
+
+def _cut_call_blobs(conversation_id: int) -> set[str]:
+    """Blobs the subtree's cut-off calls wrote that nothing names.
+
+    Nothing recorded their shas (the call was cut off between the blob and
+    the event that names it), so they are found by time: a blob written
+    between a cut call's ``tool_call_started`` and the task's next event
+    (its pause, release or take-over; if none came yet, its lease's expiry,
+    or now while the lease lives). Left out: any blob a row or a pending
+    unlink names (one an event of another task names is left out later, in
+    the delete's transaction), and any blob written since a call of another
+    conversation's task under a live lease began (its own payload, maybe
+    not yet named). What is left out the doctor sweeps after its grace
+    period, as before. Lists the store only when the subtree has a cut call,
+    and holds no lock meanwhile; a fixed number of queries.
+    """
+    now = time.time()
+    spans = []
+    for started, ended, expiry in _cut_calls(conversation_id):
+        end = ended or expiry  # no take-over yet: the call ended by its lease
+        end = min(end.timestamp(), now) if end else now
+        spans.append((started.timestamp() - CUT_CALL_SLACK, end + CUT_CALL_SLACK))
+    if not spans:
+        return set()
+    busy = (
+        Task.objects.exclude(conversation_id=conversation_id)
+        .exclude(pk__in=Task.objects.lease_dead().values("pk"))
+        .values("pk")
+    )
+    calls_elsewhere = (
+        Event.objects.filter(task_id__in=busy, kind=Event.Kind.TOOL_CALL_STARTED)
+        .values("task_id")
+        .annotate(last=Max("created_at"))
+        .values_list("last", flat=True)
+    )
+    busy_since = min(
+        (at.timestamp() - CUT_CALL_SLACK for at in calls_elsewhere), default=now
+    )
+    found = {
+        blob.sha256
+        for blob in default_store().iter_blobs()
+        if blob.modified < busy_since
+        and any(start <= blob.modified <= end for start, end in spans)
+    }
+    for chunk in batched(sorted(found)):
+        found -= set(
+            Artifact.objects.filter(sha256__in=chunk).values_list("sha256", flat=True)
+        )
+        found -= set(
+            PendingUnlink.objects.filter(sha256__in=chunk).values_list(
+                "sha256", flat=True
+            )
+        )
+    return found

@@ -17,6 +17,10 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import logging
+import os
+import re
+import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +31,9 @@ from django.conf import settings
 from pydantic import ConfigDict, PydanticUserError, create_model
 
 from artifacts.models import ArtifactClass
+from artifacts.store import PRIVATE_DIR, PRIVATE_FILE
+
+log = logging.getLogger("pippa.tasks")
 
 BUILTIN_TOOL_MODULES = ("tasks.demo.tools",)
 
@@ -94,7 +101,8 @@ class ToolResult:
     """What a tool hands back.
 
     Classes 2–4 return ``data`` (the payload bytes). A class-1 tool writes its
-    file under ``ctx.files_dir`` and returns its ``path``; the executor copies
+    file under ``ctx.files_dir`` (with ``ctx.file_write``: read-only, 0400,
+    like a blob) and returns its ``path``; the executor copies
     the bytes into the blob store and records the path and sha, and a resume
     reuses the file while it still hashes to that sha. ``source_ids`` names the
     artifacts a class-4 render was derived from.
@@ -122,11 +130,32 @@ class ToolContext:
 
     @property
     def files_dir(self) -> Path:
-        """A folder for this call's class-1 files (created on first use)."""
-        path = (
-            self.files_root / f"t{self.task_id}" / f"s{self.step_id}-g{self.generation}"
-        )
-        path.mkdir(parents=True, exist_ok=True)
+        """A folder for this call's class-1 files (created on first use, 0700
+        like the blob store's folders, whatever the umask)."""
+        path = folder_private(self.files_root)
+        for part in (f"t{self.task_id}", f"s{self.step_id}-g{self.generation}"):
+            path = folder_private(path / part)
+        return path
+
+    def file_write(self, name: str, data: bytes) -> Path:
+        """Write one class-1 file in ``files_dir`` and return its path.
+
+        Whole or not at all: a temp file, fsynced, made read-only (0400, as a
+        blob is) and renamed over any earlier copy (a call again replaces it).
+        """
+        path = self.files_dir / name
+        tmp = path.with_name(f".{name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, PRIVATE_FILE)  # O_CREAT's mode only applies to a new file
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         return path
 
     def output(self, position: int):
@@ -164,6 +193,77 @@ def files_root() -> Path:
         root = Path(key[0]) if key[0] else Path(key[1]).parent / "files"
         _files_root = (key, root)
     return _files_root[1]
+
+
+def folder_private(path: Path) -> Path:
+    """Make ``path`` (and its missing parents) a folder; a new one is 0700,
+    like the blob store's, whatever the umask."""
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(PRIVATE_DIR)  # mkdir's mode is cut by the umask; chmod is not
+    return path
+
+
+# A task's class-1 folder under the files root: ``t<task id>``.
+TASK_FOLDER = re.compile(r"t([0-9]+)")
+
+
+def task_folders() -> dict[int, Path]:
+    """{task id: its class-1 folder} for every task folder under the files root."""
+    try:
+        entries = list(os.scandir(files_root()))
+    except FileNotFoundError:
+        return {}
+    return {
+        int(match[1]): Path(entry.path)
+        for entry in entries
+        if (match := TASK_FOLDER.fullmatch(entry.name)) and entry.is_dir()
+    }
+
+
+def task_folders_remove(task_ids) -> int:
+    """Remove the class-1 folders of these tasks (gone: their delete has
+    committed); return how many went. One that will not go is logged and
+    left for ``pippa_doctor --repair`` (finding ``gone_task_files``)."""
+    root = files_root()
+    removed = 0
+    for pk in task_ids:
+        folder = root / f"t{int(pk)}"
+        if not folder.is_dir():
+            continue
+        try:
+            shutil.rmtree(folder)
+            removed += 1
+        except OSError as exc:
+            if folder.exists():  # not a doctor's repair that took it first
+                log.warning("could not remove %s: %s", folder, exc)
+    return removed
+
+
+def files_loose_paths() -> list[tuple[Path, int]]:
+    """(path, the mode it should have) for each folder or file under the
+    files root that other accounts may read (``pippa_doctor``): folders
+    0700; a call's class-1 files (under ``t<task>/``) 0400, as
+    ``ToolContext.file_write`` leaves them; a tool's own file at the root
+    (the demo's outbox, appended to) its owner's bits only."""
+    root = files_root()
+    loose: list[tuple[Path, int]] = []
+    for folder, _, names in os.walk(root):
+        try:
+            if os.stat(folder).st_mode & 0o077:
+                loose.append((Path(folder), PRIVATE_DIR))
+        except FileNotFoundError:
+            continue
+        for name in names:
+            path = Path(folder) / name
+            try:
+                mode = os.stat(path).st_mode & 0o777
+            except FileNotFoundError:
+                continue
+            if mode & 0o077:
+                at_root = Path(folder) == root
+                loose.append((path, mode & 0o700 if at_root else PRIVATE_FILE))
+    return loose
 
 
 _registry: dict[str, Tool] = {}

@@ -214,15 +214,6 @@ class ToDo:
         """Everything on the list: decisions and paused tasks (the tab's count)."""
         return len(self.decisions) + len(self.paused)
 
-    @property
-    def first_url(self) -> str:
-        return todo_url(self.decisions[0]) if self.decisions else ""
-
-
-def todo_url(step: Step) -> str:
-    """Where a decision's card is: its task page, at the card."""
-    return f"{step.task.get_absolute_url()}#attention-{step.position}"
-
 
 def _lease_live_q(prefix: str = "") -> Q:
     return ~lease_dead_q(prefix)

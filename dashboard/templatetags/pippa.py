@@ -43,11 +43,6 @@ def milliseconds(value: timedelta | None) -> int:
     return round(value.total_seconds() * 1000) if value is not None else 0
 
 
-@register.filter
-def humanize_key(value: str) -> str:
-    return str(value).replace("_", " ")
-
-
 def absolute_text(value: datetime) -> str:
     """Return the full local time, e.g. "Thu 12 Mar 2026, 14:03:22 UTC"."""
     return date_format(timezone.localtime(value), ABSOLUTE_FORMAT)

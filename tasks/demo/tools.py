@@ -29,7 +29,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from tasks.tools import ToolContext, ToolResult, tool
+from tasks.tools import ToolContext, ToolResult, folder_private, tool
 
 DATA = Path(__file__).resolve().parent / "data"
 CLOSES_FILE = DATA / "closes_pipa_2024h1.csv"
@@ -94,15 +94,6 @@ def _pause(seconds: float) -> None:
         time.sleep(min(float(seconds), MAX_PAUSE))
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 @tool("demo.image", artifact_class=1, media_type="image/png")
 def demo_image(
     ctx: ToolContext,
@@ -129,8 +120,7 @@ def demo_image(
     draw.text((18, height // 2 - 8), text[:60], fill=_hsl(seed, 0.6, 0.2))
     out = io.BytesIO()
     image.save(out, format="PNG")
-    path = ctx.files_dir / "image.png"
-    _atomic_write(path, out.getvalue())
+    path = ctx.file_write("image.png", out.getvalue())
     side_channel_note(ctx, "demo.image", "end")
     return ToolResult(
         path=path,
@@ -305,8 +295,7 @@ def demo_notify(
     """Send a note to an outbox file; a repeated idempotency key is dropped there."""
     side_channel_note(ctx, "demo.notify", "start")
     _pause(pause)
-    outbox = ctx.files_root / "outbox.jsonl"
-    outbox.parent.mkdir(parents=True, exist_ok=True)
+    outbox = folder_private(ctx.files_root) / "outbox.jsonl"
     seen = set()
     if outbox.exists():
         seen = {
@@ -314,7 +303,8 @@ def demo_notify(
         }
     duplicate = ctx.idempotency_key in seen
     if not duplicate:
-        with outbox.open("a") as fh:
+        fd = os.open(outbox, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a") as fh:
             fh.write(
                 json.dumps(
                     {"key": ctx.idempotency_key, "to": to, "message": message[:500]}

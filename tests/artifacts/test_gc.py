@@ -37,7 +37,7 @@ def test_gc_plan_removes_a_cycle_that_nothing_outside_keeps(make_artifact):
 
     plan = gc_plan(candidate_ids=[a.pk])
 
-    assert sorted(plan.remove_ids) == sorted([a.pk, b.pk])
+    assert sorted(r.id for r in plan.remove) == sorted([a.pk, b.pk])
     assert plan.keep == []
 
 

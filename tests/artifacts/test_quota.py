@@ -15,7 +15,6 @@ from artifacts.models import Artifact, StorageQuota
 from artifacts.quota import (
     REASON_QUOTA,
     QuotaExceeded,
-    quota_set,
     quota_usage,
     size_words,
 )
@@ -154,20 +153,28 @@ def test_bytes_already_stored_add_nothing_and_are_never_refused(alice, settings)
     assert used(alice) == 2 * KB
 
 
+def own_quota(user, limit_bytes: int | None) -> None:
+    """What staff set in the admin: the user's own limit (None: the site's;
+    0: no limit)."""
+    StorageQuota.objects.update_or_create(
+        owner=user, defaults={"limit_bytes": limit_bytes}
+    )
+
+
 @pytest.mark.django_db
 def test_a_users_own_quota_beats_the_sites_and_zero_means_no_limit(
     alice, bob, settings
 ):
     settings.PIPPA_QUOTA_BYTES = 1 * KB
     fill(alice, 900)
-    quota_set(owner_id=alice.pk, limit_bytes=10 * KB)
+    own_quota(alice, 10 * KB)
     fill(alice, 5 * KB, "big")
-    quota_set(owner_id=bob.pk, limit_bytes=0)
+    own_quota(bob, 0)
     fill(bob, 50 * KB, "bigger")
 
     assert quota_usage(owner_id=alice.pk).limit == 10 * KB
     assert not quota_usage(owner_id=bob.pk).limited
-    quota_set(owner_id=alice.pk, limit_bytes=None)
+    own_quota(alice, None)
     with pytest.raises(QuotaExceeded):
         fill(alice, 10, "z")
 

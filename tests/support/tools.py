@@ -72,8 +72,7 @@ def file(ctx: ToolContext, *, size: int = 256, sleep: float = 0) -> ToolResult:
     """Writes a file (stable content) and hands back its path."""
     _note(ctx, "test.file", "start")
     time.sleep(sleep)
-    path = ctx.files_dir / "out.txt"
-    path.write_bytes(_payload(ctx, size, stable=True))
+    path = ctx.file_write("out.txt", _payload(ctx, size, stable=True))
     _note(ctx, "test.file", "end")
     return ToolResult(path=path)
 

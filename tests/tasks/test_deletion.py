@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import logging
+import os
+import time
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from django.db import connection, transaction
+from django.utils import timezone
 
 from artifacts.gc import REASON_SOURCE
-from artifacts.models import Artifact, ArtifactClass
+from artifacts.models import Artifact, ArtifactClass, PendingUnlink
 from artifacts.services import artifact_store
-from artifacts.store import BlobStore
+from artifacts.store import BlobStore, default_store
 from council.models import CouncilRound, Turn, TurnArtifact
+from tasks.doctor import doctor_run
 from tasks.models import (
     Conversation,
     DeleteRefused,
@@ -21,12 +27,15 @@ from tasks.models import (
     Task,
     TaskArtifact,
 )
+from tasks.plan import task_create
 from tasks.services import (
     ERR_FOREIGN_KEYS_OFF,
     conversation_delete,
     conversation_deletion_preview,
     events_append,
 )
+from tasks.tools import files_root
+from tests.support.executing import crash_at, expire_lease
 from tests.support.leftovers import (
     assert_no_leftovers,
     conversation_with_everything,
@@ -333,8 +342,13 @@ def test_deleting_a_conversation_that_is_already_gone_removes_nothing(user):
 def test_delete_query_count_does_not_grow_with_events_steps_or_tasks(
     user, django_assert_num_queries
 ):
-    """The cascade runs in the database: no event, step or task row is loaded."""
+    """The cascade runs in the database: no event, step or task row is loaded.
+    Both have calls cut off (a ``tool_call_started`` and nothing after it),
+    whose blobs a fixed few queries more look for."""
     small, _ = conversation_with_everything(owner=user)
+    cut = Task.objects.create(conversation=small, title="cut")
+    step = Step.objects.create(task=cut, position=1, title="s", tool="t")
+    events_append(task_id=cut.pk, entries=[("tool_call_started", step.pk, {})])
     big, _ = conversation_with_everything(owner=user)
     for n in range(20):
         task = Task.objects.create(conversation=big, title=f"t{n}")
@@ -471,3 +485,117 @@ def test_two_concurrent_deletes_of_conversations_sharing_an_artifact_leave_nothi
         assert not Artifact.objects.filter(pk=shared.pk).exists()
         assert not blob_store.exists(shared.sha256)
         assert_no_leftovers()
+
+
+# -- what a cut-off call wrote ------------------------------------------------------
+
+
+def _cut_after_its_blob(conversation) -> tuple[Task, str]:
+    """A one-step task whose worker died after writing the step's blob and
+    before any event named it; return the task and that blob's sha."""
+    store = default_store()
+    before = set(store.shas())
+    task = task_create(
+        conversation=conversation,
+        title="fetch",
+        steps=[{"title": "fetch", "tool": "test.fetch", "args": {}}],
+    )
+    crash_at(task.pk, "after_blob")
+    (sha,) = set(store.shas()) - before
+    assert not Event.objects.filter(kind="payload_persisted").exists()
+    return task, sha
+
+
+def _a_minute_ago(monkeypatch, conversation) -> tuple[Task, str]:
+    """``_cut_after_its_blob``, a minute ago: its events, lease and blob."""
+    real_now = timezone.now
+    with monkeypatch.context() as clock:
+        clock.setattr(timezone, "now", lambda: real_now() - timedelta(minutes=1))
+        task, sha = _cut_after_its_blob(conversation)
+    then = time.time() - 60
+    os.utime(default_store().path(sha), (then, then))
+    return task, sha
+
+
+def _doctor_clean(store) -> None:
+    report = doctor_run(grace_seconds=0, store=store)
+    assert report.clean, [f.as_dict() for f in report.findings if f.remaining]
+
+
+@pytest.mark.django_db
+def test_deleting_every_demo_conversation_leaves_no_blob_and_a_clean_doctor(
+    django_capture_on_commit_callbacks,
+):
+    """The demo ``make run`` loads holds a search snapshot written and never
+    recorded (its step was cut off after its blob): it leaves with its
+    conversation, not an hour later with the doctor."""
+    call_command("pippa_demo", verbosity=0)
+    store = default_store()
+    assert set(store.shas())
+
+    for pk in list(Conversation.objects.values_list("pk", flat=True)):
+        with django_capture_on_commit_callbacks(execute=True):
+            conversation_delete(conversation_id=pk)
+
+    assert set(store.shas()) == set()
+    left = {path.relative_to(files_root()) for path in files_root().rglob("*")}
+    assert {str(path) for path in left} <= {"outbox.jsonl"}  # the "outside world"
+    _doctor_clean(store)
+
+
+@pytest.mark.django_db
+def test_a_blob_a_cut_off_call_wrote_goes_with_its_conversation(
+    make_conversation, tool_log, django_capture_on_commit_callbacks
+):
+    task, sha = _cut_after_its_blob(make_conversation())
+    expire_lease(task.pk)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        conversation_delete(conversation_id=task.conversation_id)
+
+    assert not default_store().exists(sha)
+    assert not PendingUnlink.objects.exists()
+    _doctor_clean(default_store())
+
+
+@pytest.mark.django_db
+def test_a_blob_a_cut_off_call_wrote_stays_while_another_conversations_row_names_it(
+    make_conversation, make_user, tool_log, django_capture_on_commit_callbacks
+):
+    task, sha = _cut_after_its_blob(make_conversation())
+    expire_lease(task.pk)
+    other = make_user()
+    same_bytes = artifact_store(
+        owner=other,
+        data=default_store().get(sha),
+        media_type="text/plain",
+        artifact_class=ArtifactClass.FETCH,
+    )
+    kept = Task.objects.create(conversation=make_conversation(owner=other), title="k")
+    TaskArtifact.objects.create(
+        task=kept, artifact=same_bytes, role=TaskArtifact.Role.REFERENCED
+    )
+
+    with django_capture_on_commit_callbacks(execute=True):
+        conversation_delete(conversation_id=task.conversation_id)
+
+    assert same_bytes.sha256 == sha
+    assert default_store().verify(sha)
+    assert Artifact.objects.filter(pk=same_bytes.pk).exists()
+    _doctor_clean(default_store())
+
+
+@pytest.mark.django_db
+def test_a_blob_written_since_another_conversations_live_call_began_stays(
+    make_conversation, tool_log, django_capture_on_commit_callbacks, monkeypatch
+):
+    """Another conversation's call, its lease alive, may not have named its
+    blob yet: the delete leaves it (the doctor's grace period covers it)."""
+    gone, gone_sha = _a_minute_ago(monkeypatch, make_conversation())
+    busy, busy_sha = _cut_after_its_blob(make_conversation())  # lease still live
+
+    with django_capture_on_commit_callbacks(execute=True):
+        conversation_delete(conversation_id=gone.conversation_id)
+
+    assert not default_store().exists(gone_sha)
+    assert default_store().verify(busy_sha)

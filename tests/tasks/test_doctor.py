@@ -547,3 +547,37 @@ def test_the_doctor_lists_the_store_against_the_rows_stray_missing_and_damaged(
     assert blob_store.verify(kept.sha256)
     if blob_store.kind == "s3":
         assert blob_store.client.head_object(Bucket=blob_store.bucket, Key=foreign)
+
+
+@pytest.mark.django_db
+def test_class1_files_of_a_task_whose_delete_was_killed_are_swept_and_a_live_tasks_stay(
+    make_conversation, tool_log
+):
+    """The delete removes its tasks' class-1 folders after its commit; killed
+    there (here: its after-commit work never runs), the doctor finds them."""
+    from tasks.plan import task_create
+    from tasks.tools import files_root
+    from tests.support.executing import run_task
+
+    def class1_task():
+        task = task_create(
+            conversation=make_conversation(),
+            title="a file",
+            steps=[{"title": "write", "tool": "test.file", "args": {}}],
+        )
+        run_task(task.pk)
+        return task
+
+    gone, live = class1_task(), class1_task()
+    conversation_delete(conversation_id=gone.conversation_id)  # no after-commit
+    assert (files_root() / f"t{gone.pk}").is_dir()
+    code, report, _ = doctor()
+    assert "gone_task_files" not in found(report)  # too young: maybe not seen yet
+
+    code, report, _ = doctor("--repair", "--grace-seconds=0")
+
+    assert found(report)["gone_task_files"] == 1
+    assert remaining(report) == {}
+    assert code == 0
+    assert not (files_root() / f"t{gone.pk}").exists()
+    assert (files_root() / f"t{live.pk}").is_dir()

@@ -247,6 +247,7 @@ def test_class1_reuses_an_intact_file_and_makes_it_again_when_it_changed(
     crash_at(other.pk, "after_payload")
     payload = Event.objects.get(task=other, kind="payload_persisted").data
     path = class1_file(payload)
+    path.chmod(0o600)  # read-only as it is written: its owner opens it up first
     path.write_bytes(b"someone edited the file")
     expire_lease(other.pk)
     outcome = step(task_id=other.pk, worker_id="worker:b")
