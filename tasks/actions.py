@@ -19,15 +19,9 @@ from django.utils import timezone
 from artifacts.models import ArtifactClass
 from pippa_site.errors import Conflict, Invalid, LeaseConflict
 from pippa_site.text import TITLE_MAX, media_type_check, text_check, title_clean
-from tasks.executor import (
-    ALREADY_DONE,
-    outcome_preview,
-    step,
-    step_adopt,
-)
-from tasks.executor import (
-    step_complete as executor_step_complete,
-)
+from tasks.agent_step import ALREADY_DONE, step_adopt
+from tasks.agent_step import step_complete as executor_step_complete
+from tasks.executor import outcome_preview, step
 from tasks.lease import lease_drop, lease_refuse_live, lease_release_own
 from tasks.models import TASK_OPEN, Event, LinkRole, Step, Task, TaskArtifact
 from tasks.resume import (
