@@ -359,23 +359,20 @@ def _log(
     *,
     close: str = "",
     reason: str = "",
-    renew: bool = True,
     step_done: bool = False,
 ) -> tuple:
     """Write the step's events under the lease this worker holds: every
     write of the executor after the lease is taken ends here, and raises
     ``LeaseLost`` when another worker holds the lease now.
 
-    Without ``close``, ``tasks.lease.lease_append`` (``renew`` and
-    ``step_done`` are its). With ``close``, the task's next status, the
+    Without ``close``, ``tasks.lease.lease_append`` (``step_done`` is its:
+    the result's commit). With ``close``, the task's next status, the
     lease is given back with it (``tasks.lease.lease_close``). Return
     (last_seq, steps_done, steps_total).
     """
     if close:
         return lease_close(cursor, task_id, worker_id, close, entries, reason=reason)
-    return lease_append(
-        cursor, task_id, worker_id, entries, renew=renew, step_done=step_done
-    )
+    return lease_append(cursor, task_id, worker_id, entries, step_done=step_done)
 
 
 def _fail_exhausted(cursor, row: StepRow, worker_id: str, pre: list) -> StepOutcome:
@@ -716,16 +713,9 @@ def _result_write(
         "attempt": row.attempts,
     }
     entries = [*(pre or []), (Event.Kind.TOOL_RESULT_PERSISTED, row.id, result)]
-    _, done, total = _log(
-        cursor,
-        row.task_id,
-        worker_id,
-        entries,
-        step_done=True,
-        # The next step's start renews it; a worker that moves on leaves it
-        # to run out from there, not a full lease later.
-        renew=False,
-    )
+    # The lease is checked, not renewed: the next step's start renews it, and
+    # a worker that moves on leaves it to run out from there.
+    _, done, total = _log(cursor, row.task_id, worker_id, entries, step_done=True)
     if done < total:
         return artifact_id, Task.Status.RUNNING
     _log(cursor, row.task_id, worker_id, [], close=T.DONE)

@@ -1,26 +1,31 @@
 """A task's lease: who may step it now. Take, renew, release, and when it is dead.
 
 One worker at a time steps a task. It holds the lease (``Task.lease_owner``
-until ``Task.lease_expires_at``). Every write the executor makes checks it
-(``lease_take`` or ``lease_append``); a step's start renews it, the keeper
-thread renews it while a long tool call runs, and the result's commit checks
-it without moving its expiry (``renew=False``: a worker that moves on lets it
-run out from its last renewal).
+until ``Task.lease_expires_at``). Every transaction of the executor checks
+it: ``lease_take`` at a step's start (which renews it), ``lease_append`` or
+``lease_close`` in every later one, each one named statement of
+``tasks.statements`` that matches only while this worker holds the lease
+(else ``LeaseLost``, and the transaction writes nothing). The
+keeper thread renews it while a long tool call runs, and the result's commit
+checks it without moving its expiry (``step_done``: a worker that moves on
+lets it run out from its last renewal).
 
 **Dead.** A lease is dead when nobody holds it, or its holder has no expiry,
-or the expiry has passed: ``TaskQuerySet.lease_dead()`` for queries,
-``Task.lease_live`` for one row, and ``tasks.models.LEASE_DEAD`` for the
-hot path's named statements. A holder with no expiry cannot be renewed by
-anybody (every renewal writes an expiry), so it is a dead worker's: any
-worker may take it over, and the doctor and the admin call it stale.
+or the expiry has passed: one table, ``tasks.models.LEASE_DEAD_WHEN``, from
+which ``lease_dead`` (one row's values, as ``lease_take`` reads them and
+``Task.lease_live`` answers), ``lease_dead_q`` (``TaskQuerySet.lease_dead()``)
+and ``LEASE_DEAD`` (the named statements' SQL) are built. A holder with no
+expiry cannot be renewed by anybody (every renewal writes an expiry), so it
+is a dead worker's: any worker may take it over, and the doctor and the
+admin call it stale.
 
 **Release.** Every release leaves the task not running, so a worker's next
 poll finds it: ``lease_close`` is the holder's own release on the hot path
 (with the status the step decided: done, failed, needs review or queued);
-``lease_close_stopped`` is the holder's at the step boundary of a person's
-pause or cancel; ``lease_release`` is everyone else's (the worker loop, a runner that stops,
-a person, the doctor), and puts a running task back to queued. Both log
-``lease_released``.
+at the step boundary of a person's pause or cancel the holder gives it back
+in ``lease_take``; ``lease_release`` is everyone else's (the worker loop, a
+runner that stops, a person, the doctor), and puts a running task back to
+queued. Each logs ``lease_released``.
 """
 
 from __future__ import annotations
@@ -171,24 +176,25 @@ def lease_append(
     worker_id: str,
     entries: list[Entry],
     *,
-    renew: bool = True,
     step_done: bool = False,
 ) -> tuple:
     """Append events under the lease, if it is still ``worker_id``'s; return
     (last_seq, steps_done, steps_total).
 
-    One ``UPDATE … RETURNING`` (``SEQS_HELD``) reserves the seqs, checks the
-    lease, renews it and with ``step_done`` advances the plan; raise
-    ``LeaseLost`` when another worker holds the lease now. ``renew=False``
-    checks the lease without moving its expiry (the result's commit, right
-    after a call the lease keeper renewed through).
+    One ``UPDATE … RETURNING`` reserves the seqs and checks the lease:
+    ``SEQS_HELD`` also renews it; with ``step_done`` (the result's commit,
+    right after a call the lease keeper renewed through) ``SEQS_STEP_DONE``
+    advances the plan and leaves the expiry where it is, so a worker that
+    moves on lets it run out from its last renewal. Raise ``LeaseLost`` when
+    another worker holds the lease now.
     """
-    until = sql.db_datetime(lease_until()) if renew else None
     stamp = sql.db_datetime(timezone.now())
-    params = [stamp, until, int(step_done), task_id, worker_id]
-    written = sql.events_write(
-        cur, sql.SEQS_HELD, params, task_id=task_id, entries=entries
-    )
+    if step_done:
+        statement, params = sql.SEQS_STEP_DONE, [stamp, task_id, worker_id]
+    else:
+        until = sql.db_datetime(lease_until())
+        statement, params = sql.SEQS_HELD, [stamp, until, task_id, worker_id]
+    written = sql.events_write(cur, statement, params, task_id=task_id, entries=entries)
     if written is None:
         raise LeaseLost(f"task {task_id}: lease no longer held by {worker_id}")
     return written[0]

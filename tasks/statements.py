@@ -193,13 +193,17 @@ _RETURNING = "RETURNING last_seq, steps_done, steps_total"
 
 # Anyone's reservation (``tasks.services.events_append``): count, task.
 SEQS_RESERVE = f"UPDATE {T_TASK} SET {_SEQS} WHERE id = %s {_RETURNING}"
-# The holder's append, only while it holds the lease: count, now, the new
-# expiry (None leaves it: the result's commit checks the lease without moving
-# it), 1 when a step finished (the plan's advance) else 0, task, holder.
+# The holder's append, only while it holds the lease, renewing it: count,
+# now, the new expiry, task, holder.
 SEQS_HELD = (
-    f"UPDATE {T_TASK} SET {_SEQS}, updated_at = %s, "
-    f"lease_expires_at = COALESCE(%s, lease_expires_at), "
-    f"steps_done = steps_done + %s WHERE id = %s AND lease_owner = %s {_RETURNING}"
+    f"UPDATE {T_TASK} SET {_SEQS}, updated_at = %s, lease_expires_at = %s "
+    f"WHERE id = %s AND lease_owner = %s {_RETURNING}"
+)
+# The result's: the plan advances, the lease is checked and its expiry left
+# alone (no index entry rewritten): count, now, task, holder.
+SEQS_STEP_DONE = (
+    f"UPDATE {T_TASK} SET {_SEQS}, updated_at = %s, steps_done = steps_done + 1 "
+    f"WHERE id = %s AND lease_owner = %s {_RETURNING}"
 )
 # Give back seqs a renewal reserved and nothing used: count, task.
 SEQS_GIVE_BACK = f"UPDATE {T_TASK} SET last_seq = last_seq - %s WHERE id = %s"

@@ -316,24 +316,30 @@ CASES = [
     (
         "SEQS_HELD, another worker's lease: nothing",
         {"task": {"lease_owner": "other", "status": T.RUNNING}},
-        lambda c, t, a: one(c, sql.SEQS_HELD, [1, dt(NOW), None, 0, t.pk, "w"]),
+        lambda c, t, a: one(c, sql.SEQS_HELD, [1, dt(NOW), dt(NOW), t.pk, "w"]),
         lambda t, a: reserve_orm(t, 1, Q(lease_owner="w")),
     ),
     (
         "SEQS_HELD, the holder's append renews the lease",
         {"task": {"lease_owner": "w", "status": T.RUNNING}},
-        lambda c, t, a: one(c, sql.SEQS_HELD, [2, dt(NOW), dt(NOW), 0, t.pk, "w"]),
+        lambda c, t, a: one(c, sql.SEQS_HELD, [2, dt(NOW), dt(NOW), t.pk, "w"]),
         lambda t, a: reserve_orm(
             t, 2, Q(lease_owner="w"), updated_at=NOW, lease_expires_at=NOW
         ),
     ),
     (
-        "SEQS_HELD, a result: the plan advances, the expiry stays",
+        "SEQS_STEP_DONE, a result: the plan advances, the expiry stays",
         {"task": {"lease_owner": "w", "status": T.RUNNING, "lease_expires_at": NOW}},
-        lambda c, t, a: one(c, sql.SEQS_HELD, [2, dt(NOW), None, 1, t.pk, "w"]),
+        lambda c, t, a: one(c, sql.SEQS_STEP_DONE, [2, dt(NOW), t.pk, "w"]),
         lambda t, a: reserve_orm(
             t, 2, Q(lease_owner="w"), updated_at=NOW, steps_done=F("steps_done") + 1
         ),
+    ),
+    (
+        "SEQS_STEP_DONE, another worker's lease: nothing",
+        {"task": {"lease_owner": "other", "status": T.RUNNING}},
+        lambda c, t, a: one(c, sql.SEQS_STEP_DONE, [2, dt(NOW), t.pk, "w"]),
+        lambda t, a: reserve_orm(t, 2, Q(lease_owner="w")),
     ),
     (
         "LEASE_CLOSE, the holder's close: done",
