@@ -87,8 +87,8 @@ def lease_take(cur, task_id: int, worker_id: str, *, reserve: int = 0) -> Lease 
     """Take or renew the task's lease with conditional UPDATEs; None if it is
     not this worker's to take.
 
-    1. Renewal, the common case: one statement, ours and running
-       (``LEASE_RENEW``) or queued, which it sets running
+    1. Renewal, the common case: one statement for our running task
+       (``LEASE_RENEW``), a second for our queued one, which it sets running
        (``LEASE_RENEW_QUEUED``). It also reserves ``reserve`` event seqs
        (``Lease.reserved``) for the caller's first append; a caller that
        does not use them gives them back (``SEQS_GIVE_BACK``).
@@ -194,10 +194,7 @@ def lease_append(
     else:
         until = sql.db_datetime(lease_until())
         statement, params = sql.SEQS_HELD, [stamp, until, task_id, worker_id]
-    written = sql.events_write(cur, statement, params, task_id=task_id, entries=entries)
-    if written is None:
-        raise LeaseLost(f"task {task_id}: lease no longer held by {worker_id}")
-    return written[0]
+    return _write_held(cur, statement, params, task_id, worker_id, entries)
 
 
 def lease_close(
@@ -215,7 +212,8 @@ def lease_close(
     ``status`` is never running: done and failed are final, needs review
     waits for a person, queued waits for the next poll (a back-off, say).
     A person's cancel (or, against a re-queue, pause) made meanwhile stands.
-    Raise ``LeaseLost`` when another worker holds the lease now.
+    Return (last_seq, steps_done, steps_total); raise ``LeaseLost`` when
+    another worker holds the lease now.
     """
     entries = list(pre)
     if status == T.DONE:
@@ -233,12 +231,16 @@ def lease_close(
         task_id,
         worker_id,
     ]
-    written = sql.events_write(
-        cur, sql.LEASE_CLOSE, params, task_id=task_id, entries=entries
-    )
-    if written is None:
+    return _write_held(cur, sql.LEASE_CLOSE, params, task_id, worker_id, entries)
+
+
+def _write_held(cur, statement, params, task_id, worker_id, entries) -> tuple:
+    """Run a holder's seq statement and insert ``entries``; ``LeaseLost``
+    when it matched nothing (another worker holds the lease now)."""
+    row = sql.events_write(cur, statement, params, task_id=task_id, entries=entries)
+    if row is None:
         raise LeaseLost(f"task {task_id}: lease no longer held by {worker_id}")
-    return written[0]
+    return row
 
 
 @contextmanager

@@ -9,8 +9,9 @@ and checks that both leave the database the same.
 
 **Event seqs.** ``Task.last_seq`` is the last event number handed out. Only
 the statements named ``SEQS_*`` and ``LEASE_RENEW*``/``LEASE_CLOSE`` write
-it, each one ``UPDATE … RETURNING last_seq, steps_done, steps_total`` whose
-first parameter is how many numbers it reserves, in the caller's transaction:
+it; each that reserves is one ``UPDATE … RETURNING last_seq, steps_done,
+steps_total`` whose first parameter is how many numbers it reserves
+(``SEQS_GIVE_BACK`` returns unused ones), in the caller's transaction:
 the row lock (PostgreSQL) or the write lock (SQLite, IMMEDIATE) orders
 appenders, and a rollback returns the numbers with the events, so no gap
 appears. ``events_write`` runs one of them and inserts the events under the
@@ -253,25 +254,22 @@ def events_write(
     *,
     task_id: int,
     entries: list[tuple[str, int | None, dict[str, Any] | None]],
-    returning: bool = False,
-) -> tuple[tuple, list[int]] | None:
+) -> tuple | None:
     """Reserve seqs for ``entries`` with ``statement`` (one of the seq
     statements above; ``params`` are its parameters after the count), then
-    insert the events under them. Return (the statement's row, the new ids
-    with ``returning``), or None when no row matched and nothing was written.
+    insert the events under them. Return the statement's row, or None when
+    no row matched and nothing was written.
     """
     cur.execute(statement, [len(entries), *params])
     row = cur.fetchone()
-    if row is None or not entries:
-        return None if row is None else (row, [])
-    ids = events_insert(
-        task_id=task_id,
-        first_seq=row[0] - len(entries) + 1,
-        entries=entries,
-        created_at=timezone.now(),
-        returning=returning,
-    )
-    return row, ids
+    if row is not None and entries:
+        events_insert(
+            task_id=task_id,
+            first_seq=row[0] - len(entries) + 1,
+            entries=entries,
+            created_at=timezone.now(),
+        )
+    return row
 
 
 def _encode_data(data: dict[str, Any] | None) -> str:
