@@ -826,6 +826,7 @@ def _decide(row: StepRow) -> tuple[Envelope, ResumeAdvice]:
 
 
 def resolved_note(advice, env: Envelope, worker_id: str) -> dict[str, Any]:
+    """The ``uncertain_resolved`` event's data: how an open envelope was settled."""
     return {
         "rule": advice.rule,
         "action": advice.action,
