@@ -783,7 +783,7 @@ def step_complete(
 ) -> StepCompletion:
     """Record what an agent made for a step itself: "step 2 is done, here is its output".
 
-    ``tasks.executor.step_complete`` stores it through the envelope and
+    ``tasks.agent_step.step_complete`` stores it through the envelope and
     commits a tool's output takes (write before show; the step's class and
     its resume rule stand). This checks what the agent sent, explains a
     refusal (a task that is not queued or running, another worker's lease),

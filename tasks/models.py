@@ -536,7 +536,7 @@ class Event(models.Model):
     """One entry of a task's append-only log.
 
     Written only by ``tasks.statements.events_insert`` (through ``event_append``
-    and ``events_append``, or the executor's lease-held appends).
+    and ``events_append``, or the executor's and the lease's appends).
     """
 
     class Kind(models.TextChoices):
