@@ -18,15 +18,9 @@ from django.utils import timezone
 
 from pippa_site.errors import Conflict, Invalid, LeaseConflict
 from pippa_site.text import TITLE_MAX, media_type_check, text_check, title_clean
-from tasks.executor import (
-    ALREADY_DONE,
-    outcome_preview,
-    step,
-    step_adopt,
-)
-from tasks.executor import (
-    step_complete as executor_step_complete,
-)
+from tasks.agent_step import ALREADY_DONE, step_adopt
+from tasks.agent_step import step_complete as executor_step_complete
+from tasks.executor import outcome_preview, step
 from tasks.lease import lease_drop, lease_refuse_live, lease_release_own
 from tasks.models import TASK_OPEN, Event, LinkRole, Step, Task, TaskArtifact
 from tasks.resume import (
@@ -766,7 +760,7 @@ def step_complete(
 ) -> StepCompletion:
     """Record what an agent made for a step itself: "step 2 is done, here is its output".
 
-    ``tasks.executor.step_complete`` stores it through the envelope and
+    ``tasks.agent_step.step_complete`` stores it through the envelope and
     commits a tool's output takes (write before show; the step's class and
     its resume rule stand). This checks what the agent sent, explains a
     refusal (a task that is not queued or running, another worker's lease),

@@ -17,8 +17,10 @@ Repair order (each step may free rows for the next):
    class-1 folders of tasks that are gone (a delete killed after its commit).
 4. Rows whose blob is missing or fails its sha: flagged through
    ``Artifact.integrity``, never deleted; they stay problems for a person.
-5. Expired leases: released (a running task goes back to queued), with a
-   ``lease_released`` event. Only if the lease is still the expired one.
+5. Expired leases (held, and dead: ``Task.objects.lease_stale``, a holder
+   with no expiry or past it): released (a running task goes back to
+   queued), with a ``lease_released`` event. Only if the lease is still the
+   expired one.
 6. Blob unlinks a killed delete left written down (``PendingUnlink``):
    finished at once, no grace period.
    Data files and folders other accounts could read (the data folder, the
@@ -396,7 +398,7 @@ def _open_envelopes(now) -> list[tuple[int, int, int]]:
 
     The step's latest ``tool_call_started`` has no closing event after it
     (resume's ``CLOSING_KINDS``), the step is still ``running``, the call is
-    older than a lease, no live lease covers the task, and the task is not
+    older than a lease, the task's lease is dead (``LEASE_DEAD``), and it is not
     one a worker steps (queued, running, or paused until resumed).
     """
     cutoff = now - timedelta(seconds=settings.PIPPA_LEASE_SECONDS)

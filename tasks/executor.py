@@ -1,56 +1,49 @@
 """The step executor: one step of one task, by one worker, durable at every boundary.
 
-``step(task_id=…, worker_id=…)``, in two commits:
+``step(task_id=…, worker_id=…)``, in two commits, each a Django
+``transaction.atomic(durable=True)`` running ``tasks.statements``'s named
+statements in this order:
 
-1. Take the task's lease in one conditional UPDATE (ours, free, or expired;
-   a takeover logs ``lease_taken_over`` naming the previous owner).
-2. Rehydrate now, and only here: pick the first step that is not done.
-3. A step still ``running`` has an open envelope (``tool_call_started`` with no
-   closing event): the uncertain state. Resolve it by its class
-   (``tasks.resume.uncertain_decide``), never by blindly re-running.
-4. Otherwise count the attempt and log ``tool_call_started``: **commit 1**.
-   For a tool with outside effects that commit is on disk before the call
-   (SQLite ``synchronous=FULL`` for that transaction; PostgreSQL's worker
-   connection runs with ``synchronous_commit`` on); for any other tool it may
-   ride on the next sync (losing it re-runs a call whose result was never
-   shown).
-5. Call the tool with a context carrying the idempotency key
-   ``pippa:<task>:<step>:<generation>`` (only an explicit retry bumps the
-   generation, so a resumed uncertain call keeps its key).
-6. Write the payload as a content-addressed file (a file with no name,
-   linked under its sha, then the file and its folder fsynced): every output
-   is a file, whatever its size.
-7. **Commit 2**, durable (``synchronous=FULL``): ``payload_persisted`` (sha)
-   and ``tool_result_persisted``, the artifact row, the ownership link, the
-   step's output ref and ``done``, and the plan's advance (``steps_done``;
-   the task's close after its last step). Only then return the result.
-8. The lease was renewed at the step's start (and by the keeper through the
-   call) and checked by every write; it is released when the task stops being
-   runnable (done, failed, needs review).
+1. **Commit 1** (``_begin``): take or renew the lease (``tasks.lease.
+   lease_take``: ours, free or dead; a takeover logs ``lease_taken_over``),
+   reserving the seq of the event to come. Rehydrate now, and only here: the
+   common case picks the next step and starts it in one ``UPDATE …
+   RETURNING`` (``STEP_START_NEXT``: pending, due, attempts left) and logs
+   ``tool_call_started``. Every other case (``_pick``) gives the seq back and
+   reads the step: done, waiting for a person, waiting out a back-off, out of
+   attempts, or still ``running``: an open envelope, the uncertain state,
+   resolved by its class (``tasks.resume.uncertain_decide``), never by
+   blindly calling again. A step with outside effects begins at SQLite's
+   ``synchronous=FULL`` (read before the transaction: ``_start_level``), so
+   its start is on disk before the call; any other may ride on the next sync
+   (losing it re-runs a call whose result nobody saw). PostgreSQL's worker
+   connection runs with ``synchronous_commit`` on.
+2. Call the tool with the idempotency key ``pippa:<task>:<step>:<generation>``
+   (only an explicit retry bumps the generation); the lease keeper renews the
+   lease through the call.
+3. Write the payload as a content-addressed file (``tasks.payload``): every
+   output is a file, whatever its size.
+4. **Commit 2** (``result_commit``), at ``synchronous=FULL``: the artifact
+   row, its link, the step done, then ``payload_persisted`` and
+   ``tool_result_persisted`` with the plan's advance; the task's close after
+   its last step. Only then is the result returned.
 
-A crash between 6 and 7 leaves a file no row names (the doctor sweeps it)
-and an open envelope with no payload, which the class rules settle: the call
-is made again unless it has outside effects, in which case a person decides.
-
-Every write after the lease is taken is conditional on still holding it, so a
-worker that lost its lease cannot record anything. The statements are
-``tasks.statements``'s; the transactions are Django's
-(``transaction.atomic(durable=True)`` for a worker's commits).
-
-Each boundary has a crash point (``tasks.crashpoints``) that tests and the
-demo arm to kill the process there. Leases are ``tasks.lease``; what a person
-does to a task (pause, resume, retry, branch, resolve) is ``tasks.actions``.
+A crash between 3 and 4 leaves a file no row names (the doctor sweeps it) and
+an open envelope with no payload, which the class rules settle. Every event
+after the lease is taken goes through ``_log``, conditional on still holding
+it, so a worker that lost its lease records nothing (``LeaseLost``); the
+holder gives the lease back when the task stops being runnable. Each boundary
+has a crash point (``tasks.crashpoints``). ``tasks.agent_step`` records output
+made outside a tool call through the same commits.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from django.db import DatabaseError, connection, transaction
@@ -59,16 +52,13 @@ from django.utils import timezone
 from artifacts.gc import blobs_unlink_after_commit
 from artifacts.models import ArtifactClass
 from artifacts.preview import WIDGET_MEDIA_TYPES
-from artifacts.quota import QuotaExceeded, quota_admit
+from artifacts.quota import QuotaExceeded
 from artifacts.services import (
-    MAX_SOURCES,
     BlobVanished,
     artifact_insert,
-    sources_check,
 )
 from artifacts.store import default_store
 from pippa_site import metrics
-from pippa_site.errors import Conflict
 from tasks import statements as sql
 from tasks.crashpoints import crashpoint
 from tasks.faults import REASON_DISK_FULL, fault_reason, retry_delay
@@ -78,13 +68,11 @@ from tasks.lease import (
     LeaseLost,
     lease_append,
     lease_close,
-    lease_close_stopped,
     lease_keeper,
-    lease_lent,
     lease_take,
-    lease_unreserve,
 )
-from tasks.models import Conversation, Event, LinkRole, Step, Task
+from tasks.models import Event, LinkRole, Step, Task
+from tasks.payload import payload_write, tool_output
 from tasks.resume import (
     ADOPT,
     CALL_AGAIN,
@@ -96,19 +84,16 @@ from tasks.resume import (
     uncertain_decide,
 )
 from tasks.services import task_widget_preview
-from tasks.statements import StepRow, step_row
-from tasks.tools import ToolContext, ToolResult, files_root, tool_get
+from tasks.statements import STEP_COLUMNS, StepRow, parse_dt
+from tasks.tools import ToolContext, files_root, tool_get
 
 log = logging.getLogger("pippa.executor")
 
-ERR_NO_OUTPUT = "the tool returned no payload"
-ERR_FILE_OUTSIDE = "a class-1 tool must write its file under the files folder"
 ERR_UNSAVED = "the tool ran; its output could not be saved: {reason}"
 ERR_WAITING = "waiting before attempt {attempt}: next attempt {when}"
 
-MAX_PAYLOAD_META_CHARS = 1500
-
 S = Step.Status
+T = Task.Status
 # SQLite's sync level for a commit that must be on disk before what follows
 # (a call with outside effects, a result shown), and for one that may ride
 # on the next sync (``tasks.statements.synchronous``).
@@ -139,6 +124,26 @@ class StepOutcome:
 _dt = sql.db_datetime
 
 
+def step_row(task_id: int, values) -> StepRow:
+    """The step row from ``STEP_COLUMNS`` then the owner id, as a statement
+    returns them or a model instance supplies them."""
+    *columns, owner_id = values
+    fields = dict(zip(STEP_COLUMNS, columns, strict=True))
+    args = fields["args"]
+    if isinstance(args, (str, bytes, bytearray)):
+        args = json.loads(args)
+    return StepRow(
+        **fields
+        | {
+            "args": args or {},
+            "side_effects": bool(fields["side_effects"]),
+            "next_attempt_at": parse_dt(fields["next_attempt_at"]),
+        },
+        task_id=task_id,
+        owner_id=owner_id,
+    )
+
+
 # -- the step -----------------------------------------------------------------
 
 
@@ -146,15 +151,15 @@ def step(*, task_id: int, worker_id: str) -> StepOutcome | None:
     """Run one step of one task; None when the lease is held elsewhere or the task is idle.
 
     See the module docstring for the numbered state machine. The common case
-    (our lease, the next step pending and due) is four statements before the
-    call: the renewal reserving the event's seq, one ``UPDATE … RETURNING``
-    that picks and starts the step, and the event; commit 1.
+    (our lease, the next step pending and due) is three statements before the
+    call, in commit 1: the renewal reserving the event's seq, one
+    ``UPDATE … RETURNING`` that picks and starts the step, and the event.
     """
     started = time.perf_counter()
-    picked = _begin(task_id, worker_id, durable=False)
+    picked = _begin(task_id, worker_id, _start_level(task_id))
     if picked is _EFFECTS:
-        # The step has outside effects: its start goes to disk before the call.
-        picked = _begin(task_id, worker_id, durable=True)
+        # The plan changed between the look and the start: begin again, durably.
+        picked = _begin(task_id, worker_id, DURABLE)
     if picked is None or isinstance(picked, StepOutcome):
         return picked
     row, uncertain = picked
@@ -162,11 +167,11 @@ def step(*, task_id: int, worker_id: str) -> StepOutcome | None:
         outcome = _resolve_uncertain(row, worker_id)
     else:
         outcome = _call(row, worker_id)
-    _observed(row, outcome, time.perf_counter() - started)
+    outcome_observed(row, outcome, time.perf_counter() - started)
     return outcome
 
 
-def _observed(row: StepRow, outcome: StepOutcome, seconds: float) -> None:
+def outcome_observed(row: StepRow, outcome: StepOutcome, seconds: float) -> None:
     """Count the step (``pippa_site.metrics``): after its commits, never before."""
     metrics.step_observed(
         artifact_class=row.artifact_class,
@@ -179,36 +184,53 @@ def _observed(row: StepRow, outcome: StepOutcome, seconds: float) -> None:
     )
 
 
+def _start_level(task_id: int) -> str:
+    """SQLite's sync level for commit 1: DURABLE when the step it would start
+    has outside effects, else RELAXED; "" where the level is not the
+    executor's to set (PostgreSQL, or inside an outer transaction).
+
+    Read before the transaction: SQLite sets a transaction's level before it
+    begins, never inside it.
+    """
+    if connection.vendor != "sqlite" or connection.in_atomic_block:
+        return ""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.STEP_NEXT_EFFECTS, [task_id, *sql.FINISHED])
+        found = cursor.fetchone()
+    return DURABLE if found and found[0] else RELAXED
+
+
 _EFFECTS = object()  # _begin's answer: start this step again at DURABLE
 
 
-def _begin(task_id: int, worker_id: str, *, durable: bool):
+def _begin(task_id: int, worker_id: str, level: str):
     """Commit 1: take the lease, pick the step, log ``tool_call_started``.
 
-    Run at RELAXED first; a step with outside effects found there is rolled
-    back (``_EFFECTS``) and started again at DURABLE, so its start is on disk
+    At ``level`` (``_start_level``). A step with outside effects found
+    started at RELAXED (the plan changed since the look) is rolled back
+    (``_EFFECTS``), to be started again at DURABLE: its start is on disk
     before its call. Return None, an outcome, or (step row, uncertain).
     """
     with (
-        sql.synchronous(DURABLE if durable else RELAXED),
+        sql.synchronous(level or RELAXED),
         transaction.atomic(durable=True),
     ):
-        cur = sql.cursor()
-        lease = lease_take(cur, task_id, worker_id, reserve=1)
+        cursor = sql.cursor()
+        lease = lease_take(cursor, task_id, worker_id, reserve=1)
         if lease is None:
-            lease_close_stopped(cur, task_id, worker_id)
             return None
-        row = _start_next(cur, task_id, worker_id, lease) if lease.reserved else None
+        row = _start_next(cursor, task_id, worker_id, lease) if lease.reserved else None
         if row is None:
-            lease_unreserve(cur, task_id, lease)
-            picked = _pick(cur, task_id, worker_id, lease)
+            if lease.reserved:
+                cursor.execute(sql.SEQS_GIVE_BACK, [lease.reserved, task_id])
+            picked = _pick(cursor, task_id, worker_id, lease)
             if isinstance(picked, StepOutcome):
                 return picked
             row, uncertain = picked
         else:
             uncertain = False
         if not uncertain:
-            if row.side_effects and not durable and sql.relaxable():
+            if row.side_effects and level == RELAXED:
                 transaction.set_rollback(True)
                 return _EFFECTS
             crashpoint("before_started_commit")
@@ -222,36 +244,31 @@ def _pick(
 
     Return the outcome, or the step to go on with and whether it is uncertain.
     """
-    found = sql.fetch_one(cursor, sql.STEP_NEXT, [task_id, *sql.FINISHED])
-    row = step_row(task_id, found) if found else None
-    if row is None:
-        status = lease_close(
-            cursor, task_id, worker_id, Task.Status.DONE, lease.entries
-        )
-        return StepOutcome(task_id=task_id, task_status=status)
+    cursor.execute(sql.STEP_NEXT, [task_id, *sql.FINISHED])
+    found = cursor.fetchone()
+    if found is None:
+        _log(cursor, task_id, worker_id, lease.entries, close=Task.Status.DONE)
+        return StepOutcome(task_id=task_id, task_status=Task.Status.DONE)
+    row = step_row(task_id, found)
     if row.status in (Step.Status.NEEDS_REVIEW, Step.Status.FAILED):
-        task_status = (
-            Task.Status.FAILED
-            if row.status == Step.Status.FAILED
-            else Task.Status.NEEDS_REVIEW
-        )
-        status = lease_close(cursor, task_id, worker_id, task_status, lease.entries)
+        task_status = T.FAILED if row.status == S.FAILED else T.NEEDS_REVIEW
+        _log(cursor, task_id, worker_id, lease.entries, close=task_status)
         return StepOutcome(
             task_id=task_id,
-            task_status=status,
+            task_status=task_status,
             step_id=row.id,
             position=row.position,
             status=row.status,
         )
     if row.status == Step.Status.RUNNING:
         if lease.entries:
-            lease_append(cursor, task_id, worker_id, lease.entries)
+            _log(cursor, task_id, worker_id, lease.entries)
         return row, True
     if row.next_attempt_at and row.next_attempt_at > timezone.now():
         return _waiting(cursor, row, worker_id, lease)
     if row.attempts >= row.max_attempts:
         return _fail_exhausted(cursor, row, worker_id, lease.entries)
-    _start(cursor, row, worker_id, lease.entries)
+    step_start(cursor, row, worker_id, lease.entries)
     return row, False
 
 
@@ -263,11 +280,11 @@ def _start_next(cursor, task_id: int, worker_id: str, lease: Lease) -> StepRow |
     """
     moment = timezone.now()
     now = _dt(moment)
-    found = sql.fetch_one(
-        cursor,
+    cursor.execute(
         sql.STEP_START_NEXT,
         [S.RUNNING, now, task_id, *sql.FINISHED, S.PENDING, now, task_id],
     )
+    found = cursor.fetchone()
     if found is None:
         return None
     row = step_row(task_id, found)
@@ -283,14 +300,12 @@ def _start_next(cursor, task_id: int, worker_id: str, lease: Lease) -> StepRow |
 
 def _waiting(cursor, row: StepRow, worker_id: str, lease: Lease) -> StepOutcome:
     """The step is waiting out its back-off: take nothing, say until when."""
+    task_status = T.QUEUED
     if lease.entries:
         # The lease was only just taken for this look: leave no trace of it.
         transaction.set_rollback(True)
-        task_status = Task.Status.QUEUED
     else:
-        task_status = lease_close(
-            cursor, row.task_id, worker_id, Task.Status.QUEUED, [], reason="waiting"
-        )
+        _log(cursor, row.task_id, worker_id, [], close=task_status, reason="waiting")
     return StepOutcome(
         task_id=row.task_id,
         task_status=task_status,
@@ -309,17 +324,14 @@ def _from_now(when) -> str:
     return f"in {seconds} s"
 
 
-def _start(cursor, row: StepRow, worker_id: str, pre: list, *, by: str = "") -> None:
+def step_start(
+    cursor, row: StepRow, worker_id: str, pre: list, *, by: str = ""
+) -> None:
     """Count the attempt and log ``tool_call_started`` (caller commits it)."""
     cursor.execute(sql.STEP_START, [S.RUNNING, _dt(timezone.now()), row.id])
     row.attempts += 1
     row.status = Step.Status.RUNNING
-    lease_append(
-        cursor,
-        row.task_id,
-        worker_id,
-        [*pre, _started_entry(row, worker_id, by=by)],
-    )
+    _log(cursor, row.task_id, worker_id, [*pre, _started_entry(row, worker_id, by=by)])
 
 
 def _started_entry(row: StepRow, worker_id: str, *, by: str = "") -> tuple:
@@ -339,6 +351,30 @@ def _started_entry(row: StepRow, worker_id: str, *, by: str = "") -> tuple:
     )
 
 
+def _log(
+    cursor,
+    task_id: int,
+    worker_id: str,
+    entries: list,
+    *,
+    close: str = "",
+    reason: str = "",
+    step_done: bool = False,
+) -> tuple:
+    """Write the step's events under the lease this worker holds: every
+    write of the executor after the lease is taken ends here, and raises
+    ``LeaseLost`` when another worker holds the lease now.
+
+    Without ``close``, ``tasks.lease.lease_append`` (``step_done`` is its:
+    the result's commit). With ``close``, the task's next status, the
+    lease is given back with it (``tasks.lease.lease_close``). Return
+    (last_seq, steps_done, steps_total).
+    """
+    if close:
+        return lease_close(cursor, task_id, worker_id, close, entries, reason=reason)
+    return lease_append(cursor, task_id, worker_id, entries, step_done=step_done)
+
+
 def _fail_exhausted(cursor, row: StepRow, worker_id: str, pre: list) -> StepOutcome:
     cursor.execute(sql.STEP_FAIL, [S.FAILED, _dt(timezone.now()), row.id])
     step_waiting_send(step_id=row.id, owner_id=row.owner_id, reason="failed")
@@ -350,10 +386,10 @@ def _fail_exhausted(cursor, row: StepRow, worker_id: str, pre: list) -> StepOutc
             {"attempts": row.attempts, "reason": "no attempts left"},
         ),
     ]
-    status = lease_close(cursor, row.task_id, worker_id, Task.Status.FAILED, entries)
+    _log(cursor, row.task_id, worker_id, entries, close=Task.Status.FAILED)
     return StepOutcome(
         task_id=row.task_id,
-        task_status=status,
+        task_status=Task.Status.FAILED,
         step_id=row.id,
         position=row.position,
         status=Step.Status.FAILED,
@@ -367,7 +403,7 @@ def _call(row: StepRow, worker_id: str, *, rule: str = "") -> StepOutcome:
     A failure of the tool (it raised, or returned no usable output) is the
     tool's: the attempt fails and is retried after a back-off. A failure once
     the tool has returned (the file write, the result's commit) is the
-    executor's: ``_output_unsaved`` decides it like an open envelope.
+    executor's: ``output_unsaved`` decides it like an open envelope.
     """
     crashpoint("after_started")
     root = files_root()
@@ -390,13 +426,13 @@ def _call(row: StepRow, worker_id: str, *, rule: str = "") -> StepOutcome:
     try:
         try:
             tool = tool_get(row.tool)
-            output = _tool_output(row, tool.fn(ctx, **row.args), root)
+            output = tool_output(row, tool.fn(ctx, **row.args), root)
         except Exception as exc:  # noqa: BLE001 - any tool error fails the attempt
             failure = exc
         else:
             needed = output.size
             try:
-                payload = _persist_blob(row, tool.media_type, output)
+                payload = payload_write(row, tool.media_type, output)
             except Exception as exc:  # noqa: BLE001 - the store's failure, not the tool's
                 unsaved = exc
     finally:
@@ -416,19 +452,19 @@ def _call(row: StepRow, worker_id: str, *, rule: str = "") -> StepOutcome:
             fault=REASON_DISK_FULL if full else "",
         )
     if unsaved is not None:
-        return _output_unsaved(
+        return output_unsaved(
             row, worker_id, unsaved, stage="blob", needed=needed, rule=rule
         )
-    return _result(row, worker_id, payload, rule=rule)
+    return result_record(row, worker_id, payload, rule=rule)
 
 
-def _result(
+def result_record(
     row: StepRow, worker_id: str, payload: dict[str, Any], *, rule: str
 ) -> StepOutcome:
     """Commit 2 for a payload whose file is on disk; a failure here is the executor's."""
     crashpoint("after_blob")
     try:
-        outcome = _finish(
+        outcome = result_commit(
             row,
             worker_id,
             payload,
@@ -439,88 +475,14 @@ def _result(
     except (DatabaseError, OSError, BlobVanished, QuotaExceeded) as exc:
         # The file is on disk and nothing names it: it goes to the
         # pending-unlink record (unlinked only if no row names the sha).
-        return _output_unsaved(
+        return output_unsaved(
             row, worker_id, exc, stage="result", rule=rule, written=payload["sha"]
         )
     crashpoint("after_result")
     return outcome
 
 
-@dataclass
-class _Output:
-    """What the tool handed back, checked: bytes, or a class-1 file under the root."""
-
-    result: ToolResult
-    data: bytes | None = None
-    path: Path | None = None
-    rel_path: str | None = None
-    size: int = 0
-
-
-def _tool_output(row: StepRow, result: Any, root: Path) -> _Output:
-    """Check what the tool returned; a bad answer is the tool's failure."""
-    if isinstance(result, (bytes, bytearray, str)):
-        result = ToolResult(
-            data=result.encode() if isinstance(result, str) else bytes(result)
-        )
-    if not isinstance(result, ToolResult):
-        raise TypeError("a tool must return a ToolResult, bytes or str")
-    if result.source_ids:
-        # Lineage joins only the owner's rows: a source that is not one of
-        # them is refused like an unknown id, before anything is stored.
-        result.source_ids = sources_check(
-            owner_id=row.owner_id, source_ids=list(result.source_ids)[:MAX_SOURCES]
-        )
-    if row.artifact_class == ArtifactClass.FILE and result.path is not None:
-        path = Path(result.path)
-        if not path.is_absolute():
-            path = root / f"t{row.task_id}" / f"s{row.id}-g{row.generation}" / path
-        path = path.resolve()
-        if not path.is_relative_to(root.resolve()):
-            raise ValueError(ERR_FILE_OUTSIDE)
-        return _Output(
-            result,
-            path=path,
-            rel_path=str(path.relative_to(root.resolve())),
-            size=path.stat().st_size,  # a missing file is the tool's failure
-        )
-    if result.data is None:
-        raise ValueError(ERR_NO_OUTPUT)
-    return _Output(result, data=result.data, size=len(result.data))
-
-
-def _persist_blob(row: StepRow, default_media: str, output: _Output) -> dict[str, Any]:
-    """Write the payload file (durably) and return the ``payload_persisted`` data."""
-    crashpoint("after_tool")
-    result = output.result
-    store = default_store()
-    admit = quota_admit(row.owner_id)  # refused: nothing stored, output unsaved
-    if output.path is not None:
-        with output.path.open("rb") as fh:
-            put = store.put_file(fh, admit=admit)
-    else:
-        put = store.put_bytes(output.data, admit=admit)
-    meta = dict(result.meta or {})
-    if len(json.dumps(meta, default=str)) > MAX_PAYLOAD_META_CHARS:
-        meta = {"meta_dropped": "too large for the event log"}
-    payload: dict[str, Any] = {
-        "sha": put.sha256,
-        "size": put.size,
-        "media_type": (result.media_type or default_media)[:255],
-        "title": (result.title or row.title)[:200],
-        "meta": meta,
-        "attempt": row.attempts,
-        "generation": row.generation,
-        "key": row.key,
-    }
-    if output.rel_path:
-        payload["path"] = output.rel_path
-    if result.source_ids:
-        payload["source_ids"] = [int(x) for x in result.source_ids]
-    return payload
-
-
-def _output_unsaved(
+def output_unsaved(
     row: StepRow,
     worker_id: str,
     exc: BaseException,
@@ -574,7 +536,7 @@ def _output_unsaved(
     try:
         with transaction.atomic(durable=True):
             unnamed_blobs_record()
-            lease_append(
+            _log(
                 sql.cursor(),
                 row.task_id,
                 worker_id,
@@ -591,8 +553,7 @@ def _output_unsaved(
                     )
                 ],
             )
-        env = envelope_read(row.id)
-        advice = uncertain_decide(row.as_step(), env)
+        env, advice = _decide(row)
         if advice.action == REVIEW:
             review = _review(row, worker_id, advice, env)
             return replace(review, invoked=True, fault=reason, fault_bytes=needed)
@@ -666,21 +627,11 @@ def _record_failure(
         if exhausted:
             step_waiting_send(step_id=row.id, owner_id=row.owner_id, reason="failed")
             entries.append((Event.Kind.STEP_FAILED, row.id, {"attempts": row.attempts}))
-            task_status = lease_close(
-                cursor, row.task_id, worker_id, Task.Status.FAILED, entries
-            )
-        elif next_at:
-            task_status = lease_close(
-                cursor,
-                row.task_id,
-                worker_id,
-                Task.Status.QUEUED,
-                entries,
-                reason="waiting to retry",
-            )
-        else:
-            lease_append(cursor, row.task_id, worker_id, entries)
-            task_status = Task.Status.RUNNING
+        # Failed for good; queued until its back-off ends; or run again now.
+        close = T.FAILED if exhausted else T.QUEUED if next_at else ""
+        reason = "waiting to retry" if close == T.QUEUED else ""
+        _log(cursor, row.task_id, worker_id, entries, close=close, reason=reason)
+        task_status = close or T.RUNNING
     return StepOutcome(
         task_id=row.task_id,
         task_status=task_status,
@@ -695,7 +646,7 @@ def _record_failure(
     )
 
 
-def _finish(
+def result_commit(
     row: StepRow,
     worker_id: str,
     payload: dict[str, Any],
@@ -762,21 +713,13 @@ def _result_write(
         "attempt": row.attempts,
     }
     entries = [*(pre or []), (Event.Kind.TOOL_RESULT_PERSISTED, row.id, result)]
-    _, done, total = lease_append(
-        cursor,
-        row.task_id,
-        worker_id,
-        entries,
-        step_done=True,
-        # The next step's start renews it; a worker that moves on leaves it
-        # to run out from there, not a full lease later.
-        renew=False,
-    )
+    # The lease is checked, not renewed: the next step's start renews it, and
+    # a worker that moves on leaves it to run out from there.
+    _, done, total = _log(cursor, row.task_id, worker_id, entries, step_done=True)
     if done < total:
         return artifact_id, Task.Status.RUNNING
-    return artifact_id, lease_close(
-        cursor, row.task_id, worker_id, Task.Status.DONE, []
-    )
+    _log(cursor, row.task_id, worker_id, [], close=T.DONE)
+    return artifact_id, T.DONE
 
 
 def _artifact_record(row: StepRow, payload: dict[str, Any]) -> int:
@@ -816,15 +759,14 @@ def outcome_preview(outcome: StepOutcome) -> None:
 def _resolve_uncertain(row: StepRow, worker_id: str) -> StepOutcome:
     """Resolve an open envelope by the step's class (docs/design.md, "Four
     artifact classes, four resume rules")."""
-    env = envelope_read(row.id)
-    advice = uncertain_decide(row.as_step(), env)
-    note = _note(advice, env, worker_id)
+    env, advice = _decide(row)
+    note = resolved_note(advice, env, worker_id)
     if advice.action == ADOPT:
         payload = dict(env.payload)
         pre = [(Event.Kind.UNCERTAIN_RESOLVED, row.id, note)]
         try:
-            _ensure_blob(row.artifact_class, payload)
-            outcome = _finish(
+            blob_ensure(row.artifact_class, payload)
+            outcome = result_commit(
                 row, worker_id, payload, invoked=False, rule=advice.rule, pre=pre
             )
         except (DatabaseError, OSError, BlobVanished) as exc:
@@ -856,13 +798,35 @@ def _resolve_uncertain(row: StepRow, worker_id: str) -> StepOutcome:
             # gone) is not the tool failing: it does not use up the attempts.
             if row.attempts >= row.max_attempts and not env.unsaved:
                 return _fail_exhausted(cursor, row, worker_id, pre)
-            _start(cursor, row, worker_id, pre)
+            step_start(cursor, row, worker_id, pre)
             crashpoint("before_started_commit")
         return _call(row, worker_id, rule=advice.rule)
     return _review(row, worker_id, advice, env)
 
 
-def _note(advice, env: Envelope, worker_id: str) -> dict[str, Any]:
+def blob_ensure(artifact_class: int, payload: dict[str, Any]) -> None:
+    """A class-1 file that is intact but whose blob copy is gone (or is not
+    what its sha says): copy it again. ``settle``, not ``exists``: the row
+    about to name the blob was not written with it."""
+    store = default_store()
+    if store.settle(payload["sha"]):
+        return
+    if artifact_class == ArtifactClass.FILE:
+        path = class1_file(payload)
+        if path is not None:
+            with path.open("rb") as fh:
+                store.put_file(fh)
+
+
+def _decide(row: StepRow) -> tuple[Envelope, ResumeAdvice]:
+    """The step's open envelope and what its class says to do with it."""
+    env = envelope_read(row.id)
+    step = Step(**{c: getattr(row, c) for c in STEP_COLUMNS}, task_id=row.task_id)
+    return env, uncertain_decide(step, env)
+
+
+def resolved_note(advice, env: Envelope, worker_id: str) -> dict[str, Any]:
+    """The ``uncertain_resolved`` event's data: how an open envelope was settled."""
     return {
         "rule": advice.rule,
         "action": advice.action,
@@ -876,7 +840,11 @@ def _review(row: StepRow, worker_id: str, advice, env: Envelope) -> StepOutcome:
     """Hand an open envelope to a person: the step and the task need review."""
     with transaction.atomic(durable=True):
         status = step_needs_review(
-            sql.cursor(), row, worker_id, advice, note=_note(advice, env, worker_id)
+            sql.cursor(),
+            row,
+            worker_id,
+            advice,
+            note=resolved_note(advice, env, worker_id),
         )
     return StepOutcome(
         task_id=row.task_id,
@@ -910,248 +878,5 @@ def step_needs_review(
             {"reason": advice.words, "rule": advice.rule},
         ),
     ]
-    return lease_close(
-        cursor, row.task_id, worker_id, Task.Status.NEEDS_REVIEW, entries
-    )
-
-
-def _ensure_blob(artifact_class: int, payload: dict[str, Any]) -> None:
-    """A class-1 file that is intact but whose blob copy is gone (or is not
-    what its sha says): copy it again. ``settle``, not ``exists``: the row
-    about to name the blob was not written with it."""
-    store = default_store()
-    if store.settle(payload["sha"]):
-        return
-    if artifact_class == ArtifactClass.FILE:
-        path = class1_file(payload)
-        if path is not None:
-            with path.open("rb") as fh:
-                store.put_file(fh)
-
-
-# -- a step an agent did itself ---------------------------------------------------
-
-ERR_STEP_GONE = "step {id} is not a step of task {task}"
-ERR_STEP_FINISHED = (
-    "step {position} is {status}: its output stands; retry or branch the task to"
-    " change it"
-)
-ERR_STEP_WAITING = (
-    "step {position} is {status}: it waits for a person's decision before anything"
-    " else is recorded for it"
-)
-ERR_STEP_IN_FLIGHT = (
-    "step {position} is being recorded by another call under this lease; wait"
-    " for its answer"
-)
-ERR_STEP_UNSETTLED = (
-    "step {position} was left running by a worker that stopped: {words};"
-    " run_next_step settles it by its class first"
-)
-# ``StepOutcome.rule`` of a done step whose output already has the bytes sent.
-ALREADY_DONE = "already_done"
-
-
-class StepRefused(Conflict):
-    """``step_complete`` cannot record this step now (409): see the message."""
-
-
-def step_complete(
-    *,
-    task_id: int,
-    step_id: int,
-    worker_id: str,
-    data: bytes,
-    media_type: str,
-    title: str = "",
-    source_ids=(),
-) -> StepOutcome | None:
-    """Record output an agent made itself as a step's result, like a tool's.
-
-    The same envelope and commits as a tool call (``step``); only the call is
-    the agent's, made before it asked. None when the lease is not ours to
-    take (another worker's, or the task is not queued or running).
-
-    1. Take the lease and read the named step in one transaction. A done
-       step whose output has these very bytes is answered as it stands,
-       leaving no trace (a call sent twice: ``ALREADY_DONE``); any other
-       finished step, one that waits for a person, or one whose call is in
-       flight under this same lease is refused (``StepRefused``). A step a
-       stopped worker left running (an open envelope) is decided by its
-       class first (``uncertain_decide``), as ``step`` would: where the
-       class says "call again" the agent's output stands in for that call;
-       where it says "needs review" the step goes to a person (the outcome
-       says so); where a saved output is to be adopted, it stands.
-    2. Count the attempt and log ``tool_call_started`` (with ``by: agent``):
-       commit 1, durable first for a step with outside effects.
-    3. Write the bytes as a content-addressed file.
-    4. Commit 2 (``_finish``): ``payload_persisted``, the artifact, the step
-       done, ``tool_result_persisted``. A crash between the commits leaves an
-       open envelope that its class settles, as for a tool.
-    """
-    started = time.perf_counter()
-    found = Step.objects.filter(pk=step_id, task_id=task_id).first()
-    if found is None:
-        raise StepRefused(ERR_STEP_GONE.format(id=step_id, task=task_id))
-    owner_id = (
-        Conversation.objects.filter(tasks__pk=task_id)
-        .values_list("owner_id", flat=True)
-        .get()
-    )
-    source_ids = sources_check(owner_id=owner_id, source_ids=list(source_ids))
-    sha = hashlib.sha256(data).hexdigest()
-    with (
-        sql.synchronous(DURABLE if found.side_effects else RELAXED),
-        transaction.atomic(durable=True),
-    ):
-        cur = sql.cursor()
-        lease = lease_take(cur, task_id, worker_id)
-        if lease is None:
-            return None
-        current = Step.objects.select_related("output").get(pk=step_id)
-        row = step_row(
-            task_id, [*(getattr(current, c) for c in sql.STEP_COLUMNS), owner_id]
-        )
-        pre = _complete_check(current, sha, lease, worker_id)
-        if pre is None:  # done with these bytes: nothing to write, the lease as it was
-            transaction.set_rollback(True)
-        elif isinstance(pre, ResumeAdvice):
-            # The class hands the open envelope to a person, as ``step`` would.
-            if lease.entries:
-                lease_append(cur, task_id, worker_id, lease.entries)
-            env = envelope_read(row.id)
-            task_status = step_needs_review(
-                cur, row, worker_id, pre, note=_note(pre, env, worker_id)
-            )
-        else:
-            _start(cur, row, worker_id, [*lease.entries, *pre], by="agent")
-            crashpoint("before_started_commit")
-    if pre is None:
-        return _already(current)
-    if isinstance(pre, ResumeAdvice):
-        outcome = StepOutcome(
-            task_id=task_id,
-            task_status=task_status,
-            step_id=row.id,
-            position=row.position,
-            status=S.NEEDS_REVIEW,
-            rule=pre.rule,
-            error=pre.words,
-        )
-        _observed(row, outcome, time.perf_counter() - started)
-        return outcome
-    crashpoint("after_started")
-    output = _Output(
-        ToolResult(
-            data=data,
-            media_type=media_type,
-            title=title,
-            meta={"by": "agent", "worker": worker_id[:200]},
-            source_ids=source_ids,
-        ),
-        data=data,
-        size=len(data),
-    )
-    try:
-        payload = _persist_blob(row, media_type, output)
-    except Exception as exc:  # noqa: BLE001 - the store's failure, as for a tool
-        outcome = _output_unsaved(row, worker_id, exc, stage="blob", needed=len(data))
-    else:
-        # How an open envelope was settled to let this output stand, if one was.
-        rule = next((note["rule"] for _, _, note in pre), "")
-        outcome = _result(row, worker_id, payload, rule=rule)
-    _observed(row, outcome, time.perf_counter() - started)
-    return outcome
-
-
-def _complete_check(
-    step: Step, sha: str, lease: Lease, worker_id: str
-) -> list | ResumeAdvice | None:
-    """What to do with an agent's output for ``step``: the events to log
-    before ``tool_call_started``; None for a done step that already has these
-    bytes; the class's advice when it hands the step to a person; else refuse."""
-    label = step.get_status_display()
-    if step.status == S.DONE and step.output is not None and step.output.sha256 == sha:
-        return None
-    if step.is_finished:
-        raise StepRefused(
-            ERR_STEP_FINISHED.format(position=step.position, status=label)
-        )
-    if step.status in (S.FAILED, S.NEEDS_REVIEW):
-        raise StepRefused(ERR_STEP_WAITING.format(position=step.position, status=label))
-    if step.status != S.RUNNING:
-        return []
-    if not lease.entries:
-        # The lease was this worker's, live, before this call: a call of its
-        # own is in flight on the step.
-        raise StepRefused(ERR_STEP_IN_FLIGHT.format(position=step.position))
-    env = envelope_read(step.pk)
-    if not env.open:
-        return []
-    advice = uncertain_decide(step, env)
-    if advice.action == REVIEW:
-        return advice
-    if advice.action != CALL_AGAIN:
-        # Adopt: the saved output of the call stands (run_next_step takes it).
-        raise StepRefused(
-            ERR_STEP_UNSETTLED.format(position=step.position, words=advice.words)
-        )
-    return [(Event.Kind.UNCERTAIN_RESOLVED, step.pk, _note(advice, env, worker_id))]
-
-
-def _already(step: Step) -> StepOutcome:
-    """The outcome of a done step, told again (``step_complete`` sent twice)."""
-    task_status = Task.objects.filter(pk=step.task_id).values_list("status", flat=True)
-    return StepOutcome(
-        task_id=step.task_id,
-        task_status=task_status.get(),
-        step_id=step.pk,
-        position=step.position,
-        status=S.DONE,
-        rule=ALREADY_DONE,
-        artifact={
-            "id": step.output.pk,
-            "sha256": step.output.sha256,
-            "artifact_class": step.output.artifact_class,
-            "media_type": step.output.media_type,
-            "size": step.output.size,
-            "title": step.output.title,
-        },
-    )
-
-
-def step_adopt(*, step: Step, holder: str, pre: list) -> StepOutcome:
-    """Record the payload an open envelope persisted as the step's output.
-
-    An operator's "adopt": the hot path's own result transaction, under a
-    lease lent to ``holder`` (the caller holds the task's row lock). The
-    preview is left to the caller, to render once its transaction commits.
-    """
-    env = envelope_read(step.pk)
-    row = _row_of(step)
-    payload = dict(env.payload)
-    _ensure_blob(row.artifact_class, payload)
-    with lease_lent(task_id=step.task_id, holder=holder):
-        Step.objects.filter(pk=step.pk).update(status=Step.Status.RUNNING)
-        return _finish(
-            row,
-            holder,
-            payload,
-            invoked=False,
-            rule="operator_adopt",
-            pre=pre,
-            preview=False,
-            joined=True,
-        )
-
-
-def _row_of(step: Step) -> StepRow:
-    owner_id = (
-        Conversation.objects.filter(tasks__pk=step.task_id)
-        .values_list("owner_id", flat=True)
-        .get()
-    )
-    return step_row(
-        step.task_id,
-        [*(getattr(step, name) for name in sql.STEP_COLUMNS), owner_id],
-    )
+    _log(cursor, row.task_id, worker_id, entries, close=T.NEEDS_REVIEW)
+    return T.NEEDS_REVIEW

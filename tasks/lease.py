@@ -1,26 +1,31 @@
 """A task's lease: who may step it now. Take, renew, release, and when it is dead.
 
 One worker at a time steps a task. It holds the lease (``Task.lease_owner``
-until ``Task.lease_expires_at``). Every write the executor makes checks it
-(``lease_take`` or ``lease_append``); a step's start renews it, the keeper
-thread renews it while a long tool call runs, and the result's commit checks
-it without moving its expiry (``renew=False``: a worker that moves on lets it
-run out from its last renewal).
+until ``Task.lease_expires_at``). Every transaction of the executor checks
+it: ``lease_take`` at a step's start (which renews it), ``lease_append`` or
+``lease_close`` in every later one, each one named statement of
+``tasks.statements`` that matches only while this worker holds the lease
+(else ``LeaseLost``, and the transaction writes nothing). The
+keeper thread renews it while a long tool call runs, and the result's commit
+checks it without moving its expiry (``step_done``: a worker that moves on
+lets it run out from its last renewal).
 
 **Dead.** A lease is dead when nobody holds it, or its holder has no expiry,
-or the expiry has passed: ``TaskQuerySet.lease_dead()`` for queries,
-``Task.lease_live`` for one row, and ``tasks.models.LEASE_DEAD`` for the
-hot path's named statements. A holder with no expiry cannot be renewed by
-anybody (every renewal writes an expiry), so it is a dead worker's: any
-worker may take it over, and the doctor and the admin call it stale.
+or the expiry has passed: one table, ``tasks.models.LEASE_DEAD_WHEN``, from
+which ``lease_dead`` (one row's values, as ``lease_take`` reads them and
+``Task.lease_live`` answers), ``lease_dead_q`` (``TaskQuerySet.lease_dead()``)
+and ``LEASE_DEAD`` (the named statements' SQL) are built. A holder with no
+expiry cannot be renewed by anybody (every renewal writes an expiry), so it
+is a dead worker's: any worker may take it over, and the doctor and the
+admin call it stale.
 
 **Release.** Every release leaves the task not running, so a worker's next
 poll finds it: ``lease_close`` is the holder's own release on the hot path
 (with the status the step decided: done, failed, needs review or queued);
-``lease_close_stopped`` is the holder's at the step boundary of a person's
-pause or cancel; ``lease_release`` is everyone else's (the worker loop, a runner that stops,
-a person, the doctor), and puts a running task back to queued. Both log
-``lease_released``.
+at the step boundary of a person's pause or cancel the holder gives it back
+in ``lease_take``; ``lease_release`` is everyone else's (the worker loop, a
+runner that stops, a person, the doctor), and puts a running task back to
+queued. Each logs ``lease_released``.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from pippa_site import metrics
 from pippa_site.errors import LeaseConflict
 from tasks import statements as sql
 from tasks.faults import fault_reason
-from tasks.models import Event, Task
+from tasks.models import Event, Task, lease_dead
 from tasks.services import events_append
 from tasks.statements import parse_dt
 
@@ -79,51 +84,59 @@ def lease_until():
 
 
 def lease_take(cur, task_id: int, worker_id: str, *, reserve: int = 0) -> Lease | None:
-    """Take or renew the task's lease with conditional UPDATEs; None if another holds it.
+    """Take or renew the task's lease with conditional UPDATEs; None if it is
+    not this worker's to take.
 
-    1. Renewal, the common case: one statement (``sql.seqs_reserve``), ours
-       and running (or queued, which it sets running); it also reserves
-       ``reserve`` event seqs (``Lease.reserved``) for the caller's first
-       append (``lease_unreserve`` gives them back unused).
-    2. Otherwise read the holder: a live lease of another worker is refused.
+    1. Renewal, the common case: one statement for our running task
+       (``LEASE_RENEW``), a second for our queued one, which it sets running
+       (``LEASE_RENEW_QUEUED``). It also reserves ``reserve`` event seqs
+       (``Lease.reserved``) for the caller's first append; a caller that
+       does not use them gives them back (``SEQS_GIVE_BACK``).
+    2. Otherwise read the holder. A task a person paused or cancelled while
+       this worker held it: the call in flight has finished and is saved,
+       and at this step boundary the worker gives the lease back
+       (``lease_released``). A live lease of another worker is refused.
     3. A dead lease is taken over (``lease_taken_over`` names the previous
        owner), a free one taken (``lease_taken``); the UPDATE re-checks both.
     """
-    for status_was, status_to in ((T.RUNNING, None), (T.QUEUED, T.RUNNING)):
-        row = sql.seqs_reserve(
-            cur,
-            task_id,
-            reserve,
-            holder=worker_id,
-            renew=True,
-            status_was=status_was,
-            status_to=status_to,
-        )
-        if row is not None:
-            return Lease(row[2], row[1], reserved=reserve, last_seq=row[0])
-    row = sql.fetch_one(cur, sql.LEASE_READ, [task_id])
-    if row is None or row[0] not in (T.QUEUED, T.RUNNING):
-        return None
-    _, previous, expires = row
-    expires_at = parse_dt(expires)
     now = timezone.now()
-    if previous and expires_at is not None and expires_at >= now:
+    stamp, until = sql.db_datetime(now), sql.db_datetime(lease_until())
+    cur.execute(sql.LEASE_RENEW, [reserve, stamp, until, task_id, worker_id, T.RUNNING])
+    row = cur.fetchone()
+    if row is None:
+        cur.execute(
+            sql.LEASE_RENEW_QUEUED,
+            [reserve, stamp, until, T.RUNNING, task_id, worker_id, T.QUEUED],
+        )
+        row = cur.fetchone()
+    if row is not None:
+        return Lease(row[2], row[1], reserved=reserve, last_seq=row[0])
+    cur.execute(sql.LEASE_READ, [task_id])
+    row = cur.fetchone()
+    if row is None:
         return None
-    row = sql.fetch_one(
-        cur,
+    status, previous, expires = row
+    if status in (T.PAUSED, T.CANCELLED) and previous == worker_id:
+        _release_stopped(cur, task_id, worker_id)
+        return None
+    expires_at = parse_dt(expires)
+    if status not in (T.QUEUED, T.RUNNING) or not lease_dead(previous, expires_at, now):
+        return None
+    cur.execute(
         sql.LEASE_TAKE,
         [
             worker_id,
-            sql.db_datetime(lease_until()),
+            until,
             T.RUNNING,
-            sql.db_datetime(now),
+            stamp,
             task_id,
             previous,
-            sql.db_datetime(now),
+            stamp,
             T.QUEUED,
             T.RUNNING,
         ],
     )
+    row = cur.fetchone()
     if row is None:
         return None
     if previous:
@@ -142,11 +155,19 @@ def lease_take(cur, task_id: int, worker_id: str, *, reserve: int = 0) -> Lease 
     return Lease(row[0], row[1], [entry])
 
 
-def lease_unreserve(cur, task_id: int, lease: Lease) -> None:
-    """Give back the seqs a renewal reserved and nothing used (same transaction)."""
-    if lease.reserved:
-        cur.execute(sql.SEQS_GIVE_BACK, [lease.reserved, task_id])
-        lease.reserved = 0
+def _release_stopped(cur, task_id: int, worker_id: str) -> None:
+    """The holder's release at the step boundary of a person's pause or cancel."""
+    cur.execute(sql.LEASE_CLEAR_STOPPED, [task_id, worker_id, T.PAUSED, T.CANCELLED])
+    row = cur.fetchone()
+    if row is not None:
+        released = {"worker": worker_id, "reason": row[0]}
+        sql.events_write(
+            cur,
+            sql.SEQS_RESERVE,
+            [task_id],
+            task_id=task_id,
+            entries=[(Event.Kind.LEASE_RELEASED, None, released)],
+        )
 
 
 def lease_append(
@@ -155,37 +176,25 @@ def lease_append(
     worker_id: str,
     entries: list[Entry],
     *,
-    renew: bool = True,
     step_done: bool = False,
-    close: tuple | None = None,
 ) -> tuple:
-    """Reserve seqs, renew the lease and append events, if the lease is still ours.
+    """Append events under the lease, if it is still ``worker_id``'s; return
+    (last_seq, steps_done, steps_total).
 
-    One ``UPDATE … RETURNING`` (``sql.seqs_reserve``) does the seq range, the
-    renewal and the lease check, and with ``step_done``/``close`` the plan's
-    advance too. Raise ``LeaseLost`` when another worker holds the lease now.
-    ``renew=False`` checks the lease without moving its expiry (the result's
-    commit, right after a call the lease keeper renewed through).
+    One ``UPDATE … RETURNING`` reserves the seqs and checks the lease:
+    ``SEQS_HELD`` also renews it; with ``step_done`` (the result's commit,
+    right after a call the lease keeper renewed through) ``SEQS_STEP_DONE``
+    advances the plan and leaves the expiry where it is, so a worker that
+    moves on lets it run out from its last renewal. Raise ``LeaseLost`` when
+    another worker holds the lease now.
     """
-    row = sql.seqs_reserve(
-        cur,
-        task_id,
-        len(entries),
-        holder=worker_id,
-        renew=renew,
-        step_done=step_done,
-        close=close,
-    )
-    if row is None:
-        raise LeaseLost(f"task {task_id}: lease no longer held by {worker_id}")
-    if entries:
-        sql.events_insert(
-            task_id=task_id,
-            first_seq=row[0] - len(entries) + 1,
-            entries=entries,
-            created_at=timezone.now(),
-        )
-    return row
+    stamp = sql.db_datetime(timezone.now())
+    if step_done:
+        statement, params = sql.SEQS_STEP_DONE, [stamp, task_id, worker_id]
+    else:
+        until = sql.db_datetime(lease_until())
+        statement, params = sql.SEQS_HELD, [stamp, until, task_id, worker_id]
+    return _write_held(cur, statement, params, task_id, worker_id, entries)
 
 
 def lease_close(
@@ -196,50 +205,42 @@ def lease_close(
     pre: list[Entry],
     *,
     reason: str = "",
-) -> str:
-    """The holder's release: set the task's next status, log, give the lease back.
+) -> tuple:
+    """The holder's release: set the task's next status, log, give the lease
+    back, in one statement (``LEASE_CLOSE``) and the events' INSERT.
 
     ``status`` is never running: done and failed are final, needs review
     waits for a person, queued waits for the next poll (a back-off, say).
     A person's cancel (or, against a re-queue, pause) made meanwhile stands.
+    Return (last_seq, steps_done, steps_total); raise ``LeaseLost`` when
+    another worker holds the lease now.
     """
     entries = list(pre)
     if status == T.DONE:
         entries.append((Event.Kind.TASK_FINISHED, None, {"status": status}))
-    entries.append(
-        (
-            Event.Kind.LEASE_RELEASED,
-            None,
-            {"worker": worker_id, "reason": reason or status},
-        )
-    )
+    released = {"worker": worker_id, "reason": reason or status}
+    entries.append((Event.Kind.LEASE_RELEASED, None, released))
     finished = timezone.now() if status in (T.DONE, T.FAILED) else None
     kept = (T.CANCELLED, T.PAUSED) if status == T.QUEUED else (T.CANCELLED,) * 2
-    lease_append(cur, task_id, worker_id, entries, close=(status, finished, kept))
-    cur.execute(sql.LEASE_CLEAR, [task_id])
-    return status
+    params = [
+        sql.db_datetime(timezone.now()),
+        *kept,
+        status,
+        T.CANCELLED,
+        sql.db_datetime(finished),
+        task_id,
+        worker_id,
+    ]
+    return _write_held(cur, sql.LEASE_CLOSE, params, task_id, worker_id, entries)
 
 
-def lease_close_stopped(cur, task_id: int, worker_id: str) -> None:
-    """The holder's release at the step boundary of a pause or cancel.
-
-    A person paused or cancelled the task while this worker held it; the call
-    in flight has finished and is saved, and no further step starts.
-    """
-    row = sql.fetch_one(
-        cur, sql.LEASE_CLEAR_STOPPED, [task_id, worker_id, T.PAUSED, T.CANCELLED]
-    )
-    if row is not None:
-        events_append(
-            task_id=task_id,
-            entries=[
-                (
-                    Event.Kind.LEASE_RELEASED,
-                    None,
-                    {"worker": worker_id, "reason": row[0]},
-                )
-            ],
-        )
+def _write_held(cur, statement, params, task_id, worker_id, entries) -> tuple:
+    """Run a holder's seq statement and insert ``entries``; ``LeaseLost``
+    when it matched nothing (another worker holds the lease now)."""
+    row = sql.events_write(cur, statement, params, task_id=task_id, entries=entries)
+    if row is None:
+        raise LeaseLost(f"task {task_id}: lease no longer held by {worker_id}")
+    return row
 
 
 @contextmanager

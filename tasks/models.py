@@ -96,18 +96,61 @@ class Conversation(models.Model):
     delete.alters_data = True
 
 
-# The dead-lease rule in SQL, on a task's columns (one parameter: now, as
-# Django's backend adapts a datetime: ``connection.ops.adapt_datetimefield_value``):
-# the named statements (``tasks.statements``) and ``needs_you_sql``.
-LEASE_DEAD = "(lease_owner = '' OR lease_expires_at IS NULL OR lease_expires_at < %s)"
+# -- the dead-lease rule, once ---------------------------------------------------
+# A lease is dead when any of these holds of a task's columns: nobody holds it,
+# its holder has no expiry (nobody can renew it: every renewal writes one), or
+# the expiry has passed. ``NOW`` stands for the moment of asking. The SQL
+# (``LEASE_DEAD``), the ``Q`` (``lease_dead_q``) and one row's answer
+# (``lease_dead``) are each built from this table, and
+# ``tests/tasks/test_lease.py`` holds every reader of them to one table of cases.
+NOW = "now"
+LEASE_DEAD_WHEN = (
+    ("lease_owner", "exact", ""),
+    ("lease_expires_at", "isnull", True),
+    ("lease_expires_at", "lt", NOW),
+)
+_SQL_OPERATOR = {"exact": "=", "lt": "<"}
+# One row's values, as SQL reads them (NULL is less than nothing).
+_PYTHON_TEST = {
+    "exact": lambda value, other: value == other,
+    "isnull": lambda value, flag: (value is None) is flag,
+    "lt": lambda value, other: value is not None and value < other,
+}
+
+
+def _lease_dead_sql() -> str:
+    terms = []
+    for column, lookup, value in LEASE_DEAD_WHEN:
+        if lookup == "isnull":
+            terms.append(f"{column} IS NULL")
+        else:
+            bound = "%s" if value is NOW else f"'{value}'"
+            terms.append(f"{column} {_SQL_OPERATOR[lookup]} {bound}")
+    return f"({' OR '.join(terms)})"
+
+
+# The rule in SQL, on a task's columns (one parameter: now, as Django's backend
+# adapts a datetime: ``connection.ops.adapt_datetimefield_value``), for the
+# hand-written statements: ``tasks.statements``, ``needs_you_sql``, the doctor.
+LEASE_DEAD = _lease_dead_sql()
 
 
 def lease_dead_q(prefix: str = "") -> Q:
-    """The dead-lease rule as a ``Q``, for a task reached as ``prefix`` (e.g. ``"task__"``)."""
-    return (
-        Q(**{f"{prefix}lease_owner": ""})
-        | Q(**{f"{prefix}lease_expires_at__isnull": True})
-        | Q(**{f"{prefix}lease_expires_at__lt": timezone.now()})
+    """The rule as a ``Q``, for a task reached as ``prefix`` (e.g. ``"task__"``)."""
+    now = timezone.now()
+    found = Q()
+    for column, lookup, value in LEASE_DEAD_WHEN:
+        found |= Q(**{f"{prefix}{column}__{lookup}": now if value is NOW else value})
+    return found
+
+
+def lease_dead(owner: str, expires_at, now=None) -> bool:
+    """The rule for one row's ``lease_owner`` and ``lease_expires_at``."""
+    values = {"lease_owner": owner, "lease_expires_at": expires_at}
+    now = now or timezone.now()
+    return any(
+        _PYTHON_TEST[lookup](values[column], now if value is NOW else value)
+        for column, lookup, value in LEASE_DEAD_WHEN
     )
 
 
@@ -115,12 +158,8 @@ class TaskQuerySet(OwnedQuerySet):
     owner_field = "conversation__owner"
 
     def lease_dead(self) -> TaskQuerySet:
-        """Tasks no worker holds live: no holder, no expiry, or past it.
-
-        The one definition of a dead lease (``tasks.lease`` explains it;
-        ``Task.lease_live`` is the same rule for one row, ``LEASE_DEAD``
-        for the hot path's hand-written statements).
-        """
+        """Tasks no worker holds live: no holder, no expiry, or past it
+        (``LEASE_DEAD_WHEN``; ``tasks.lease`` explains it)."""
         return self.filter(lease_dead_q())
 
     def lease_stale(self) -> TaskQuerySet:
@@ -246,12 +285,8 @@ class Task(models.Model):
 
     @property
     def lease_live(self) -> bool:
-        """A worker holds the lease now (``TaskQuerySet.lease_dead``'s negation)."""
-        return (
-            bool(self.lease_owner)
-            and self.lease_expires_at is not None
-            and self.lease_expires_at >= timezone.now()
-        )
+        """A worker holds the lease now (``LEASE_DEAD_WHEN``'s negation)."""
+        return not lease_dead(self.lease_owner, self.lease_expires_at)
 
     def lease_held_by_other(self, holder: str) -> bool:
         """A live lease that ``holder`` does not hold."""
@@ -355,7 +390,8 @@ class StepStatus(models.TextChoices):
 
     @classmethod
     def finished_sql(cls) -> str:
-        """``finished()`` as an SQL list, for the executor's hand-written statements."""
+        """``finished()`` written out as an SQL list, for a statement that must
+        name the statuses in its text (the executor's bind them as parameters)."""
         return cls.sql_list(cls.finished())
 
     @staticmethod
@@ -500,7 +536,7 @@ class Event(models.Model):
     """One entry of a task's append-only log.
 
     Written only by ``tasks.statements.events_insert`` (through ``event_append``
-    and ``events_append``, or the executor's lease-held appends).
+    and ``events_append``, or the executor's and the lease's appends).
     """
 
     class Kind(models.TextChoices):

@@ -96,8 +96,10 @@ def conversation_create(*, owner, title: str) -> Conversation:
 
 def _next_seqs(task_id: int, count: int) -> int:
     """Reserve ``count`` sequence numbers for a task; return the last one
-    (``tasks.statements.seqs_reserve``, in the caller's transaction)."""
-    row = statements.seqs_reserve(statements.cursor(), task_id, count)
+    (``tasks.statements.SEQS_RESERVE``, in the caller's transaction)."""
+    with statements.cursor() as cursor:
+        cursor.execute(statements.SEQS_RESERVE, [count, task_id])
+        row = cursor.fetchone()
     if row is None:
         raise TaskNotFound(ERR_NO_TASK)
     return row[0]

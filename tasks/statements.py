@@ -1,19 +1,21 @@
-"""The executor's and the lease's SQL: one module of named statements.
+"""The step's SQL: one module of named statements.
 
-Every statement the step's hot path runs is a constant here (or, for the
-event INSERT and the seq reservation, one builder), next to what it does. No
-status is spelled in SQL: each is a parameter bound from the models'
-``TextChoices`` (``Step.Status``, ``Task.Status``). ``tests/tasks/
-test_statements.py`` pairs each statement with its ORM spelling and checks
-that both leave the database the same.
+Every statement the step's hot path and its lease run is a constant here
+(the event INSERT, one row per event, is the one builder: ``events_insert``),
+next to what it does. No status is spelled in SQL: each is a parameter bound
+from the models' ``TextChoices`` (``Step.Status``, ``Task.Status``).
+``tests/tasks/test_statements.py`` pairs each statement with its ORM spelling
+and checks that both leave the database the same.
 
-- ``step_row`` is the one builder of the executor's step row (``StepRow``),
-  from ``STEP_COLUMNS`` in that order, whether a SELECT, an UPDATE …
-  RETURNING or a model instance supplied them.
-- ``seqs_reserve`` is the one helper that reserves event sequence numbers
-  (``last_seq = last_seq + n``): the lease's renewal, the executor's appends
-  and ``tasks.services.events_append`` all go through it.
-- ``events_insert`` is the one writer of event rows.
+**Event seqs.** ``Task.last_seq`` is the last event number handed out. Only
+the statements named ``SEQS_*`` and ``LEASE_RENEW*``/``LEASE_CLOSE`` write
+it; each that reserves is one ``UPDATE … RETURNING last_seq, steps_done,
+steps_total`` whose first parameter is how many numbers it reserves
+(``SEQS_GIVE_BACK`` returns unused ones), in the caller's transaction:
+the row lock (PostgreSQL) or the write lock (SQLite, IMMEDIATE) orders
+appenders, and a rollback returns the numbers with the events, so no gap
+appears. ``events_write`` runs one of them and inserts the events under the
+numbers it reserved.
 
 The statements run on Django's own cursor (``connection.cursor()``), as
 Django's docs describe for raw SQL: its placeholders (``%s``), its error
@@ -23,8 +25,9 @@ every one of them. ``transaction.atomic`` opens and commits the transaction.
 A datetime parameter is adapted the way Django adapts a ``DateTimeField``'s
 value for its backend (``db_datetime``: naive UTC text on SQLite).
 
-``synchronous`` sets SQLite's sync level for one transaction (a connection
-may change ``PRAGMA synchronous`` between transactions, never inside one).
+``synchronous`` sets SQLite's sync level for one transaction (SQLite refuses
+to change ``PRAGMA synchronous`` inside one: "Safety level may not be changed
+inside a transaction").
 """
 
 from __future__ import annotations
@@ -34,26 +37,24 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC
 from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
-from artifacts.models import Artifact
 from tasks.models import LEASE_DEAD, Conversation, Event, Step, Task, TaskArtifact
 
 S = Step.Status
-T = Task.Status
 
 T_TASK = Task._meta.db_table
 T_CONV = Conversation._meta.db_table
 T_STEP = Step._meta.db_table
 T_LINK = TaskArtifact._meta.db_table
 T_EVENT = Event._meta.db_table
-T_ART = Artifact._meta.db_table
 
 ERR_EVENT_DATA_TOO_LARGE = "event data must stay small (refs and sizes, not payloads)"
 MAX_EVENT_DATA_CHARS = 4096
@@ -70,16 +71,20 @@ def cursor():
     return connection.cursor()
 
 
-def fetch_one(cur, statement: str, params: Any = ()) -> tuple | None:
-    """Run ``statement`` on ``cur`` (Django's cursor); return its first row."""
-    cur.execute(statement, params)
-    return cur.fetchone()
+def parse_dt(value):
+    """A datetime as read by the driver (text on SQLite) -> an aware datetime."""
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if value is not None and value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value
 
 
-# -- the step row ----------------------------------------------------------------
+# -- the step ----------------------------------------------------------------------
 
-# The columns of the executor's step row, in ``step_row``'s order; the last is
-# the conversation owner's id (the owner of every artifact row a step writes).
+# The columns of the executor's step row (``StepRow``), in this
+# order, then the conversation owner's id (the owner of every artifact row a
+# step writes).
 STEP_COLUMNS = (
     "id",
     "position",
@@ -94,15 +99,12 @@ STEP_COLUMNS = (
     "generation",
     "next_attempt_at",
 )
-_OWNER_OF_TASK = (
-    f"(SELECT c.owner_id FROM {T_TASK} t JOIN {T_CONV} c "
-    f"ON c.id = t.conversation_id WHERE t.id = %s)"
-)
 
 
 @dataclass
 class StepRow:
-    """What the executor knows of the step it runs (``step_row`` builds it)."""
+    """The step row ``STEP_NEXT`` and ``STEP_START_NEXT`` return: what the
+    executor knows of the step it runs (``tasks.executor.step_row`` builds it)."""
 
     id: int
     task_id: int
@@ -121,68 +123,15 @@ class StepRow:
 
     @property
     def key(self) -> str:
+        """The call's idempotency key: only an explicit retry bumps the generation."""
         return f"pippa:{self.task_id}:{self.id}:{self.generation}"
 
-    def as_step(self) -> Step:
-        return Step(
-            **{name: getattr(self, name) for name in STEP_COLUMNS},
-            task_id=self.task_id,
-        )
-
-
-def step_row(task_id: int, values) -> StepRow:
-    """The step row from ``STEP_COLUMNS`` then the owner id, as any statement returns them."""
-    (
-        pk,
-        position,
-        title,
-        status,
-        tool,
-        args,
-        artifact_class,
-        side_effects,
-        attempts,
-        max_attempts,
-        generation,
-        next_attempt_at,
-        owner_id,
-    ) = values
-    if isinstance(args, (str, bytes, bytearray)):
-        args = json.loads(args)
-    return StepRow(
-        id=pk,
-        task_id=task_id,
-        position=position,
-        title=title,
-        status=status,
-        tool=tool,
-        args=args or {},
-        artifact_class=artifact_class,
-        side_effects=bool(side_effects),
-        attempts=attempts,
-        max_attempts=max_attempts,
-        generation=generation,
-        next_attempt_at=parse_dt(next_attempt_at),
-        owner_id=owner_id,
-    )
-
-
-def parse_dt(value):
-    """A datetime as read by the driver (text on SQLite) -> an aware datetime."""
-    if isinstance(value, str):
-        from django.utils.dateparse import parse_datetime
-
-        value = parse_datetime(value)
-    if value is not None and value.tzinfo is None:
-        from datetime import UTC
-
-        value = value.replace(tzinfo=UTC)
-    return value
-
-
-# -- statements --------------------------------------------------------------------
 
 _STEP_COLS = ", ".join(STEP_COLUMNS)
+_OWNER_OF_TASK = (
+    f"(SELECT c.owner_id FROM {T_TASK} t JOIN {T_CONV} c "
+    f"ON c.id = t.conversation_id WHERE t.id = %s)"
+)
 # What "finished" means is Step.Status's; a statement binds FINISHED's values.
 FINISHED = S.finished()
 _NOT_FINISHED = f"status NOT IN ({', '.join(['%s'] * len(FINISHED))})"
@@ -193,6 +142,12 @@ STEP_NEXT = (
     f"FROM {T_STEP} s JOIN {T_TASK} t ON t.id = s.task_id "
     f"JOIN {T_CONV} c ON c.id = t.conversation_id "
     f"WHERE s.task_id = %s AND s.{_NOT_FINISHED} ORDER BY s.position LIMIT 1"
+)
+# Whether that step has outside effects: read before commit 1 on SQLite,
+# whose sync level for a transaction is set before it begins.
+STEP_NEXT_EFFECTS = (
+    f"SELECT side_effects FROM {T_STEP} WHERE task_id = %s AND {_NOT_FINISHED} "
+    f"ORDER BY position LIMIT 1"
 )
 # The common case in one statement: the next step, if it is pending, due and
 # has attempts left, counts an attempt and runs.
@@ -232,114 +187,89 @@ LINK_PERSISTED = (
     f"VALUES (%s, %s, %s, %s, %s) ON CONFLICT (task_id, artifact_id, role) DO NOTHING"
 )
 
-# The lease. A dead lease: nobody holds it, no expiry, or the expiry passed
-# (``tasks.models.LEASE_DEAD``; one parameter: now).
+# -- event seqs and the lease ------------------------------------------------------
+
+_SEQS = "last_seq = last_seq + %s"
+_RETURNING = "RETURNING last_seq, steps_done, steps_total"
+
+# Anyone's reservation (``tasks.services.events_append``): count, task.
+SEQS_RESERVE = f"UPDATE {T_TASK} SET {_SEQS} WHERE id = %s {_RETURNING}"
+# The holder's append, only while it holds the lease, renewing it: count,
+# now, the new expiry, task, holder.
+SEQS_HELD = (
+    f"UPDATE {T_TASK} SET {_SEQS}, updated_at = %s, lease_expires_at = %s "
+    f"WHERE id = %s AND lease_owner = %s {_RETURNING}"
+)
+# The result's: the plan advances, the lease is checked and its expiry left
+# alone (no index entry rewritten): count, now, task, holder.
+SEQS_STEP_DONE = (
+    f"UPDATE {T_TASK} SET {_SEQS}, updated_at = %s, steps_done = steps_done + 1 "
+    f"WHERE id = %s AND lease_owner = %s {_RETURNING}"
+)
+# Give back seqs a renewal reserved and nothing used: count, task.
+SEQS_GIVE_BACK = f"UPDATE {T_TASK} SET last_seq = last_seq - %s WHERE id = %s"
+
+# The step's renewal of its own lease on a running task: count, now, the new
+# expiry, task, holder, running. Its status column is left alone.
+LEASE_RENEW = (
+    f"UPDATE {T_TASK} SET {_SEQS}, updated_at = %s, lease_expires_at = %s "
+    f"WHERE id = %s AND lease_owner = %s AND status = %s {_RETURNING}"
+)
+# The same for a queued task, which it sets running: count, now, the new
+# expiry, running, task, holder, queued.
+LEASE_RENEW_QUEUED = (
+    f"UPDATE {T_TASK} SET {_SEQS}, updated_at = %s, lease_expires_at = %s, "
+    f"status = %s WHERE id = %s AND lease_owner = %s AND status = %s {_RETURNING}"
+)
+# A dead lease (``tasks.models.LEASE_DEAD``: one parameter, now): read it,
+# then take it; the UPDATE re-checks the previous holder and the deadness.
 LEASE_READ = f"SELECT status, lease_owner, lease_expires_at FROM {T_TASK} WHERE id = %s"
-# Take a dead or free lease; the previous holder and the deadness are re-checked.
 LEASE_TAKE = (
     f"UPDATE {T_TASK} SET lease_owner = %s, lease_expires_at = %s, status = %s, "
     f"updated_at = %s WHERE id = %s AND lease_owner = %s AND {LEASE_DEAD} "
     f"AND status IN (%s, %s) RETURNING steps_total, steps_done"
 )
-LEASE_CLEAR = (
-    f"UPDATE {T_TASK} SET lease_owner = '', lease_expires_at = NULL WHERE id = %s"
+# The holder's release with the status its step decided: count, now, the two
+# statuses a person set that stand, the status, cancelled, finished_at, task,
+# holder. A person's cancel (or pause, against a mere re-queue) made while the
+# lease was held stands: the worker's bookkeeping does not undo it.
+LEASE_CLOSE = (
+    f"UPDATE {T_TASK} SET {_SEQS}, updated_at = %s, "
+    f"status = CASE WHEN status IN (%s, %s) THEN status ELSE %s END, "
+    f"finished_at = CASE WHEN status = %s THEN finished_at ELSE %s END, "
+    f"lease_owner = '', lease_expires_at = NULL "
+    f"WHERE id = %s AND lease_owner = %s {_RETURNING}"
 )
 # The holder's release at the step boundary of a person's pause or cancel.
 LEASE_CLEAR_STOPPED = (
     f"UPDATE {T_TASK} SET lease_owner = '', lease_expires_at = NULL "
     f"WHERE id = %s AND lease_owner = %s AND status IN (%s, %s) RETURNING status"
 )
-# Give back seqs a renewal reserved and nothing used.
-SEQS_GIVE_BACK = f"UPDATE {T_TASK} SET last_seq = last_seq - %s WHERE id = %s"
 
 
-@lru_cache(maxsize=32)
-def _seqs_sql(
-    *,
-    held: bool,
-    renew: bool,
-    status_was: bool,
-    status_to: bool,
-    done: bool,
-    close: bool,
-) -> str:
-    sets = ["last_seq = last_seq + %s"]
-    if held:
-        sets.append("updated_at = %s")
-    if renew:
-        sets.append("lease_expires_at = %s")
-    if status_to:
-        sets.append("status = %s")
-    if done:
-        sets.append("steps_done = steps_done + 1")
-    if close:
-        # A person's cancel (or pause, against a mere re-queue) made while the
-        # lease was held stands: the worker's bookkeeping does not undo it.
-        sets.append("status = CASE WHEN status IN (%s, %s) THEN status ELSE %s END")
-        sets.append("finished_at = CASE WHEN status = %s THEN finished_at ELSE %s END")
-    where = "id = %s"
-    if held:
-        where += " AND lease_owner = %s"
-    if status_was:
-        where += " AND status = %s"
-    return (
-        f"UPDATE {T_TASK} SET {', '.join(sets)} WHERE {where} "
-        f"RETURNING last_seq, steps_done, steps_total"
-    )
-
-
-def seqs_reserve(
+def events_write(
     cur,
-    task_id: int,
-    count: int,
+    statement: str,
+    params: list,
     *,
-    holder: str | None = None,
-    renew: bool = False,
-    status_was: str | None = None,
-    status_to: str | None = None,
-    step_done: bool = False,
-    close: tuple[str, Any, tuple[str, str]] | None = None,
+    task_id: int,
+    entries: list[tuple[str, int | None, dict[str, Any] | None]],
 ) -> tuple | None:
-    """Reserve ``count`` event seqs on the task row; return (last_seq,
-    steps_done, steps_total), or None when no row matched.
-
-    The one writer of ``last_seq``. One ``UPDATE … RETURNING`` in the
-    caller's transaction: the row lock (PostgreSQL) or the write lock
-    (SQLite, IMMEDIATE) orders appenders, and a rollback returns the numbers
-    with the events, so no gap appears. With ``holder`` it matches only while
-    that worker holds the lease (and stamps ``updated_at``), ``renew`` moves
-    the lease's expiry, ``status_was``/``status_to`` check and set the status
-    in the same statement, ``step_done`` counts a finished step, ``close`` is
-    the holder's release: (status, finished_at, the statuses a person set
-    that stand).
+    """Reserve seqs for ``entries`` with ``statement`` (one of the seq
+    statements above; ``params`` are its parameters after the count), then
+    insert the events under them. Return the statement's row, or None when
+    no row matched and nothing was written.
     """
-    now = timezone.now()
-    params: list[Any] = [count]
-    if holder is not None:
-        params.append(db_datetime(now))
-    if renew:
-        params.append(
-            db_datetime(now + timedelta(seconds=settings.PIPPA_LEASE_SECONDS))
+    cur.execute(statement, [len(entries), *params])
+    row = cur.fetchone()
+    if row is not None and entries:
+        events_insert(
+            task_id=task_id,
+            first_seq=row[0] - len(entries) + 1,
+            entries=entries,
+            created_at=timezone.now(),
         )
-    if status_to:
-        params.append(status_to)
-    if close:
-        status, finished, kept = close
-        params += [*kept, status, T.CANCELLED, db_datetime(finished)]
-    params.append(task_id)
-    if holder is not None:
-        params.append(holder)
-    if status_was:
-        params.append(status_was)
-    sql = _seqs_sql(
-        held=holder is not None,
-        renew=renew,
-        status_was=bool(status_was),
-        status_to=bool(status_to),
-        done=step_done,
-        close=bool(close),
-    )
-    return fetch_one(cur, sql, params)
+    return row
 
 
 def _encode_data(data: dict[str, Any] | None) -> str:
@@ -357,7 +287,7 @@ def events_insert(
     created_at,
     returning: bool = False,
 ) -> list[int]:
-    """INSERT events numbered from ``first_seq`` (reserved by ``seqs_reserve``)
+    """INSERT events numbered from ``first_seq`` (reserved by a seq statement)
     in one statement; the only writer of event rows. With ``returning`` the
     new ids come back in insert order."""
     created = db_datetime(created_at)
@@ -389,14 +319,6 @@ def _configured_level() -> str:
 def _level_in(init_command: str) -> str:
     match = re.search(r"synchronous\s*=\s*(\w+)", init_command)
     return match.group(1).upper() if match else "FULL"
-
-
-def relaxable() -> bool:
-    """Whether the transaction running now commits for itself at the level
-    ``synchronous`` set (SQLite, no outer transaction): the executor then
-    starts a step with outside effects again at FULL."""
-    db = connections[DEFAULT_DB_ALIAS]
-    return db.vendor == "sqlite" and len(db.atomic_blocks) <= 1
 
 
 @contextmanager

@@ -131,11 +131,6 @@ def _app_modules():
                 yield path
 
 
-# The one module still over it, split by a change of its own (issue 47's step
-# protocol); the entry must go once it is under, and no other may be added.
-NOT_YET_SPLIT = {"tasks/executor.py"}
-
-
 def test_no_module_of_the_apps_is_over_900_lines():
     assert any(p.parent.name == "pippa_mcp" for p in _app_modules())
     too_long = {
@@ -144,9 +139,4 @@ def test_no_module_of_the_apps_is_over_900_lines():
         if (lines := len(path.read_text().splitlines())) > MODULE_MAX_LINES
     }
 
-    assert set(too_long) - NOT_YET_SPLIT == set(), (
-        f"split these by what they serve: {too_long}"
-    )
-    assert set(too_long) >= NOT_YET_SPLIT, (
-        f"under {MODULE_MAX_LINES} lines now: drop it from NOT_YET_SPLIT"
-    )
+    assert too_long == {}, f"split these by what they serve: {too_long}"

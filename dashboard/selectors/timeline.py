@@ -16,7 +16,6 @@ from django.core.paginator import Page, Paginator
 from django.db.models import (
     Q,
 )
-from django.utils import timezone
 
 from artifacts.preview import preview_status
 from artifacts.selectors import search_headlines
@@ -38,6 +37,8 @@ from tasks.models import (
     Event,
     Step,
     Task,
+    lease_dead,
+    lease_dead_q,
 )
 from tasks.resume import envelope_read
 from tasks.rules import rule_words
@@ -69,7 +70,7 @@ def task_poll_state_for_user(
     if row is None:
         raise NotFound("No Task matches the given query.")
     last_seq, holder, expires = row
-    return last_seq, bool(holder) and expires is not None and expires >= timezone.now()
+    return last_seq, not lease_dead(holder, expires)
 
 
 def step_in_flight(*, task: Task, rows: list[StepRow] = ()) -> Step | None:
@@ -97,12 +98,7 @@ def worker_busy_elsewhere(*, task: Task) -> bool:
     Why a queued task waits: one worker steps one task at a time. Says
     nothing of the other task, which may be another user's.
     """
-    return (
-        Task.objects.exclude(pk=task.pk)
-        .exclude(lease_owner="")
-        .filter(lease_expires_at__gte=timezone.now())
-        .exists()
-    )
+    return Task.objects.exclude(pk=task.pk).exclude(lease_dead_q()).exists()
 
 
 def step_get_for_user(*, user, task_id: int, step_id: int, staff: bool = False) -> Step:

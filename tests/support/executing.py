@@ -29,7 +29,7 @@ def three_commit_executor() -> Iterator[None]:
     """Make the executor commit ``payload_persisted`` on its own right after
     the payload file, as the three-commit executor did; arm ``after_blob`` to
     stop it there."""
-    real = executor._persist_blob
+    real = executor.payload_write
 
     def persist(row, default_media, output):
         payload = real(row, default_media, output)
@@ -40,11 +40,11 @@ def three_commit_executor() -> Iterator[None]:
             )
         return payload
 
-    executor._persist_blob = persist
+    executor.payload_write = persist
     try:
         yield
     finally:
-        executor._persist_blob = real
+        executor.payload_write = real
 
 
 def boundary_of(point: str):

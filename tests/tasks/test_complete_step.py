@@ -10,7 +10,7 @@ from artifacts.models import Artifact
 from artifacts.services import ArtifactError, artifact_store
 from artifacts.store import default_store
 from pippa_site.errors import Invalid, LeaseConflict
-from tasks import crashpoints, executor
+from tasks import agent_step, crashpoints
 from tasks.actions import (
     ActionError,
     step_complete,
@@ -18,8 +18,9 @@ from tasks.actions import (
     task_cancel,
     task_pause,
 )
+from tasks.agent_step import StepRefused
 from tasks.crashpoints import SimulatedCrash
-from tasks.executor import StepRefused, step
+from tasks.executor import step
 from tasks.models import Event, Step, Task
 from tasks.plan import task_create
 from tests.support.executing import check_invariants, expire_lease, invocations
@@ -201,7 +202,7 @@ def test_a_full_disk_leaves_the_step_open_with_the_reason(task, monkeypatch):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(executor, "_persist_blob", full)
+    monkeypatch.setattr(agent_step, "payload_write", full)
     outcome = complete(task, 1)
     assert outcome.completed is False
     assert "could not be saved: disk full" in outcome.detail

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from artifacts.models import Artifact
 from pippa_site.errors import Conflict
-from tasks import actions
+from tasks import actions, statements
 from tasks.actions import (
     ERR_LEASE_CHANGING,
     step_resolve,
@@ -679,6 +679,48 @@ def test_a_step_of_a_running_task_takes_ten_statements_in_two_commits(
     task.refresh_from_db()
     assert seqs == list(range(1, task.last_seq + 1))
     assert task.steps_done == 2
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(
+    connection.vendor != "sqlite", reason="SQLite sets a sync level per transaction"
+)
+@pytest.mark.parametrize("configured", ["FULL", "NORMAL"])
+@pytest.mark.parametrize(
+    ("tool", "start_level"), [("test.effect", "FULL"), ("test.fetch", "NORMAL")]
+)
+def test_a_step_begins_once_at_full_sync_only_for_outside_effects(
+    configured, tool, start_level, make_conversation, blob_store, settings
+):
+    options = settings.DATABASES["default"].setdefault("OPTIONS", {})
+    options["init_command"] = f"PRAGMA synchronous={configured};"
+    task = task_create(
+        conversation=make_conversation(),
+        title="two steps",
+        steps=[{"title": f"step {n}", "tool": tool} for n in range(2)],
+    )
+    step(task_id=task.pk, worker_id="w1")  # takes the lease
+    ran: list[tuple[str, str]] = []  # (statement, the sync level in force)
+    level = [configured]
+
+    def record(execute, statement, params, many, context):
+        if statement.startswith("PRAGMA synchronous = "):
+            level[0] = statement.rsplit(" ", 1)[-1]
+        ran.append((statement, level[0]))
+        return execute(statement, params, many, context)
+
+    with connection.execute_wrapper(record):
+        outcome = step(task_id=task.pk, worker_id="w1")
+
+    assert (outcome.status, outcome.position) == ("done", 2)
+    # One begin: the lease renewed once, the step picked and started once;
+    # with outside effects at FULL, so its start is on disk before the call.
+    renewals = [at for sql, at in ran if sql == statements.LEASE_RENEW]
+    starts = [at for sql, at in ran if sql == statements.STEP_START_NEXT]
+    assert renewals == [start_level]
+    assert starts == [start_level]
+    started = Event.objects.filter(task=task, kind="tool_call_started")
+    assert started.count() == 2
 
 
 @pytest.mark.django_db

@@ -200,7 +200,7 @@ def test_the_store_probe_finds_a_full_files_root_kept_apart_from_the_blobs(
 
 
 def fail_finish_once(monkeypatch, message: str = "database or disk is full") -> None:
-    real = executor._finish
+    real = executor.result_commit
     calls = {"n": 0}
 
     def failing(*args, **kwargs):
@@ -209,7 +209,7 @@ def fail_finish_once(monkeypatch, message: str = "database or disk is full") -> 
             raise OperationalError(message)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(executor, "_finish", failing)
+    monkeypatch.setattr(executor, "result_commit", failing)
 
 
 @pytest.mark.django_db

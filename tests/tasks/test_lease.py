@@ -7,15 +7,31 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.conf import settings
+from django.db import connection, transaction
 from django.urls import reverse
 from django.utils import timezone
 
+from dashboard.selectors.timeline import (
+    task_poll_state_for_user,
+    worker_busy_elsewhere,
+)
+from tasks import statements as sql
 from tasks.actions import step_resolve, step_resolve_options
+from tasks.doctor import _open_envelopes
 from tasks.executor import step
-from tasks.lease import lease_release
-from tasks.models import LEASE_DEAD, Event, Step, Task
+from tasks.lease import lease_release, lease_take
+from tasks.models import (
+    LEASE_DEAD,
+    Event,
+    Step,
+    Task,
+    lease_dead,
+    lease_dead_q,
+    needs_you_q,
+)
 from tasks.plan import task_create
+from tasks.services import events_append
 from tests.support.executing import crash_at, expire_lease
 
 PLAN = [{"title": "Closes", "tool": "demo.closes", "args": {}}]
@@ -44,12 +60,64 @@ def _dead_by_sql(task_id: int) -> bool:
         return cursor.fetchone() is not None
 
 
+def _taken(task: Task) -> tuple[bool, bool]:
+    """Whether another worker takes the lease: through ``lease_take`` (its
+    read of the holder), and by the ``LEASE_TAKE`` statement alone; each in a
+    savepoint rolled back."""
+    answers = []
+    for take in (_take_by_lease_take, _take_by_statement):
+        with transaction.atomic():
+            answers.append(take(task))
+            transaction.set_rollback(True)
+    return answers[0], answers[1]
+
+
+def _take_by_lease_take(task: Task) -> bool:
+    return lease_take(sql.cursor(), task.pk, "worker:next") is not None
+
+
+def _take_by_statement(task: Task) -> bool:
+    now = sql.db_datetime(timezone.now())
+    cursor = sql.cursor()
+    cursor.execute(
+        sql.LEASE_TAKE,
+        [
+            "worker:next",
+            now,
+            Task.Status.RUNNING,
+            now,
+            task.pk,
+            task.lease_owner,
+            now,
+            Task.Status.QUEUED,
+            Task.Status.RUNNING,
+        ],
+    )
+    return cursor.fetchone() is not None
+
+
+def _stopped_readers(task: Task) -> tuple[bool, bool]:
+    """A person stopped the task while its first step was in flight: whether
+    the step needs a person now (``needs_you_q``), and whether the doctor
+    calls its envelope one no worker will resolve (a lease later)."""
+    Task.objects.filter(pk=task.pk).update(status=Task.Status.NEEDS_REVIEW)
+    first = Step.objects.filter(task=task).order_by("position").first()
+    Step.objects.filter(pk=first.pk).update(status=Step.Status.RUNNING)
+    events_append(
+        task_id=task.pk, entries=[(Event.Kind.TOOL_CALL_STARTED, first.pk, {})]
+    )
+    needs_you = Step.objects.filter(needs_you_q(), pk=first.pk).exists()
+    later = timezone.now() + timedelta(seconds=settings.PIPPA_LEASE_SECONDS + 1)
+    doctor = any(found[2] == first.pk for found in _open_envelopes(later))
+    return needs_you, doctor
+
+
 CASES = {
     # name: (owner, expiry from now in seconds or None, dead?)
     "no holder": ("", None, True),
     "holder with no expiry": ("worker:gone", None, True),
     "holder past expiry": ("worker:gone", -5, True),
-    "holder before expiry": ("worker:live", 300, False),
+    "holder before expiry": ("worker:live", 3600, False),
 }
 
 
@@ -59,14 +127,27 @@ def test_every_reader_of_a_lease_agrees_whether_it_is_dead(case, make_conversati
     owner, seconds, dead = CASES[case]
     expires = None if seconds is None else timezone.now() + timedelta(seconds=seconds)
     task = _task(make_conversation, owner=owner, expires=expires)
+    other = _task(make_conversation, owner="", expires=None)
+    user = task.conversation.owner
 
-    assert Task.objects.lease_dead().filter(pk=task.pk).exists() is dead
-    assert task.lease_live is not dead
+    # The rule's three spellings (tasks.models.LEASE_DEAD_WHEN).
+    assert lease_dead(owner, expires) is dead
+    assert Task.objects.filter(lease_dead_q(), pk=task.pk).exists() is dead
     assert _dead_by_sql(task.pk) is dead
+    # Their readers: the ORM's, one row's, a step's task, the dashboard's.
+    assert Task.objects.lease_dead().filter(pk=task.pk).exists() is dead
+    assert Step.objects.filter(lease_dead_q("task__"), task=task).exists() is dead
+    assert task.lease_live is not dead
     assert Task.objects.runnable().filter(pk=task.pk).exists() is dead
     stale = dead and bool(owner)
     assert Task.objects.lease_stale().filter(pk=task.pk).exists() is stale
     assert task.lease_expired is stale
+    assert task_poll_state_for_user(user=user, task_id=task.pk)[1] is not dead
+    assert worker_busy_elsewhere(task=other) is not dead
+    # The hot path's take: the holder's read, then the statement's re-check.
+    assert _taken(task) == (dead, dead)
+    # The hand-written statements of the needs-you rule and the doctor.
+    assert _stopped_readers(task) == (dead, dead)
 
 
 @pytest.mark.django_db

@@ -14,6 +14,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from tasks import statements as sql
+from tasks.executor import step_row
 from tasks.models import Step, Task, TaskArtifact
 from tasks.plan import task_create
 
@@ -244,15 +245,6 @@ CASES = [
         lambda t, a: take_orm(t, previous="old"),
     ),
     (
-        "LEASE_CLEAR",
-        {"task": {"lease_owner": "w", "lease_expires_at": NOW}},
-        lambda c, t, a: run(c, sql.LEASE_CLEAR, [t.pk]),
-        lambda t, a: (
-            Task.objects.filter(pk=t.pk).update(lease_owner="", lease_expires_at=None)
-            and None
-        ),
-    ),
-    (
         "LEASE_CLEAR_STOPPED of a paused task",
         {"task": {"lease_owner": "w", "lease_expires_at": NOW, "status": T.PAUSED}},
         lambda c, t, a: c.execute(
@@ -277,17 +269,17 @@ CASES = [
         ),
     ),
     (
-        "seqs_reserve, anyone's",
+        "SEQS_RESERVE, anyone's",
         {"task": {"last_seq": 3}},
-        lambda c, t, a: sql.seqs_reserve(c, t.pk, 2)[0],
+        lambda c, t, a: one(c, sql.SEQS_RESERVE, [2, t.pk]),
         lambda t, a: reserve_orm(t, 2),
     ),
     (
-        "seqs_reserve, the holder's renewal of a running task",
+        "LEASE_RENEW, the holder's renewal of a running task",
         {"task": {"last_seq": 3, "lease_owner": "w", "status": T.RUNNING}},
-        lambda c, t, a: sql.seqs_reserve(
-            c, t.pk, 1, holder="w", renew=True, status_was=T.RUNNING
-        )[0],
+        lambda c, t, a: one(
+            c, sql.LEASE_RENEW, [1, dt(NOW), dt(NOW), t.pk, "w", T.RUNNING]
+        ),
         lambda t, a: reserve_orm(
             t,
             1,
@@ -297,17 +289,21 @@ CASES = [
         ),
     ),
     (
-        "seqs_reserve, a queued task's renewal sets it running",
+        "LEASE_RENEW of a queued task: nothing",
         {"task": {"lease_owner": "w", "status": T.QUEUED}},
-        lambda c, t, a: sql.seqs_reserve(
+        lambda c, t, a: one(
+            c, sql.LEASE_RENEW, [1, dt(NOW), dt(NOW), t.pk, "w", T.RUNNING]
+        ),
+        lambda t, a: reserve_orm(t, 1, Q(lease_owner="w", status=T.RUNNING)),
+    ),
+    (
+        "LEASE_RENEW_QUEUED, a queued task's renewal sets it running",
+        {"task": {"lease_owner": "w", "status": T.QUEUED}},
+        lambda c, t, a: one(
             c,
-            t.pk,
-            0,
-            holder="w",
-            renew=True,
-            status_was=T.QUEUED,
-            status_to=T.RUNNING,
-        )[0],
+            sql.LEASE_RENEW_QUEUED,
+            [0, dt(NOW), dt(NOW), T.RUNNING, t.pk, "w", T.QUEUED],
+        ),
         lambda t, a: reserve_orm(
             t,
             0,
@@ -318,36 +314,70 @@ CASES = [
         ),
     ),
     (
-        "seqs_reserve, another worker's lease: nothing",
+        "SEQS_HELD, another worker's lease: nothing",
         {"task": {"lease_owner": "other", "status": T.RUNNING}},
-        lambda c, t, a: sql.seqs_reserve(c, t.pk, 1, holder="w"),
+        lambda c, t, a: one(c, sql.SEQS_HELD, [1, dt(NOW), dt(NOW), t.pk, "w"]),
         lambda t, a: reserve_orm(t, 1, Q(lease_owner="w")),
     ),
     (
-        "seqs_reserve, a result: the plan advances",
+        "SEQS_HELD, the holder's append renews the lease",
         {"task": {"lease_owner": "w", "status": T.RUNNING}},
-        lambda c, t, a: sql.seqs_reserve(c, t.pk, 2, holder="w", step_done=True)[0],
+        lambda c, t, a: one(c, sql.SEQS_HELD, [2, dt(NOW), dt(NOW), t.pk, "w"]),
+        lambda t, a: reserve_orm(
+            t, 2, Q(lease_owner="w"), updated_at=NOW, lease_expires_at=NOW
+        ),
+    ),
+    (
+        "SEQS_STEP_DONE, a result: the plan advances, the expiry stays",
+        {"task": {"lease_owner": "w", "status": T.RUNNING, "lease_expires_at": NOW}},
+        lambda c, t, a: one(c, sql.SEQS_STEP_DONE, [2, dt(NOW), t.pk, "w"]),
         lambda t, a: reserve_orm(
             t, 2, Q(lease_owner="w"), updated_at=NOW, steps_done=F("steps_done") + 1
         ),
     ),
     (
-        "seqs_reserve, the holder's close: done",
-        {"task": {"lease_owner": "w", "status": T.RUNNING}},
-        lambda c, t, a: sql.seqs_reserve(
-            c, t.pk, 1, holder="w", close=(T.DONE, NOW, (T.CANCELLED,) * 2)
-        )[0],
+        "SEQS_STEP_DONE, another worker's lease: nothing",
+        {"task": {"lease_owner": "other", "status": T.RUNNING}},
+        lambda c, t, a: one(c, sql.SEQS_STEP_DONE, [2, dt(NOW), t.pk, "w"]),
+        lambda t, a: reserve_orm(t, 2, Q(lease_owner="w")),
+    ),
+    (
+        "LEASE_CLOSE, the holder's close: done",
+        {"task": {"lease_owner": "w", "status": T.RUNNING, "lease_expires_at": NOW}},
+        lambda c, t, a: one(
+            c,
+            sql.LEASE_CLOSE,
+            [1, dt(NOW), *(T.CANCELLED,) * 2, T.DONE, T.CANCELLED, dt(NOW), t.pk, "w"],
+        ),
         lambda t, a: close_orm(t, T.DONE, NOW, (T.CANCELLED,)),
     ),
     (
-        "seqs_reserve, the holder's re-queue keeps a person's pause",
+        "LEASE_CLOSE, the holder's re-queue keeps a person's pause",
         {"task": {"lease_owner": "w", "status": T.PAUSED}},
-        lambda c, t, a: sql.seqs_reserve(
-            c, t.pk, 1, holder="w", close=(T.QUEUED, None, (T.CANCELLED, T.PAUSED))
-        )[0],
+        lambda c, t, a: one(
+            c,
+            sql.LEASE_CLOSE,
+            [1, dt(NOW), T.CANCELLED, T.PAUSED, T.QUEUED, T.CANCELLED, None, t.pk, "w"],
+        ),
         lambda t, a: close_orm(t, T.QUEUED, None, (T.CANCELLED, T.PAUSED)),
     ),
+    (
+        "LEASE_CLOSE of another worker's lease: nothing",
+        {"task": {"lease_owner": "other", "status": T.RUNNING}},
+        lambda c, t, a: one(
+            c,
+            sql.LEASE_CLOSE,
+            [1, dt(NOW), *(T.CANCELLED,) * 2, T.DONE, T.CANCELLED, dt(NOW), t.pk, "w"],
+        ),
+        lambda t, a: reserve_orm(t, 1, Q(lease_owner="w")),
+    ),
 ]
+
+
+def one(cur, statement: str, params):
+    """A statement with RETURNING: its first row, or None."""
+    cur.execute(statement, params)
+    return cur.fetchone()
 
 
 def run(cur, statement: str, params) -> None:
@@ -356,7 +386,7 @@ def run(cur, statement: str, params) -> None:
 
 
 def step_row_id(values):
-    return None if values is None else sql.step_row(0, values).id
+    return None if values is None else step_row(0, values).id
 
 
 def start_next_orm(task):
@@ -410,7 +440,12 @@ def reserve_orm(task, count, where: Q | None = None, **changes):
 def close_orm(task, status, finished, kept):
     rows = Task.objects.filter(pk=task.pk, lease_owner="w")
     current = rows.get()
-    changes = {"last_seq": F("last_seq") + 1, "updated_at": NOW}
+    changes = {
+        "last_seq": F("last_seq") + 1,
+        "updated_at": NOW,
+        "lease_owner": "",
+        "lease_expires_at": None,
+    }
     if current.status not in kept:
         changes["status"] = status
     if current.status != T.CANCELLED:
@@ -468,16 +503,7 @@ def test_no_status_is_spelled_in_the_statements():
         for key, value in vars(sql).items()
         if key.isupper() and isinstance(value, str) and " " in value
     ]
-    texts.append(
-        sql._seqs_sql(
-            held=True,
-            renew=True,
-            status_was=True,
-            status_to=True,
-            done=True,
-            close=True,
-        )
-    )
+    assert len(texts) > 10
     spelled = {
         status
         for text in texts
