@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import (
@@ -34,6 +34,8 @@ MSG_SIGNED_OUT = (
     " next request on."
 )
 ERR_SIGNED_OUT = "that sign-in has already ended"
+ERR_TOKEN_NOT_FOUND = "API token {id} not found"
+ERR_GRANT_NOT_FOUND = "MCP sign-in {id} not found"
 # The form's value for a token that lasts until it is revoked.
 NEVER = "never"
 
@@ -94,7 +96,9 @@ def token_new(request: HttpRequest) -> HttpResponse:
 @login_required
 def token_revoke_view(request: HttpRequest, token_id: int) -> HttpResponse:
     """GET: say what revoking does and ask; POST: revoke."""
-    token = get_object_or_404(ApiToken.objects.for_user(request.user), pk=token_id)
+    token = ApiToken.objects.get_for_user(
+        request.user, token_id, error=ERR_TOKEN_NOT_FOUND.format(id=token_id)
+    )
     if request.method == "GET":
         if not token.is_active:
             messages.error(request, ERR_TOKEN_REVOKED)
@@ -113,7 +117,9 @@ def token_revoke_view(request: HttpRequest, token_id: int) -> HttpResponse:
 @login_required
 def grant_revoke_view(request: HttpRequest, grant_id: int) -> HttpResponse:
     """GET: say what signing an MCP client out does and ask; POST: sign it out."""
-    grant = get_object_or_404(OAuthGrant.objects.for_user(request.user), pk=grant_id)
+    grant = OAuthGrant.objects.get_for_user(
+        request.user, grant_id, error=ERR_GRANT_NOT_FOUND.format(id=grant_id)
+    )
     if request.method == "GET":
         if not grant.is_active:
             messages.error(request, ERR_SIGNED_OUT)

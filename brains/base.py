@@ -12,7 +12,7 @@ the conversation, which carries it back to the adapter unread.
 
 HTTP is the standard library's ``urllib``: a timeout on every request, a few
 retries with backoff for the failures that are worth retrying (timeouts,
-connection errors, 408/409/429/5xx), waiting as long as a ``Retry-After``
+connection errors, 408/409/429/500/502/503/504/529), waiting as long as a ``Retry-After``
 header asks (up to a cap), and a ``BrainError`` that says which vendor failed
 and why, in the vendor's own words when it gave any.
 """

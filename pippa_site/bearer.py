@@ -7,7 +7,8 @@ The ground imports no app: the router's authenticator is named by the
 ``PIPPA_BEARER_AUTHENTICATE`` setting (the JSON API's
 ``api.services.token_authenticate``), read with ``import_string``; the MCP
 door passes its own (static API tokens and MCP sign-ins, ``api.oauth``).
-Runs on a pool thread (``SyncPool.run``).
+Runs on a worker thread, never on the event loop (the router's ``sync_to_async``;
+the MCP door's own threads).
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 Every knob has a default that lets a fresh checkout run: SQLite in the data
 dir, a secret key generated once and kept there, DEBUG off. The table in
-docs/configuration.md lists the variables.
+docs/configuration.md lists the variables. Two settings are not variables:
+PIPPA_BEARER_AUTHENTICATE and PIPPA_MCP_APP name the doors the ground reaches
+without importing an app.
 """
 
 from __future__ import annotations
