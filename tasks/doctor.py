@@ -23,11 +23,11 @@ Repair order (each step may free rows for the next):
    expired one.
 6. Blob unlinks a killed delete left written down (``PendingUnlink``):
    finished at once, no grace period.
-   Data files and folders other accounts could read (the data folder, the
+7. Data files and folders other accounts could read (the data folder, the
    database's files, the blob store, the class-1 files): tightened to 0700
    folders, 0600 database files, 0400 blob and class-1 files
    (``pippa_site.private``, ``tasks.tools.files_loose_paths``).
-7. Tool-call envelopes still open on a step no worker will ever pick up (its
+8. Tool-call envelopes still open on a step no worker will ever pick up (its
    task is done, failed or waiting for a person): the step goes to
    ``needs_review``, with an event saying why.
 

@@ -388,12 +388,6 @@ class StepStatus(models.TextChoices):
         the partial index tasks_step_attention, a task's few, not its hundreds."""
         return (cls.RUNNING, cls.FAILED, cls.NEEDS_REVIEW)
 
-    @classmethod
-    def finished_sql(cls) -> str:
-        """``finished()`` written out as an SQL list, for a statement that must
-        name the statuses in its text (the executor's bind them as parameters)."""
-        return cls.sql_list(cls.finished())
-
     @staticmethod
     def sql_list(statuses) -> str:
         """Statuses written out as an SQL list: ``('done', 'skipped')``."""

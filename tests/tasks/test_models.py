@@ -34,7 +34,7 @@ def test_finished_and_not_done_split_a_tasks_steps_in_sql_as_in_python(make_task
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT title FROM {table} WHERE task_id = %s"
-            f" AND status NOT IN {Step.Status.finished_sql()}",
+            f" AND status NOT IN {Step.Status.sql_list(Step.Status.finished())}",
             [task.pk],
         )
         by_sql = {row[0] for row in cursor.fetchall()}
