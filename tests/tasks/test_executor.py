@@ -690,10 +690,12 @@ def test_a_step_of_a_running_task_takes_ten_statements_in_two_commits(
     ("tool", "start_level"), [("test.effect", "FULL"), ("test.fetch", "NORMAL")]
 )
 def test_a_step_begins_once_at_full_sync_only_for_outside_effects(
-    configured, tool, start_level, make_conversation, blob_store, settings
+    configured, tool, start_level, make_conversation, blob_store, settings, monkeypatch
 ):
-    options = settings.DATABASES["default"].setdefault("OPTIONS", {})
-    options["init_command"] = f"PRAGMA synchronous={configured};"
+    # The configured level, put back after the test: later connections (other
+    # tests' threads) open with the settings' own init_command.
+    options = settings.DATABASES["default"]["OPTIONS"]
+    monkeypatch.setitem(options, "init_command", f"PRAGMA synchronous={configured};")
     task = task_create(
         conversation=make_conversation(),
         title="two steps",
