@@ -233,8 +233,7 @@ def _database() -> dict:
             # Django switches foreign keys on for every new SQLite connection;
             # WAL lets readers run beside the writer; IMMEDIATE takes the write
             # lock at BEGIN so two writers queue instead of failing mid-way.
-            "init_command": f"PRAGMA journal_mode=WAL; PRAGMA synchronous={synchronous};"
-            + f" PRAGMA mmap_size={env_int('PIPPA_SQLITE_MMAP', 0)};",
+            "init_command": f"PRAGMA journal_mode=WAL; PRAGMA synchronous={synchronous};",
             "transaction_mode": "IMMEDIATE",
             # Busy timeout: how long a writer waits for the write lock before
             # "database is locked" (a worker then backs off and tries again).
