@@ -338,6 +338,11 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("PIPPA_MAX_FORM_BYTES", 2_621_440)
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
 DATA_UPLOAD_MAX_NUMBER_FILES = 10
 FILE_UPLOAD_MAX_MEMORY_SIZE = env_int("PIPPA_BODY_MEMORY_BYTES", 64 * 1024)
+# A client that has not signed in (no session with a user, no token that
+# passes) sends at most this much: a login form, a sign-in request. Larger
+# is a 413 before the body is read, so clients that never signed in cannot
+# keep the server reading bodies (docs/serving-and-bench.md).
+PIPPA_MAX_ANONYMOUS_BODY_BYTES = env_int("PIPPA_MAX_ANONYMOUS_BODY_BYTES", 64 * 1024)
 
 # The server's bounds per web process (pippa_site/shedding.py): the request
 # head must be in within PIPPA_HEAD_SECONDS of the connection (or the last

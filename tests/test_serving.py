@@ -374,7 +374,7 @@ def test_slow_clients_and_held_streams_do_not_keep_the_login_page_waiting(
             hold(
                 b"POST /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                 b"Content-Type: application/x-www-form-urlencoded\r\n"
-                b"Content-Length: 100000\r\n\r\nusername="
+                b"Content-Length: 60000\r\n\r\nusername="
             )
         for _ in range(10):  # an MCP call whose body never ends
             hold(
@@ -667,7 +667,7 @@ def test_every_phase_a_client_controls_has_a_deadline(
             port,
             b"POST /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b"Content-Type: application/x-www-form-urlencoded\r\n"
-            b"Content-Length: 100000\r\n\r\nusername=",
+            b"Content-Length: 60000\r\n\r\nusername=",
         )
         unread = _connect(
             port,
@@ -715,17 +715,31 @@ def _hold_body(port: int, declared: int, send: int) -> socket.socket:
 def test_held_bodies_cost_the_web_process_little_memory(start_gunicorn):
     """The audit: 100 clients each sending all but the last bytes of a 2.5 MiB
     form to /login/, without logging in, took the web process from 132 to 498 MB
-    (200: 830 MB). Now a body is spooled to disk past 64 KiB: with 200 held, the
-    process stays within 1.5x its idle memory, and the login page answers while
-    they are held (once the server has taken in the 500 MB they sent, which
-    takes its event loop a while on any server)."""
+    (200: 830 MB). Now such a body is refused before it is read (a client that
+    has not signed in sends at most PIPPA_MAX_ANONYMOUS_BODY_BYTES), and 200
+    bodies as large as it may send, held unfinished, keep the process within
+    1.5x its idle memory while the login page answers."""
     from concurrent.futures import ThreadPoolExecutor
+
+    from django.conf import settings
 
     proc, port = start_gunicorn()
     for _ in range(20):
         assert _get(port, "/login/").status == 200
     idle = _rss_kib(proc.pid)
-    declared = 2_600_000
+
+    audit = _connect(
+        port,
+        b"POST /login/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/x-www-form-urlencoded\r\n"
+        b"Content-Length: 2600000\r\n\r\n",
+    )
+    answer = _first_bytes(audit, timeout=10)
+    audit.close()
+    assert answer is not None
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:80]
+
+    declared = settings.PIPPA_MAX_ANONYMOUS_BODY_BYTES
     with ThreadPoolExecutor(20) as pool:
         held = list(
             pool.map(lambda _: _hold_body(port, declared, declared - 100), range(200))
