@@ -84,7 +84,9 @@ def _call(headers: dict[str, str], chunks: list[bytes], *, declare: bool = True)
 
     anyio.run(BodyLimit(stub), scope, receive, send)
     start = next(m for m in sent if m["type"] == "http.response.start")
-    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    body = b"".join(
+        m.get("body", b"") for m in sent if m["type"] == "http.response.body"
+    )
     return stub, start["status"], body, asked
 
 
