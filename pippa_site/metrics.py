@@ -20,6 +20,7 @@ mmapped file write under a lock).
 
 from __future__ import annotations
 
+import glob
 import hmac
 import os
 import threading
@@ -174,12 +175,36 @@ def exposition(*collectors) -> tuple[bytes, str]:
     registry = CollectorRegistry(auto_describe=True)
     path = multiprocess_dir()
     if path is not None:
-        MultiProcessCollector(registry, path=path)
+        registry.register(_HostFiles(path))
     else:
         registry.register(_ThisProcess())
     for collector in collectors:
         registry.register(collector)
     return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+class _HostFiles:
+    """prometheus-client's multiprocess merge over the host's files that hold
+    something. A process creates its file before it sizes it, so a scrape in
+    that moment finds an empty file, and one killed in it leaves that file for
+    good; the library's own collector then fails every scrape on it
+    (prometheus/client_python#1199). An empty file has recorded nothing: it is
+    passed over, and the other processes' counts are still read."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def collect(self):
+        files = []
+        for name in glob.glob(os.path.join(self.path, "*.db")):
+            try:
+                if os.path.getsize(name) > 0:
+                    files.append(name)
+            except (
+                FileNotFoundError
+            ):  # removed since the glob (`make run` empties the folder)
+                continue
+        return MultiProcessCollector.merge(files, accumulate=True)
 
 
 class _ThisProcess:

@@ -250,10 +250,12 @@ def subprocess_env(settings, tmp_path):
     Use with ``transactional_db`` so the rows a test writes are committed.
     """
     db = connection.settings_dict
+    # Not this process's metrics folder either: a child counts into its own
+    # data folder's unless a test hands it one.
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in {"DATABASE_URL", "PIPPA_BLOB_URL"}
+        if k not in {"DATABASE_URL", "PIPPA_BLOB_URL", "PROMETHEUS_MULTIPROC_DIR"}
     }
     env["DJANGO_SETTINGS_MODULE"] = "pippa_site.settings"
     env["PIPPA_DATA_DIR"] = str(tmp_path / "child-data")

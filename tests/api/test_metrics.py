@@ -4,6 +4,9 @@ staff or a scraper with the token; 403 for anyone else."""
 from __future__ import annotations
 
 import asyncio
+import os
+import pathlib
+import shutil
 import subprocess
 
 import pytest
@@ -159,6 +162,41 @@ def test_a_scrape_with_the_token_shows_every_family_with_live_values_after_a_run
     assert value(after, "pippa_notices", state="sent") == 1
     assert value(after, "pippa_blob_store_bytes") > 0
     assert value(after, "pippa_blob_store_blobs") >= 5
+
+
+@pytest.mark.django_db
+def test_an_empty_file_a_process_left_in_the_folder_leaves_the_scrape_answering(
+    client, make_conversation, settings, tmp_path
+):
+    """A process creates its counters' file before it sizes it: a scrape at
+    that moment, or after the process was killed in it, finds an empty file.
+    The other processes' counts and the database's figures are still read."""
+    settings.PIPPA_METRICS_TOKEN = TOKEN
+    host = tmp_path / "host-metrics"
+    host.mkdir()
+    run_task(
+        task_create(conversation=make_conversation(), title="w", steps=PLAN[:1]).pk
+    )
+    # Another process's counts: this one's files, copied as they are now.
+    own = pathlib.Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    for name in own.glob(f"counter_{os.getpid()}.db"):
+        shutil.copy(name, host / "counter_1000001.db")
+    (host / "counter_1000002.db").write_bytes(b"")  # killed before it sized it
+    (host / "histogram_1000002.db").write_bytes(b"")
+    settings.PIPPA_METRICS_DIR = host
+
+    samples = scrape(client)
+
+    assert value(samples, "pippa_tasks", status="done") == 1
+    assert (
+        value(
+            samples,
+            "pippa_steps_finished_total",
+            artifact_class="1",
+            outcome="done",
+        )
+        >= 1
+    )
 
 
 @pytest.mark.django_db
