@@ -171,9 +171,9 @@ class StepRow:
 
     @cached_property
     def fragment_key(self) -> str:
-        """The key under which the page may keep this row's drawn parts (its
-        head and body, not its bars, which follow the clock) in Django's
-        "fragments" cache, or "" for a row that is drawn every time.
+        """The key under which the page may keep this row drawn (all of it
+        but its bars' axis, which follows the clock) in Django's "fragments"
+        cache, or "" for a row that is drawn every time.
 
         The key is everything those parts show: the step's fields, its
         output's, what the row read of the output and of the step's events,

@@ -6,6 +6,7 @@ row whose step changed in any way is drawn anew.
 
 from __future__ import annotations
 
+import html
 import re
 from datetime import timedelta
 
@@ -64,10 +65,15 @@ def test_a_page_drawn_from_kept_rows_is_the_page_drawn_afresh(dad_client, fetch_
     assert set(fresh) == {"step-1", "step-2", "step-3", "step-4"}
     # The same rows; only the axis has grown meanwhile (the task runs on).
     assert _axis_free(kept) == _axis_free(fresh)
-    _, rows, _ = task_timeline(task=task)
+    _, rows, clock = task_timeline(task=task)
     for row in rows[:2]:
-        for part in ("step-row-head", "step-row-body"):
-            key = make_template_fragment_key(part, [row.fragment_key])
+        # The whole row, in two parts around its bars' axis (the one thing
+        # that follows the clock).
+        for part, vary_on in [
+            ("step-row-open", [row.fragment_key, "page"]),
+            ("step-row-close", [row.fragment_key, clock.started_at]),
+        ]:
+            key = make_template_fragment_key(part, vary_on)
             assert caches["fragments"].get(key) is not None
 
 
@@ -123,3 +129,25 @@ def test_two_rows_that_differ_in_anything_they_show_have_different_keys(fetch_ta
     _, again, _ = task_timeline(task=task)
     assert again[0].fragment_key != first
     assert again[1].fragment_key == second
+
+
+def test_a_kept_row_swaps_out_of_band_in_a_live_update_and_never_on_the_page(
+    dad_client, fetch_task
+):
+    """The same settled row is kept once for the page and once for the live
+    update, which must carry htmx's out-of-band mark (and the page must not)."""
+    task = _ran(fetch_task(4), 1)
+    page = _page(dad_client, task)
+    poll = html.unescape(re.search(r'id="live"[^>]*?hx-get="([^"]+)"', page)[1])
+    task = _ran(task, 1)  # step 2 is done after the page was drawn
+
+    def live() -> str:
+        answer = dad_client.get(
+            poll, headers={"HX-Request": "true", "HX-Target": "live"}
+        )
+        assert answer.status_code == 200
+        return answer.content.decode()
+
+    for _ in range(2):  # drawn, then from the cache
+        assert '<li hx-swap-oob="true" class="step step-done" id="step-2">' in live()
+        assert '<li class="step step-done" id="step-2">' in _page(dad_client, task)
