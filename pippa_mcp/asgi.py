@@ -187,7 +187,7 @@ class MCPApp:
                 )
             return
         try:
-            MCP_CALLS.take(user.pk)
+            ticket = MCP_CALLS.take(user.pk)
         except TooMany as exc:
             await _refuse(
                 receive,
@@ -200,7 +200,7 @@ class MCPApp:
         try:
             await self._answer(scope, receive, send, user)
         finally:
-            MCP_CALLS.give_back(user.pk)
+            MCP_CALLS.give_back(ticket)
 
     async def _answer(self, scope, receive, send, user) -> None:
         limit = settings.PIPPA_MCP_MAX_BODY_BYTES

@@ -357,17 +357,21 @@ PIPPA_BODY_MIN_RATE = env_int("PIPPA_BODY_MIN_RATE", 8 * 1024)
 PIPPA_ANSWER_SECONDS = env_float("PIPPA_ANSWER_SECONDS", 30.0)
 PIPPA_MAX_CONNECTIONS = env_int("PIPPA_MAX_CONNECTIONS", 1000)
 
-# MCP over HTTP (pippa_mcp/asgi.py), per web process: threads for tool calls,
-# the largest request body, and each user's calls in flight (429 past it).
+# MCP over HTTP (pippa_mcp/asgi.py): threads for tool calls (per web process),
+# the largest request body, and each user's calls in flight on the host (429
+# past it).
 PIPPA_MCP_THREADS = env_int("PIPPA_MCP_THREADS", 8)
 PIPPA_MCP_MAX_BODY_BYTES = env_int("PIPPA_MCP_MAX_BODY_BYTES", 4 * 1024 * 1024)
 PIPPA_MCP_CALLS_PER_USER = env_int("PIPPA_MCP_CALLS_PER_USER", 4)
-# Step runs asked over the API or MCP (pippa_site/slots.py), per web process:
-# each user's in flight (429 past it) and all users' (503 past it). A step run
-# never takes a page's thread: Django gives every request its own, and MCP's
-# step runs leave the tool threads alone.
+# Step runs asked over the API or MCP (pippa_site/slots.py), per host (all its
+# web processes together): each user's in flight (429 past it) and all users'
+# (503 past it). A step run never takes a page's thread: Django gives every
+# request its own, and MCP's step runs leave the tool threads alone.
 PIPPA_STEP_RUNS_PER_USER = env_int("PIPPA_STEP_RUNS_PER_USER", 2)
 PIPPA_STEP_RUNS = env_int("PIPPA_STEP_RUNS", 8)
+# The host's slot files for those bounds and PIPPA_MCP_CALLS_PER_USER: a call
+# in flight holds a lock on one (pippa_site/slots.py).
+PIPPA_SLOTS_DIR = Path(env_str("PIPPA_SLOTS_DIR", str(DATA_DIR / "slots"))).resolve()
 # The doors the ground (pippa_site) reaches without importing an app: the
 # authenticator of a bearer token checked before Django (pippa_site/bearer.py,
 # a large API upload) and the ASGI app that answers /mcp/ (pippa_site/asgi.py).

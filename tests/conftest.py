@@ -133,8 +133,10 @@ def _empty_default_cache():
 @pytest.fixture(autouse=True)
 def _isolated_blobs(settings, tmp_path):
     """Every test gets its own blob folder (and the folder store: only
-    ``any_store`` puts a test on a bucket)."""
+    ``any_store`` puts a test on a bucket), and its own slots folder: the
+    host's slots are files, and two tests' users may have the same id."""
     settings.BLOB_DIR = tmp_path / "blobs"
+    settings.PIPPA_SLOTS_DIR = tmp_path / "slots"
     settings.PIPPA_BLOB_URL = ""
     settings.WHITENOISE_AUTOREFRESH = True
     settings.STORAGES = {

@@ -19,15 +19,14 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def held():
     """Take step-run slots as a call in flight would; give them back after."""
-    taken: list[int] = []
+    taken = []
 
     def take(user) -> None:
-        STEP_RUNS.take(user.pk)
-        taken.append(user.pk)
+        taken.append(STEP_RUNS.take(user.pk))
 
     yield take
-    for user_id in taken:
-        STEP_RUNS.give_back(user_id)
+    for ticket in taken:
+        STEP_RUNS.give_back(ticket)
 
 
 def test_a_step_run_past_the_users_cap_is_answered_429_and_runs_nothing(
