@@ -42,7 +42,8 @@ def test_two_processes_share_each_users_bound(settings):
     again = second.take(7)  # the slot given back is free on the host
     for ticket in (held[1], others, again):
         second.give_back(ticket)
-    assert first.held == {} and second.held == {}
+    assert first.held == {}
+    assert second.held == {}
 
 
 def test_past_the_hosts_bound_a_call_is_busy_and_holds_nothing(settings):
