@@ -70,13 +70,14 @@ backlog = min(2048, max(16, (_files - FILES_KEPT - connection_cap(10**6)) // 4))
 bind = [f"{os.environ.get('HOST', '127.0.0.1')}:{os.environ.get('PORT', '8000')}"]
 wsgi_app = "pippa_site.asgi:application"
 worker_class = "pippa_site.gunicorn_conf.PippaUvicornWorker"
-# One process per core, up to 8 (each holds its own Django, about 170 MB): a
-# process runs Python on one core at a time (one GIL), and a burst of page
-# opens (every tab of a task that just finished) is drawn by several at once.
-# The per-user and per-host bounds on calls in flight hold for all of them
-# together (pippa_site/slots.py); MCP over HTTP is stateless, so any process
-# answers any call.
-workers = _int("PIPPA_WEB_WORKERS", min(8, os.cpu_count() or 2))
+# One process per two cores. The machine also runs the step workers, and a web
+# process (one GIL) never takes more than one core from them; its threads and
+# its event loop carry the concurrency of many tabs polling. (Two on two cores
+# drew pages sooner but cost the workers a quarter of their steps:
+# docs/serving-and-bench.md.) The bounds on calls in flight hold for all of a
+# host's processes together (pippa_site/slots.py); MCP over HTTP is stateless,
+# so any process answers any call.
+workers = _int("PIPPA_WEB_WORKERS", max(1, (os.cpu_count() or 2) // 2))
 # The heartbeat: a worker whose event loop stops answering for this long is
 # restarted. Views run on threads, so a slow page or upload does not count.
 timeout = _int("PIPPA_WEB_TIMEOUT", 60)
