@@ -229,7 +229,10 @@ def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
         # "Updated" follows the tasks' activity, not only the title's.
         "activity_at": max([conversation.updated_at, *(t.updated_at for t in tasks)]),
         "needs_you": sum(t.needs_you_count for t in tasks),
-        "demo_live": _demo_live_offer(conversation, tasks),
+        # Staff may read another's conversation; only its owner changes it.
+        "mine": conversation.owner_id == request.user.pk,
+        "demo_live": conversation.owner_id == request.user.pk
+        and _demo_live_offer(conversation, tasks),
         "version": version,
         "refresh_every": REFRESH_SECONDS,
     }

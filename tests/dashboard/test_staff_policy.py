@@ -93,6 +93,12 @@ def test_staff_still_read_anothers_conversation_task_artifact_and_round(
     assert (
         f"{reverse('dashboard:task_branch', args=[task.pk])}?after_position" not in page
     )
+    mums = boss_client.get(task.conversation.get_absolute_url()).content.decode()
+    assert 'id="onlooker"' in mums
+    assert (
+        reverse("dashboard:conversation_delete", args=[task.conversation_id])
+        not in mums
+    )
     listed = boss_client.get(reverse("dashboard:conversations")).content.decode()
     assert "Mum&#x27;s" in listed or "Mum's" in listed
 
@@ -106,3 +112,21 @@ def test_a_user_who_is_not_staff_sees_nothing_of_anothers(
     assert (
         client.post(reverse("dashboard:task_resume", args=[task.pk])).status_code == 404
     )
+
+
+def test_staff_are_not_offered_to_run_or_delete_anothers_demo_conversation(
+    boss_client, client, mum, make_conversation
+):
+    from tasks.demo import LIVE_CONVERSATION
+
+    demo = make_conversation(owner=mum, title=LIVE_CONVERSATION)
+
+    theirs = boss_client.get(demo.get_absolute_url()).content.decode()
+    client.force_login(mum)
+    hers = client.get(demo.get_absolute_url()).content.decode()
+
+    assert 'id="demo-run"' not in theirs
+    assert 'id="onlooker"' in theirs
+    assert 'id="demo-run"' in hers
+    assert reverse("dashboard:conversation_delete", args=[demo.pk]) in hers
+    assert 'id="onlooker"' not in hers
