@@ -19,7 +19,7 @@ from artifacts.models import ArtifactClass
 from artifacts.quota import quota_admit
 from artifacts.services import MAX_SOURCES, sources_check
 from artifacts.store import default_store
-from pippa_site.text import TITLE_MAX
+from pippa_site.text import TITLE_MAX, media_type_clean
 from tasks.crashpoints import crashpoint
 from tasks.statements import StepRow
 from tasks.tools import ToolResult
@@ -90,7 +90,9 @@ def payload_write(row: StepRow, default_media: str, output: Output) -> dict[str,
     payload: dict[str, Any] = {
         "sha": put.sha256,
         "size": put.size,
-        "media_type": (result.media_type or default_media)[:255],
+        # What the artifact's row will say (a tool's type that is not one
+        # is application/octet-stream there too).
+        "media_type": media_type_clean(result.media_type or default_media),
         "title": (result.title or row.title)[:TITLE_MAX],
         "meta": meta,
         "attempt": row.attempts,

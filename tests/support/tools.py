@@ -37,14 +37,20 @@ def _payload(ctx: ToolContext, size: int, stable: bool) -> bytes:
 
 @tool("test.fetch", artifact_class=2, media_type="text/plain")
 def fetch(
-    ctx: ToolContext, *, size: int = 256, sleep: float = 0, fill: str = ""
+    ctx: ToolContext,
+    *,
+    size: int = 256,
+    sleep: float = 0,
+    fill: str = "",
+    media_type: str = "",
 ) -> ToolResult:
-    """Idempotent: the same bytes for the same step."""
+    """Idempotent: the same bytes for the same step (``media_type``: what the
+    tool says they are, in place of its declared type)."""
     _note(ctx, "test.fetch", "start")
     time.sleep(sleep)
     _note(ctx, "test.fetch", "end")
     _fill(fill)
-    return ToolResult(data=_payload(ctx, size, stable=True))
+    return ToolResult(data=_payload(ctx, size, stable=True), media_type=media_type)
 
 
 @tool("test.snapshot", artifact_class=3, media_type="text/plain")

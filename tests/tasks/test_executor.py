@@ -25,6 +25,7 @@ from tasks.executor import step
 from tasks.lease import lease_release
 from tasks.models import Event, Step, Task, TaskArtifact
 from tasks.plan import task_create
+from tasks.resume import envelope_read
 from tests.support.blobs import blob_lose
 from tests.support.executing import (
     check_invariants,
@@ -804,3 +805,29 @@ def test_a_task_that_can_run_is_never_answered_nothing_to_run_while_its_lease_mo
         lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
     assert actions.step_run(task=task, worker_id="worker:b").ran
+
+
+@pytest.mark.parametrize(
+    ("said", "stored"),
+    [
+        ("text/csv; charset=utf-8", "text/csv; charset=utf-8"),
+        ("not a media type", "application/octet-stream"),
+        ("text/" + "x" * 300, "application/octet-stream"),
+    ],
+)
+def test_the_payload_names_the_media_type_the_artifact_row_stores(
+    make_conversation, tool_log, said, stored
+):
+    """A tool's result may call its bytes anything: what the event log keeps
+    for resume is what the artifact's row says, never a cut-off string."""
+    task = task_create(
+        conversation=make_conversation(),
+        title="types",
+        steps=[{"title": "f", "tool": "test.fetch", "args": {"media_type": said}}],
+    )
+
+    run_task(task.pk)
+
+    done = Step.objects.select_related("output").get(task=task)
+    assert done.output.media_type == stored
+    assert envelope_read(done.pk).payload["media_type"] == stored
