@@ -75,7 +75,6 @@ class Envelope:
     open: bool = False
     started: dict[str, Any] | None = None
     payload: dict[str, Any] | None = None
-    starts: int = 0
     review_reason: str = ""
     review_rule: str = ""
     # The tool returned but its output could not be saved: why ("disk full").
@@ -95,7 +94,6 @@ def envelope_read(step_id: int) -> Envelope:
             env = Envelope()
         elif kind == Event.Kind.TOOL_CALL_STARTED:
             env.open, env.started, env.payload, env.unsaved = True, data, None, ""
-            env.starts += 1
         elif kind == Event.Kind.PAYLOAD_PERSISTED:
             env.payload = data
         elif kind == Event.Kind.OUTPUT_UNSAVED:
