@@ -14,6 +14,7 @@ test client, ``runserver``) the answer is left as it is.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Iterator
 
 from asgiref.sync import sync_to_async
@@ -39,12 +40,34 @@ def file_streamed(request: HttpRequest, response: FileResponse) -> FileResponse:
     return response
 
 
+class _Guarded:
+    """A synchronous iterator that worker threads read and close one at a time.
+
+    When the client leaves, the handler cancels the answer while a chunk may
+    still be read on a worker thread; closing a generator another thread is
+    running raises ``ValueError`` and leaves it open. Here the close waits for
+    that read to end."""
+
+    def __init__(self, source: Iterator[bytes]) -> None:
+        self.source = source
+        self.lock = threading.Lock()
+
+    def next(self) -> bytes | None:
+        with self.lock:
+            return next(self.source, None)
+
+    def close(self) -> None:
+        with self.lock:
+            close = getattr(self.source, "close", None)
+            if close is not None:
+                close()
+
+
 async def _chunks(source: Iterator[bytes]) -> AsyncIterator[bytes]:
-    take = sync_to_async(next, thread_sensitive=False)
+    guarded = _Guarded(source)
+    take = sync_to_async(guarded.next, thread_sensitive=False)
     try:
-        while (chunk := await take(source, None)) is not None:
+        while (chunk := await take()) is not None:
             yield chunk
     finally:
-        close = getattr(source, "close", None)
-        if close is not None:
-            await sync_to_async(close, thread_sensitive=False)()
+        await sync_to_async(guarded.close, thread_sensitive=False)()
