@@ -70,6 +70,7 @@ from urllib.parse import urlencode
 
 from brains.base import (
     BrainAdapter,
+    BrainError,
     BrainReply,
     Message,
     ToolSpec,
@@ -97,6 +98,9 @@ TEXT_TYPES = ("text/", "application/json", "image/svg+xml", "application/xml")
 # The share of a bounded context (``Room.context_tokens``) a request may fill;
 # the rest is the answer's.
 ANSWER_SHARE = 3 / 4
+# How many times a request a bounded brain refused as too long is sent again,
+# smaller (``Runner._ask``).
+CONTEXT_RETRIES = 2
 # How each vendor says an answer stopped at its token bound (OpenAI, Ollama and
 # llama.cpp; Anthropic; Gemini). A local server's bound is its context.
 CUT_OFF = frozenset({"length", "max_tokens", "MAX_TOKENS"})
@@ -347,14 +351,46 @@ class Runner:
                 # The lease then simply expires; never hide the first error.
                 self.on_event(f"{self.brain.name}: lease not released: {exc}")
 
+    def _ask(self, window: list[Turn]) -> tuple[list[Message], BrainReply]:
+        """Send this turn's request; return it with the brain's reply.
+
+        In a bounded context the request is fitted by an estimate of the
+        brain's characters a token, which a denser request can outrun: a
+        server that says its context is full is asked again with less (the
+        estimate cut by a quarter, at most twice) instead of ending the run.
+        """
+        for attempt in range(CONTEXT_RETRIES + 1):
+            messages = self.turn_messages(window)
+            try:
+                reply = self.brain.complete(
+                    system=SYSTEM_PROMPT, messages=messages, tools=TOOL_SPECS
+                )
+            except BrainError as exc:
+                if attempt == CONTEXT_RETRIES or not self._context_full(exc):
+                    raise
+                self.chars_per_token *= 0.75
+                self.on_event(
+                    f"{self.brain.name}: the request did not fit its context; "
+                    "sending less"
+                )
+                continue
+            self.report.sent_chars.append(sum(message_chars(m) for m in messages))
+            return messages, reply
+        raise AssertionError("unreachable")
+
+    def _context_full(self, exc: BrainError) -> bool:
+        """Whether a bounded brain refused a request for its length (HTTP 400
+        naming the context, as llama.cpp, Ollama and OpenAI say it)."""
+        return (
+            self.room.context_tokens is not None
+            and exc.status == 400
+            and "context" in str(exc).lower()
+        )
+
     def _loop(self) -> RunReport:
         window: list[Turn] = []
         for _ in range(self.max_turns):
-            messages = self.turn_messages(window)
-            self.report.sent_chars.append(sum(message_chars(m) for m in messages))
-            reply = self.brain.complete(
-                system=SYSTEM_PROMPT, messages=messages, tools=TOOL_SPECS
-            )
+            messages, reply = self._ask(window)
             self.report.turns += 1
             self.record_turn(reply)
             if reply.tokens is not None and reply.tokens.input_tokens > 0:

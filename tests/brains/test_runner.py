@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from brains.base import BrainReply, TokenUsage, ToolCall
+from brains.base import BrainError, BrainReply, TokenUsage, ToolCall
 from brains.runner import (
     SYSTEM_PROMPT,
     TOOL_SPECS,
@@ -424,3 +424,59 @@ def test_a_small_context_learns_its_brains_tokens_and_keeps_a_quarter_for_answer
     first = request_chars(SYSTEM_PROMPT, TOOL_SPECS, brain.calls[0])
     assert runner.chars_per_token == pytest.approx(first / 100 * 0.9)
     assert runner.prompt_chars() == int(4096 * 3 / 4 * first / 100 * 0.9)
+
+
+class _FullOnce(ScriptedBrain):
+    """A local server whose context the first request overflows."""
+
+    def complete(self, *, system, messages, tools):
+        if not self.calls:
+            self.calls.append(list(messages))
+            raise BrainError(
+                "ollama (OpenAI-compatible): HTTP 400: This model's maximum context "
+                "length is 4096 tokens. However, you requested 4096 tokens",
+                status=400,
+                kind="http",
+            )
+        return super().complete(system=system, messages=messages, tools=tools)
+
+
+def test_a_request_a_small_context_refuses_as_too_long_is_sent_again_smaller(
+    long_task, user
+):
+    brain = _FullOnce(script=[call("run_next_step")])
+    runner = Runner(
+        brain=brain,
+        backend=LocalBackend(user=user),
+        task_id=long_task.pk,
+        room=Room.for_context(4096),
+        max_turns=1,
+    )
+    before = runner.prompt_chars()
+
+    report = runner.run()
+
+    assert len(brain.calls) == 2
+    assert runner.prompt_chars() < before
+    assert report.turns == 1
+    assert len(report.sent_chars) == 1
+
+
+def test_a_brain_error_that_is_not_about_the_context_ends_the_run(long_task, user):
+    class Down(ScriptedBrain):
+        def complete(self, *, system, messages, tools):
+            self.calls.append(list(messages))
+            raise BrainError("HTTP 400: bad tool schema", status=400, kind="http")
+
+    brain = Down()
+    runner = Runner(
+        brain=brain,
+        backend=LocalBackend(user=user),
+        task_id=long_task.pk,
+        room=Room.for_context(4096),
+        max_turns=1,
+    )
+
+    with pytest.raises(BrainError):
+        runner.run()
+    assert len(brain.calls) == 1
