@@ -222,6 +222,8 @@ def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
     if _unchanged(request, version):
         return HttpResponse(status=204)
     tasks = conversation_tasks(conversation=conversation)
+    # Staff may read another's conversation; only its owner changes it.
+    mine = conversation.owner_id == request.user.pk
     context = {
         "conversation": conversation,
         "tasks": tasks,
@@ -229,10 +231,8 @@ def conversation_detail(request: HttpRequest, pk: int) -> HttpResponse:
         # "Updated" follows the tasks' activity, not only the title's.
         "activity_at": max([conversation.updated_at, *(t.updated_at for t in tasks)]),
         "needs_you": sum(t.needs_you_count for t in tasks),
-        # Staff may read another's conversation; only its owner changes it.
-        "mine": conversation.owner_id == request.user.pk,
-        "demo_live": conversation.owner_id == request.user.pk
-        and _demo_live_offer(conversation, tasks),
+        "mine": mine,
+        "demo_live": mine and _demo_live_offer(conversation, tasks),
         "version": version,
         "refresh_every": REFRESH_SECONDS,
     }

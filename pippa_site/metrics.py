@@ -197,12 +197,12 @@ class _HostFiles:
     def collect(self):
         files = []
         for name in glob.glob(os.path.join(self.path, "*.db")):
+            # A file removed since the glob (`make run` empties the folder)
+            # holds nothing either.
             try:
                 if os.path.getsize(name) > 0:
                     files.append(name)
-            except (
-                FileNotFoundError
-            ):  # removed since the glob (`make run` empties the folder)
+            except FileNotFoundError:
                 continue
         return MultiProcessCollector.merge(files, accumulate=True)
 

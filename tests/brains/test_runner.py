@@ -426,6 +426,17 @@ def test_a_small_context_learns_its_brains_tokens_and_keeps_a_quarter_for_answer
     assert runner.prompt_chars() == int(4096 * 3 / 4 * first / 100 * 0.9)
 
 
+def _one_turn_in_4096_tokens(brain, task, user) -> Runner:
+    """A runner for one turn of a brain whose context holds 4,096 tokens."""
+    return Runner(
+        brain=brain,
+        backend=LocalBackend(user=user),
+        task_id=task.pk,
+        room=Room.for_context(4096),
+        max_turns=1,
+    )
+
+
 class _FullOnce(ScriptedBrain):
     """A local server whose context the first request overflows."""
 
@@ -445,13 +456,7 @@ def test_a_request_a_small_context_refuses_as_too_long_is_sent_again_smaller(
     long_task, user
 ):
     brain = _FullOnce(script=[call("run_next_step")])
-    runner = Runner(
-        brain=brain,
-        backend=LocalBackend(user=user),
-        task_id=long_task.pk,
-        room=Room.for_context(4096),
-        max_turns=1,
-    )
+    runner = _one_turn_in_4096_tokens(brain, long_task, user)
     before = runner.prompt_chars()
 
     report = runner.run()
@@ -469,13 +474,7 @@ def test_a_brain_error_that_is_not_about_the_context_ends_the_run(long_task, use
             raise BrainError("HTTP 400: bad tool schema", status=400, kind="http")
 
     brain = Down()
-    runner = Runner(
-        brain=brain,
-        backend=LocalBackend(user=user),
-        task_id=long_task.pk,
-        room=Room.for_context(4096),
-        max_turns=1,
-    )
+    runner = _one_turn_in_4096_tokens(brain, long_task, user)
 
     with pytest.raises(BrainError):
         runner.run()
