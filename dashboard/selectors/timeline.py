@@ -8,6 +8,7 @@ megabytes for no reader.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -176,9 +177,12 @@ class StepRow:
         cache, or "" for a row that is drawn every time.
 
         The key is everything those parts show: the step's fields, its
-        output's, what the row read of the output and of the step's events,
-        and whether the task is idle (a branch link). A changed row has
-        another key, so a key never names a stale row. Drawn every time: a
+        output's, and what the row read of the output and of the step's
+        events. What depends on the reader or on the task (the list item's
+        out-of-band mark, the owner's branch link once the task is idle) is
+        not in those parts: a finished task keeps its rows, and one reader's
+        row is never another's. A changed row has another key, so a key never
+        names a stale row. Drawn every time: a
         row waiting for a person (its card and choices), a running step or a
         back-off ("started 5 s ago"), and a row that lists its attempts or
         notes (their times are relative words).
@@ -192,22 +196,19 @@ class StepRow:
         ):
             return ""
         output = step.output
-        task = step.task
-        return repr(
-            (
-                [getattr(step, f.attname) for f in Step._meta.concrete_fields],
-                output
-                and [getattr(output, f.attname) for f in output._meta.concrete_fields],
-                self.preview,
-                self.excerpt,
-                self.excerpt_truncated,
-                self.headlines,
-                self.attempts,
-                self.worked,
-                task.is_idle,
-                task.steps_total,
-            )
+        shown = (
+            [getattr(step, f.attname) for f in Step._meta.concrete_fields],
+            output
+            and [getattr(output, f.attname) for f in output._meta.concrete_fields],
+            self.preview,
+            self.excerpt,
+            self.excerpt_truncated,
+            self.headlines,
+            self.attempts,
+            self.worked,
         )
+        # Its digest: {% cache %} digests its key again, once for each part.
+        return hashlib.sha256(repr(shown).encode()).hexdigest()
 
     # The output's pages, as ``{% url %}`` gives them (``artifact_url``).
     @property

@@ -13,6 +13,7 @@ from datetime import timedelta
 import pytest
 from django.core.cache import caches
 from django.core.cache.utils import make_template_fragment_key
+from django.test import Client
 from django.utils import timezone
 
 from dashboard.selectors.timeline import task_timeline
@@ -70,7 +71,7 @@ def test_a_page_drawn_from_kept_rows_is_the_page_drawn_afresh(dad_client, fetch_
         # The whole row, in two parts around its bars' axis (the one thing
         # that follows the clock).
         for part, vary_on in [
-            ("step-row-open", [row.fragment_key, "page"]),
+            ("step-row-head", [row.fragment_key]),
             ("step-row-close", [row.fragment_key, clock.started_at]),
         ]:
             key = make_template_fragment_key(part, vary_on)
@@ -100,6 +101,25 @@ def test_a_done_row_gains_its_branch_link_when_the_task_goes_idle(
     Task.objects.filter(pk=task.pk).update(status=Task.Status.PAUSED)
     task.refresh_from_db()
     assert "Change course after step 1" in _rows_html(_page(dad_client, task))["step-1"]
+
+
+def test_a_kept_row_offers_its_branch_link_only_to_the_tasks_owner(
+    dad_client, user, fetch_task, make_user
+):
+    """Staff read another's task but act only on their own: a row kept from
+    the owner's page must not offer them "Change course", and a row kept from
+    theirs must not take it from the owner, in either order."""
+    task = _ran(fetch_task(3), 1)
+    Task.objects.filter(pk=task.pk).update(status=Task.Status.PAUSED)
+    task.refresh_from_db()
+    staff = Client()
+    staff.force_login(make_user(username="boss", is_staff=True, is_superuser=True))
+    link = "Change course after step 1"
+    for first, second in [(dad_client, staff), (staff, dad_client)]:
+        caches["fragments"].clear()
+        for who in (first, second):
+            row = _rows_html(_page(who, task))["step-1"]
+            assert (link in row) == (who is dad_client)
 
 
 def test_rows_whose_words_follow_the_clock_are_never_kept(fetch_task):
