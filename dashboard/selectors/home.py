@@ -135,12 +135,18 @@ def conversation_list(
                 0,
             ),
             needs_you_count=needs_you_count,
-            activity_at=Greatest(
-                "updated_at", Coalesce(Max("tasks__updated_at"), "updated_at")
-            ),
+            activity_at=_activity_at(),
         )
-        .order_by("-activity_at", "-pk")
+        .order_by(*ACTIVITY_ORDER)
     )
+
+
+# Newest activity first: the latest change of the conversation or any of its tasks.
+ACTIVITY_ORDER = ("-activity_at", "-pk")
+
+
+def _activity_at() -> Greatest:
+    return Greatest("updated_at", Coalesce(Max("tasks__updated_at"), "updated_at"))
 
 
 class CountedPaginator(Paginator):
@@ -175,25 +181,38 @@ def conversation_page(
     unfiltered list takes its count from them instead of counting again, and
     the rows ask no needs-you count when nothing needs the user; a filtered
     first page that is not full is its own count."""
+    shown = _conversations_shown(
+        user=user, staff=staff, query=query, needs_you=needs_you
+    )
+    # The page's place in the order first, then the totals of its rows alone:
+    # asked of every conversation, the list's subqueries cost a 1,000-row list
+    # 12.6 ms, against 8.1 ms this way.
+    ordered = (
+        shown.annotate(activity_at=_activity_at())
+        .order_by(*ACTIVITY_ORDER)
+        .values_list("pk", flat=True)
+    )
+    if totals is not None and not query.strip() and not needs_you:
+        counted = totals.conversations
+    else:
+        counted = shown
+        if page in (None, "", 1, "1"):
+            ordered = list(ordered[:CONVERSATIONS_PER_PAGE])  # the first page's
+            if len(ordered) < CONVERSATIONS_PER_PAGE:
+                counted = len(ordered)
+    paginator = CountedPaginator(ordered, CONVERSATIONS_PER_PAGE, counted=counted)
+    found = paginator.get_page(page)
+    ids = list(found.object_list)
     rows = conversation_list(
         user=user,
         staff=staff,
         query=query,
         needs_you=needs_you,
         none_need_you=totals is not None and not totals.needing_you,
-    )
-    if totals is not None and not query.strip() and not needs_you:
-        counted = totals.conversations
-    else:
-        counted = _conversations_shown(
-            user=user, staff=staff, query=query, needs_you=needs_you
-        )
-        if page in (None, "", 1, "1"):
-            rows = list(rows[:CONVERSATIONS_PER_PAGE])  # the first page's rows
-            if len(rows) < CONVERSATIONS_PER_PAGE:
-                counted = len(rows)
-    paginator = CountedPaginator(rows, CONVERSATIONS_PER_PAGE, counted=counted)
-    return paginator.get_page(page)
+    ).in_bulk(ids)
+    # In the order read (a conversation deleted meanwhile is left out).
+    found.object_list = [rows[pk] for pk in ids if pk in rows]
+    return found
 
 
 # How many decisions the home page lists; the count says when there are more.
