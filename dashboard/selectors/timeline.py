@@ -170,6 +170,24 @@ class StepRow:
     def needs_attention(self) -> bool:
         return self.step.status in ATTENTION_STEPS
 
+    @property
+    def planned(self) -> bool:
+        """Whether the step has not begun and nothing happened to it (no
+        attempt, note, error, output, back-off or stop): the page draws it
+        with the short ``step-row-planned``."""
+        step = self.step
+        return (
+            step.status == Step.Status.PENDING
+            and not step.attempts
+            and not self.attempts
+            and not self.notes
+            and not step.error
+            and step.output_id is None
+            and step.next_attempt_at is None
+            and not step.stopped
+            and self.advice is None
+        )
+
     @cached_property
     def fragment_key(self) -> str:
         """The key under which the page may keep this row drawn (all of it

@@ -13,6 +13,7 @@ from datetime import timedelta
 import pytest
 from django.core.cache import caches
 from django.core.cache.utils import make_template_fragment_key
+from django.template.loader import render_to_string
 from django.test import Client
 from django.utils import timezone
 
@@ -171,3 +172,39 @@ def test_a_kept_row_swaps_out_of_band_in_a_live_update_and_never_on_the_page(
     for _ in range(2):  # drawn, then from the cache
         assert '<li hx-swap-oob="true" class="step step-done" id="step-2">' in live()
         assert '<li class="step step-done" id="step-2">' in _page(dad_client, task)
+
+
+@pytest.mark.parametrize("side_effects", [False, True])
+def test_a_step_not_begun_is_drawn_short_exactly_as_the_full_row_draws_it(
+    fetch_task, side_effects
+):
+    """Most of a long plan is steps not begun, drawn by the short
+    ``step-row-planned`` (no cache, none of the full row's questions): what
+    it draws is what the full row's head and body draw for such a step."""
+    task = _ran(fetch_task(3), 1)
+    Step.objects.filter(task=task, position=3).update(
+        side_effects=side_effects, artifact_class=4
+    )
+    task.refresh_from_db()
+    _, rows, _ = task_timeline(task=task)
+    done, planned = rows[0], rows[2]
+    assert not done.planned
+    assert planned.planned
+
+    def drawn(*parts: str) -> str:
+        text = "".join(
+            render_to_string(f"dashboard/task_detail.html#{part}", {"row": planned})
+            for part in parts
+        )
+        return " ".join(text.split())
+
+    short = drawn("step-row-planned")
+    assert short == drawn("step-row-head", "step-row-body")
+    assert ("acts outside Pippa" in short) == side_effects
+    # A step that ran before (its events hold an attempt) is drawn whole,
+    # even pending again.
+    Step.objects.filter(task=task, position=1).update(
+        status=Step.Status.PENDING, attempts=0, output=None
+    )
+    _, again, _ = task_timeline(task=task)
+    assert not again[0].planned
