@@ -46,6 +46,9 @@ from tasks.rules import rule_words
 from tasks.words import CHOICES, actor_words
 
 ERR_NO_STEP = "No such step of this task."
+# A step never attempted: the fields that say so, read by the live update's
+# query (SETTLED_Q) and by the row (StepRow.planned).
+NOT_BEGUN = {"status": Step.Status.PENDING, "attempts": 0, "next_attempt_at": None}
 STEPS_PER_PAGE = 100
 # Resume advice reads a step's own events (a few queries per step), so the
 # timeline asks for it only for the steps that need a person's attention, and
@@ -177,13 +180,11 @@ class StepRow:
         with the short ``step-row-planned``."""
         step = self.step
         return (
-            step.status == Step.Status.PENDING
-            and not step.attempts
+            all(getattr(step, name) == value for name, value in NOT_BEGUN.items())
             and not self.attempts
             and not self.notes
             and not step.error
             and step.output_id is None
-            and step.next_attempt_at is None
             and not step.stopped
             and self.advice is None
         )
@@ -329,9 +330,7 @@ def current_step_page(*, task: Task) -> int:
 # through a transition, which is logged with the step, so a live update redraws
 # a settled row only when an event names its step; the unsettled ones show
 # relative times and running bars, and are redrawn on every update.
-SETTLED_Q = Q(status__in=Step.Status.finished()) | Q(
-    status=Step.Status.PENDING, attempts=0, next_attempt_at__isnull=True
-)
+SETTLED_Q = Q(status__in=Step.Status.finished()) | Q(**NOT_BEGUN)
 
 
 def task_timeline(
