@@ -8,9 +8,10 @@ CSP, htmx) against a target, and the number of queries against the same page
 of a small task. What a user meets under load (the same pages over the real
 server, beside 20 polling viewers) is ``bench_load``'s.
 
-The timeline is paginated (100 steps a page, opening at the current step).
-The "whole timeline on one page" row shows why: rendering every row scales
-with the plan's length, while a page costs the same at step 10 or 10,000.
+The timeline is paginated (``STEPS_PER_PAGE`` steps a page, opening at the
+current step). The "whole timeline on one page" row shows why: rendering every
+row scales with the plan's length, while a page costs the same at step 10 or
+10,000.
 """
 
 from __future__ import annotations

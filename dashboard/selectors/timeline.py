@@ -1,9 +1,9 @@
 """The task page's step rows: one page of steps, their attempts, notes and advice.
 
 The task page reads one page of steps and one page of events: a 10,000-step
-timeline is shown 100 steps at a time, opening at the page that holds the
-current step, because rendering every row made the page take seconds and
-megabytes for no reader.
+timeline is shown ``STEPS_PER_PAGE`` steps at a time, opening at the page that
+holds the current step, because rendering every row made the page take seconds
+and megabytes for no reader.
 """
 
 from __future__ import annotations
@@ -49,7 +49,12 @@ ERR_NO_STEP = "No such step of this task."
 # A step never attempted: the fields that say so, read by the live update's
 # query (SETTLED_Q) and by the row (StepRow.planned).
 NOT_BEGUN = {"status": Step.Status.PENDING, "attempts": 0, "next_attempt_at": None}
-STEPS_PER_PAGE = 100
+# Fifty rows: about ten phone screens. Drawing the rows is most of what a
+# page and a live poll cost, and a poll that follows the current step to its
+# next page draws them all: under the load bench's 20 viewers, a hundred rows a
+# page put the page's and the poll's p95 at two to four times their targets
+# (docs/serving-and-bench.md).
+STEPS_PER_PAGE = 50
 # Resume advice reads a step's own events (a few queries per step), so the
 # timeline asks for it only for the steps that need a person's attention, and
 # for at most this many per page. The executor stops at the first step that is

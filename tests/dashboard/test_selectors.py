@@ -19,6 +19,7 @@ from dashboard.selectors.home import (
     todo_for_user,
 )
 from dashboard.selectors.timeline import (
+    STEPS_PER_PAGE,
     current_step_page,
     step_in_flight,
     task_timeline,
@@ -75,13 +76,14 @@ def test_search_matches_a_task_title_without_duplicating_the_conversation(
 
 
 def test_the_current_step_page_follows_the_done_count(make_task):
-    task = make_task(steps_total=250, steps_done=0)
+    per_page = STEPS_PER_PAGE
+    task = make_task(steps_total=per_page * 2 + per_page // 2, steps_done=0)
     assert current_step_page(task=task) == 1
-    task.steps_done = 99
+    task.steps_done = per_page - 1
     assert current_step_page(task=task) == 1
-    task.steps_done = 100
+    task.steps_done = per_page
     assert current_step_page(task=task) == 2
-    task.steps_done = 250  # finished: the last page, not an empty one
+    task.steps_done = task.steps_total  # finished: the last page, not an empty one
     assert current_step_page(task=task) == 3
 
 

@@ -20,6 +20,7 @@ from dashboard.selectors.home import (
     dashboard_totals,
     todo_for_user,
 )
+from dashboard.selectors.timeline import STEPS_PER_PAGE
 from tasks.models import Step, Task
 from tests.tasks.dashboard_data import add_events, add_steps
 
@@ -457,14 +458,16 @@ def test_the_events_of_many_steps_cost_no_query_per_step(
 def test_a_long_timeline_opens_at_the_page_of_the_current_step(
     dad_client, user, make_conversation, make_task
 ):
+    per_page = STEPS_PER_PAGE
+    total = per_page * 2 + per_page // 2
     task = make_task(conversation=make_conversation(owner=user), status="running")
-    add_steps(task, 250, done=150)
+    add_steps(task, total, done=per_page * 3 // 2)
     body = dad_client.get(task.get_absolute_url()).content.decode()
-    assert "Steps 101–200 of 250" in body
-    assert "Step number 151" in body
-    assert "Step number 99<" not in body
+    assert f"Steps {per_page + 1}–{per_page * 2} of {total}" in body
+    assert f"Step number {per_page * 3 // 2 + 1}<" in body
+    assert f"Step number {per_page - 1}<" not in body
     first = dad_client.get(task.get_absolute_url(), {"page": 1}).content.decode()
-    assert "Steps 1–100 of 250" in first
+    assert f"Steps 1–{per_page} of {total}" in first
     assert "Current step" in first
 
 
