@@ -70,14 +70,15 @@ backlog = min(2048, max(16, (_files - FILES_KEPT - connection_cap(10**6)) // 4))
 bind = [f"{os.environ.get('HOST', '127.0.0.1')}:{os.environ.get('PORT', '8000')}"]
 wsgi_app = "pippa_site.asgi:application"
 worker_class = "pippa_site.gunicorn_conf.PippaUvicornWorker"
-# One process per two cores. The machine also runs the step workers, and a web
-# process (one GIL) never takes more than one core from them; its threads and
-# its event loop carry the concurrency of many tabs polling. (Two on two cores
-# drew pages sooner but cost the workers a quarter of their steps:
-# docs/serving-and-bench.md.) The bounds on calls in flight hold for all of a
-# host's processes together (pippa_site/slots.py); MCP over HTTP is stateless,
-# so any process answers any call.
-workers = _int("PIPPA_WEB_WORKERS", max(1, (os.cpu_count() or 2) // 2))
+# One process per core. Each process has one interpreter lock, so its requests
+# take turns on one core however many threads it runs: on 2 cores, under the
+# load bench's 20 viewers with two step workers stepping, one process answered
+# the task page at a p95 of 136 ms and the live poll at 127; two, in five runs,
+# at 79 to 145 and 60 to 90 (/login/ at 13 to 23 ms), and the workers kept 0.93
+# to 0.96 of their steps (docs/serving-and-bench.md). The bounds on calls in
+# flight hold for all of a host's processes together (pippa_site/slots.py); MCP
+# over HTTP is stateless, so any process answers any call.
+workers = _int("PIPPA_WEB_WORKERS", os.cpu_count() or 1)
 # The heartbeat: a worker whose event loop stops answering for this long is
 # restarted. Views run on threads, so a slow page or upload does not count.
 timeout = _int("PIPPA_WEB_TIMEOUT", 60)
