@@ -73,7 +73,7 @@ worker_class = "pippa_site.gunicorn_conf.PippaUvicornWorker"
 # One process per core. Each process has one interpreter lock, so its requests
 # take turns on one core however many threads it runs: on 2 cores, under the
 # load bench's 20 viewers with two step workers stepping, one process answered
-# the task page at a p95 of 136 ms and the live poll at 127; two, in five runs,
+# the task page at a p95 of 136 ms and the live poll at 127; two, in six runs,
 # at 79 to 145 and 60 to 90 (/login/ at 13 to 23 ms), and the workers kept 0.93
 # to 0.96 of their steps (docs/serving-and-bench.md). The bounds on calls in
 # flight hold for all of a host's processes together (pippa_site/slots.py); MCP
