@@ -89,8 +89,23 @@ def _media_kind(media_type: str) -> str:
     return "binary"
 
 
+class OutputHeads:
+    """The first bytes of a list of rows' text outputs, read from the store
+    all at once when the first of those rows is drawn: a page whose rows are
+    all kept (``StepRow.fragment_key``) reads nothing from the store."""
+
+    def __init__(self, shas: list[str]) -> None:
+        self._shas = shas
+        self._read: dict[str, bytes] | None = None
+
+    def get(self, sha: str) -> bytes | None:
+        if self._read is None:
+            self._read = default_store().heads(self._shas, EXCERPT_BYTES + 1)
+        return self._read.get(sha)
+
+
 def output_excerpt(
-    artifact: Artifact, heads: dict | None = None
+    artifact: Artifact, heads: OutputHeads | None = None
 ) -> tuple[str, bool, bool]:
     """Return (text, truncated, missing) for the head of a text artifact
     (from ``heads``, a page's heads read at once, when given)."""

@@ -20,10 +20,9 @@ from django.db.models import (
 
 from artifacts.preview import preview_status
 from artifacts.selectors import search_headlines
-from artifacts.store import default_store
 from dashboard.selectors.clock import TaskClock, milliseconds, task_clock
 from dashboard.selectors.outputs import (
-    EXCERPT_BYTES,
+    OutputHeads,
     SavedOutput,
     artifact_routes,
     artifact_url,
@@ -153,12 +152,24 @@ class StepNote:
     actor: str = ""
 
 
+@dataclass(frozen=True)
+class Shown:
+    """What a row shows of its output: ``preview`` ("", "image", "render",
+    "no-preview", "excerpt", "headlines", "data", "binary", "missing"),
+    ``excerpt`` and ``headlines`` (a saved search's)."""
+
+    preview: str = ""
+    excerpt: str = ""
+    excerpt_truncated: bool = False
+    headlines: list[dict] = field(default_factory=list)
+
+
 @dataclass(eq=False)
 class StepRow:
     """One timeline row: the step, its attempts and notes (folded from its
-    events), and what the page shows of its output: ``preview`` ("",
-    "image", "render", "no-preview", "excerpt", "headlines", "data",
-    "binary", "missing"), ``excerpt`` and ``headlines`` (a saved search's)."""
+    events), and what the page shows of its output (``Shown``, read when
+    the row is drawn: ``preview``, ``excerpt``, ``excerpt_truncated``,
+    ``headlines``)."""
 
     step: Step
     advice: Any = None  # tasks.resume.ResumeAdvice
@@ -167,10 +178,7 @@ class StepRow:
     choices: list[Choice] = field(default_factory=list)
     plain_words: str = ""  # what resume will do, in Dad's words
     routes: dict | None = None  # artifact_routes(), once for the list
-    preview: str = ""
-    excerpt: str = ""
-    excerpt_truncated: bool = False
-    headlines: list[dict] = field(default_factory=list)
+    heads: OutputHeads | None = None  # its list's text outputs, read once
     attempts: list[Attempt] = field(default_factory=list)
     notes: list[StepNote] = field(default_factory=list)
 
@@ -201,15 +209,18 @@ class StepRow:
         cache, or "" for a row that is drawn every time.
 
         The key is everything those parts show: the step's fields, its
-        output's, and what the row read of the output and of the step's
-        events. What depends on the reader or on the task (the list item's
-        out-of-band mark, the owner's branch link once the task is idle) is
-        not in those parts: a finished task keeps its rows, and one reader's
-        row is never another's. A changed row has another key, so a key never
-        names a stale row. Drawn every time: a
-        row waiting for a person (its card and choices), a running step or a
-        back-off ("started 5 s ago"), and a row that lists its attempts or
-        notes (their times are relative words).
+        output's, and what the row read of the step's events. What the row
+        shows of the output's bytes (``shown``) follows its output's fields:
+        a blob's bytes never change under its sha, and a blob that goes
+        missing changes its artifact's ``integrity`` when the doctor finds
+        it. So a kept row reads nothing from the store. What depends on the
+        reader or on the task (the list item's out-of-band mark, the owner's
+        branch link once the task is idle) is not in those parts: a finished
+        task keeps its rows, and one reader's row is never another's. A
+        changed row has another key, so a key never names a stale row. Drawn
+        every time: a row waiting for a person (its card and choices), a
+        running step or a back-off ("started 5 s ago"), and a row that lists
+        its attempts or notes (their times are relative words).
         """
         step = self.step
         if (
@@ -224,10 +235,6 @@ class StepRow:
             [getattr(step, f.attname) for f in Step._meta.concrete_fields],
             output
             and [getattr(output, f.attname) for f in output._meta.concrete_fields],
-            self.preview,
-            self.excerpt,
-            self.excerpt_truncated,
-            self.headlines,
             self.attempts,
             self.worked,
         )
@@ -264,32 +271,56 @@ class StepRow:
         that did not finish, or something a person did)."""
         return len(self.attempts) > 1 or bool(self.failed_attempts or self.notes)
 
+    @cached_property
+    def shown(self) -> Shown:
+        """What the row shows of its output, read when the row is drawn."""
+        return _shown(self.step.output, self.heads)
 
-def _fill(row: StepRow, heads: dict) -> None:
-    """Set what ``row`` shows of its output (``heads``: its list's text
-    outputs' first bytes, read at once)."""
-    artifact = row.step.output
+    @property
+    def preview(self) -> str:
+        return self.shown.preview
+
+    @property
+    def excerpt(self) -> str:
+        return self.shown.excerpt
+
+    @property
+    def excerpt_truncated(self) -> bool:
+        return self.shown.excerpt_truncated
+
+    @property
+    def headlines(self) -> list[dict]:
+        return self.shown.headlines
+
+
+def _shown(artifact, heads: OutputHeads | None) -> Shown:
+    """What a row shows of ``artifact`` (``heads``: its list's text outputs'
+    first bytes, read at once)."""
     if artifact is None:
-        return
-    row.preview = preview_kind(artifact)
-    if row.preview == "render":
+        return Shown()
+    preview = preview_kind(artifact)
+    if preview == "render":
         # A widget is shown only as its PNG preview, and only when one was
         # rendered (recorded in the widget's own meta: no extra query).
         state = preview_status(artifact)
         if state.get("status") != "ok":
-            row.preview = "no-preview"
-            row.excerpt = str(state.get("reason") or "")
-    if row.preview == "excerpt":
-        row.excerpt, row.excerpt_truncated, missing = output_excerpt(artifact, heads)
-        if missing:
-            row.preview = "missing"
-    if row.preview == "excerpt" and _is_data(artifact.media_type):
+            return Shown("no-preview", str(state.get("reason") or ""))
+        return Shown(preview)
+    if preview != "excerpt":
+        return Shown(preview)
+    excerpt, truncated, missing = output_excerpt(artifact, heads)
+    if missing:
+        return Shown("missing")
+    if _is_data(artifact.media_type):
         # Data for programs is not shown as code: a saved search as its
         # headlines, anything else as words (its text under the engineer's fold).
-        row.headlines = search_headlines(
+        headlines = search_headlines(
             sha256=artifact.sha256, media_type=artifact.media_type
         )
-        row.preview = "headlines" if row.headlines else "data"
+        return Shown(
+            "headlines" if headlines else "data", excerpt, truncated, headlines
+        )
+    return Shown(preview, excerpt, truncated)
 
 
 def _is_data(media_type: str) -> bool:
@@ -379,24 +410,22 @@ def task_timeline_changes(
 
 
 def _rows(steps, task: Task, clock: TaskClock) -> list[StepRow]:
-    """The rows of ``steps``: their text outputs' first bytes in one pass,
-    their events in one query, their bars, and resume advice."""
+    """The rows of ``steps``: their events in one query, their bars, resume
+    advice, and their text outputs' first bytes, read in one pass when the
+    first row that shows one is drawn (``OutputHeads``)."""
     routes = artifact_routes()
+    steps = list(steps)
+    heads = OutputHeads(
+        [
+            step.output.sha256
+            for step in steps
+            if step.output is not None and preview_kind(step.output) == "excerpt"
+        ]
+    )
     rows = []
     for step in steps:
         step.task = task  # the page already holds it; resume advice reads it
-        rows.append(StepRow(step=step, routes=routes))
-    heads = default_store().heads(
-        [
-            row.step.output.sha256
-            for row in rows
-            if row.step.output is not None
-            and preview_kind(row.step.output) == "excerpt"
-        ],
-        EXCERPT_BYTES + 1,
-    )
-    for row in rows:
-        _fill(row, heads)
+        rows.append(StepRow(step=step, routes=routes, heads=heads))
     _attempts(rows)
     _place_bars(clock, rows)
     _advise(rows, task)

@@ -1,7 +1,8 @@
 """The task page keeps a settled step row's drawn parts in Django's cache
 ("fragments", ``{% cache %}``) under a key made of everything they show
-(``StepRow.fragment_key``): the page is the same with or without it, and a
-row whose step changed in any way is drawn anew.
+(``StepRow.fragment_key``): the page is the same with or without it, a
+row whose step changed in any way is drawn anew, and a kept row reads
+nothing from the blob store.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ from django.template.loader import render_to_string
 from django.test import Client
 from django.utils import timezone
 
+from artifacts.store import default_store
 from dashboard.selectors.timeline import task_timeline
+from tasks.doctor import doctor_run
 from tasks.executor import step
 from tasks.models import Step, Task
+from tests.support.blobs import blob_lose
 
 pytestmark = pytest.mark.django_db
 
@@ -77,6 +81,46 @@ def test_a_page_drawn_from_kept_rows_is_the_page_drawn_afresh(dad_client, fetch_
         ]:
             key = make_template_fragment_key(part, vary_on)
             assert caches["fragments"].get(key) is not None
+
+
+def test_a_page_drawn_from_kept_rows_reads_nothing_from_the_store(
+    dad_client, fetch_task, monkeypatch
+):
+    """A kept row's excerpt comes with it: only a page with a row to draw
+    reads its outputs' first bytes, all of them in one pass."""
+    task = _ran(fetch_task(3), 2)
+    fresh = _rows_html(_page(dad_client, task))
+    reads = []
+    store = type(default_store())
+    heads = store.heads
+
+    def counted(self, shas, size):
+        reads.append(list(shas))
+        return heads(self, shas, size)
+
+    monkeypatch.setattr(store, "heads", counted)
+    kept = _rows_html(_page(dad_client, task))
+    assert reads == []
+    assert _axis_free(kept) == _axis_free(fresh)
+    assert 'class="excerpt"' in kept["step-1"]
+
+    task = _ran(task, 1)  # step 3's row is new: the page reads once
+    rows = _rows_html(_page(dad_client, task))
+    assert len(reads) == 1
+    assert len(reads[0]) == 3
+    assert 'class="excerpt"' in rows["step-3"]
+
+
+def test_a_kept_row_says_its_output_is_missing_once_the_doctor_finds_it_gone(
+    dad_client, fetch_task
+):
+    task = _ran(fetch_task(2), 1)
+    assert 'class="excerpt"' in _rows_html(_page(dad_client, task))["step-1"]
+    blob_lose(Step.objects.get(task=task, position=1).output.sha256)
+    doctor_run(repair=True, grace_seconds=0)
+    row = _rows_html(_page(dad_client, task))["step-1"]
+    assert "The saved file for this output is missing." in row
+    assert 'class="excerpt"' not in row
 
 
 def test_a_step_changed_behind_the_page_is_drawn_anew_not_from_the_cache(
