@@ -124,6 +124,16 @@ def test_pippa_brain_local_drives_the_demo_task_to_a_clean_stop(
     print(out)  # the transcript's shape, for the record (pytest -s)
 
 
+def _answered(exchanges: list) -> list:
+    """The proxy's exchanges but the requests the server refused for their
+    length (HTTP 400 naming the context), which the runner sends again smaller."""
+    return [
+        (request, status, answer)
+        for request, status, answer in exchanges
+        if not (status == 400 and "context" in str(answer).lower())
+    ]
+
+
 @needs_local
 @pytest.mark.timeout(1800)
 def test_a_runner_killed_mid_run_is_resumed_from_the_state_alone_by_a_fresh_server(
@@ -209,10 +219,14 @@ def test_a_runner_killed_mid_run_is_resumed_from_the_state_alone_by_a_fresh_serv
         assert resumed.returncode == 0, out
 
     # The killed runner's first answer, and every answer to the resumed one, are
-    # 200 (the request the kill cut off may have ended any way).
-    statuses = [status for _, status, _ in proxy.exchanges]
-    assert statuses[0] == 200
-    assert statuses[before:] == [200] * (len(statuses) - before)
+    # 200 (the request the kill cut off may have ended any way). A request the
+    # server refused for its length (400 naming the context) does not count: the
+    # runner sends it again, smaller (brains.runner.Runner._context_full), and the
+    # first request's size is an estimate until the model has counted one.
+    killed_run = _answered(proxy.exchanges[:before])
+    resumed_run = _answered(proxy.exchanges[before:])
+    assert killed_run[0][1] == 200, killed_run[0]
+    assert all(status == 200 for _, status, _ in resumed_run), resumed_run
     # The resumed brain's first request carries the state: step 1 done, its
     # output; nothing of the killed runner's chat.
     request = proxy.exchanges[before][0]
