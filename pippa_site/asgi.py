@@ -9,7 +9,10 @@ of ``pippa_site/shedding.py``), ``make dev`` with ``uvicorn --reload``.
 imports no app),
 everything else to Django's ``ASGIHandler`` (``get_asgi_application()``),
 which runs each request's synchronous middleware and view on a thread of
-its own. The lifespan starts and stops the MCP SDK's session manager.
+its own while it runs: one of those the router keeps for Django's requests
+(``pippa_site.request_threads``), each with its database connection. The
+lifespan starts and stops the MCP SDK's session manager, and at its end lets
+those threads go.
 
 Two bounds come first, because Django's handler reads a request's whole body
 (spooling it to disk past ``FILE_UPLOAD_MAX_MEMORY_SIZE``) before any
@@ -42,10 +45,6 @@ import re
 from importlib import import_module
 from typing import Any
 
-# Django's handler runs each request on a thread made for it, so a database
-# connection kept between requests would outlive its thread: Django's docs ask
-# for persistent connections off under ASGI (the workers keep theirs).
-os.environ.setdefault("PIPPA_CONN_MAX_AGE", "0")
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pippa_site.settings")
 
 from django.core.asgi import get_asgi_application  # noqa: E402
@@ -62,6 +61,7 @@ from django.utils.module_loading import import_string  # noqa: E402
 
 from pippa_site import throttle  # noqa: E402
 from pippa_site.bearer import bearer_token, bearer_user  # noqa: E402
+from pippa_site.request_threads import RequestThreads  # noqa: E402
 
 MCP_PATHS = frozenset({"/mcp", "/mcp/"})
 # The one door that takes a body past the form limit (api.api.task_artifact_upload).
@@ -242,6 +242,7 @@ class Site:
 
     def __init__(self) -> None:
         self.django = BodyLimit(django_application)
+        self.threads = RequestThreads(settings.PIPPA_REQUEST_THREADS)
         self.mcp = import_string(settings.PIPPA_MCP_APP)()
 
     async def __call__(self, scope, receive, send):
@@ -252,7 +253,8 @@ class Site:
             elif scope["path"] in MCP_PATHS:
                 await self.mcp(scope, receive, send)
             else:
-                await self.django(scope, receive, send)
+                async with self.threads():
+                    await self.django(scope, receive, send)
         elif kind == "lifespan":
             await self.lifespan(receive, send)
         else:
@@ -278,6 +280,8 @@ class Site:
                 raise
             await send({"type": "lifespan.startup.failed", "message": str(exc)})
             return
+        finally:
+            await self.threads.close()
         await send({"type": "lifespan.shutdown.complete"})
 
 

@@ -7,7 +7,9 @@ the MCP SDK's streamable HTTP app at ``/mcp/``. A connection is a coroutine
 on the worker's event loop, not a thread, and every phase a client controls
 has a deadline (``pippa_site.shedding``: the request head, the body, reading
 the answer), with a cap on open connections. Django runs each request's
-synchronous code on a thread of its own. docs/serving-and-bench.md says more.
+synchronous code on a thread of its own while it runs, one of those the site
+keeps for Django's requests (``pippa_site.request_threads``).
+docs/serving-and-bench.md says more.
 """
 
 from __future__ import annotations

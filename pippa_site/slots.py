@@ -5,7 +5,8 @@ seconds or minutes. Each user may have at most ``PIPPA_STEP_RUNS_PER_USER`` of
 them running at once on a host (past it: 429 with ``Retry-After``), and the
 host runs at most ``PIPPA_STEP_RUNS`` for everyone (past it: 503 with
 ``Retry-After``). A step run never takes a thread a page needs: Django's
-handler runs every request on a thread of its own, and MCP's step runs run
+handler runs every request on a thread of its own while it runs (an idle one
+of ``pippa_site.request_threads``, or a new one), and MCP's step runs run
 on threads of their own, not the tool threads (``pippa_mcp.door.in_thread``).
 ``PIPPA_MCP_CALLS_PER_USER`` bounds each user's MCP calls in flight the same
 way (``pippa_mcp.asgi``), whichever of the user's tokens they come with.
