@@ -4,7 +4,7 @@ requests (``RequestThreads``)."""
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from asgiref.sync import ThreadSensitiveContext
@@ -13,17 +13,25 @@ from django.db import connections
 
 class OneThread(ThreadPoolExecutor):
     """An executor of one thread (started at its first call), which says
-    whether it was called (``used``): one never called has no thread and no
-    database connection to close."""
-
-    used = False
+    whether it was ever called (``used``: one never called has no thread and
+    no database connection to close) and whether a call is still running
+    (``busy``: it runs its calls in order, so the last one tells)."""
 
     def __init__(self) -> None:
         super().__init__(max_workers=1, thread_name_prefix="django")
+        self.last: Future | None = None
 
-    def submit(self, fn, /, *args, **kwargs):
-        self.used = True
-        return super().submit(fn, *args, **kwargs)
+    @property
+    def used(self) -> bool:
+        return self.last is not None
+
+    @property
+    def busy(self) -> bool:
+        return self.last is not None and not self.last.done()
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        self.last = super().submit(fn, *args, **kwargs)
+        return self.last
 
 
 class RequestThreads:
@@ -42,9 +50,10 @@ class RequestThreads:
 
     At most ``idle`` executors wait for a request; one more is let go, its
     database connections closed on its own thread. An executor whose request
-    ended in an error or was cancelled (its client left) is let go too: its
-    thread may still be running that request's view, and the next request
-    must not queue behind it.
+    ended in an error, or whose thread is still running a call, is let go
+    too: when a client leaves mid-view, Django's handler stops waiting and
+    returns, but the view runs on to its end, and the next request must not
+    queue behind it.
     """
 
     def __init__(self, idle: int) -> None:
@@ -60,7 +69,7 @@ class RequestThreads:
         except BaseException:
             self._let_go(executor)
             raise
-        if len(self.free) < self.idle:
+        if len(self.free) < self.idle and not executor.busy:
             self.free.append(executor)
         else:
             self._let_go(executor)

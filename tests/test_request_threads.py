@@ -6,6 +6,7 @@ its thread to the next."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import threading
 import time
@@ -123,8 +124,10 @@ def test_a_failed_request_does_not_give_its_thread_back(pool):
 
 
 def test_a_request_whose_client_left_mid_view_does_not_hold_up_the_next(pool):
-    """Its view still runs on its thread: the next request gets another
-    thread and is answered while that view goes on."""
+    """When its client leaves, Django's handler stops waiting for the view and
+    returns as usual, but the view runs on to its end on its thread: that
+    thread is not given back, and the next request is answered on another
+    one while the view goes on."""
     threads = pool(idle=2)
     in_view = threading.Event()
     release = threading.Event()
@@ -136,15 +139,12 @@ def test_a_request_whose_client_left_mid_view_does_not_hold_up_the_next(pool):
         release.wait(10)
 
     async def run() -> int:
-        async def left() -> None:
-            async with threads():
-                await sync_to_async(slow_view)()
-
-        task = asyncio.create_task(left())
-        await asyncio.to_thread(in_view.wait, 10)
-        task.cancel()  # what Django's handler does when the client leaves
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        async with threads():
+            view = asyncio.create_task(sync_to_async(slow_view)())
+            await asyncio.to_thread(in_view.wait, 10)
+            view.cancel()  # the client left: Django's handler stops waiting
+            with contextlib.suppress(asyncio.CancelledError):
+                await view
         async with threads():
             return await asyncio.wait_for(
                 sync_to_async(threading.get_ident)(), timeout=5
@@ -159,6 +159,34 @@ def test_a_request_whose_client_left_mid_view_does_not_hold_up_the_next(pool):
     assert view_still_running
     assert answered_on != slow_thread[0]
     assert len(threads.free) == 1  # only the second request's thread came back
+
+
+def test_a_cancelled_request_does_not_give_its_thread_back(pool):
+    threads = pool(idle=2)
+    in_view = threading.Event()
+    release = threading.Event()
+
+    def slow_view() -> None:
+        in_view.set()
+        release.wait(10)
+
+    async def run() -> None:
+        async def request() -> None:
+            async with threads():
+                await sync_to_async(slow_view)()
+
+        task = asyncio.create_task(request())
+        await asyncio.to_thread(in_view.wait, 10)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(run())
+    finally:
+        release.set()
+
+    assert threads.free == []
 
 
 def test_closing_lets_every_idle_thread_go(pool):
@@ -189,8 +217,9 @@ def asgi_server(transactional_db):
 def test_pages_reuse_their_threads_and_database_connections(asgi_server, client, user):
     """Twenty pages, one after another on a kept-alive connection, run on at
     most two threads (the next request may come while the last one is being
-    finished) and open no database connection: Django's handler alone starts
-    a thread and opens a connection for every request."""
+    finished) and open at most one database connection (that second
+    thread's): Django's handler alone starts a thread and opens a connection
+    for every request."""
     client.force_login(user)
     cookie = f"sessionid={client.cookies['sessionid'].value}"
     threads: list[int] = []
@@ -210,15 +239,20 @@ def test_pages_reuse_their_threads_and_database_connections(asgi_server, client,
         response.read()
         return response.status
 
-    assert [page() for _ in range(3)] == [200] * 3
+    def finished(count: int) -> None:
+        # A request's signal is sent after its answer.
+        deadline = time.monotonic() + 5
+        while len(threads) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     request_finished.connect(ran, weak=False)
     connection_created.connect(connected, weak=False)
     try:
+        assert [page() for _ in range(3)] == [200] * 3
+        finished(3)
+        del threads[:], opened[:]
         statuses = [page() for _ in range(20)]
-        # The last request is finished (its signal sent) after its answer.
-        deadline = time.monotonic() + 5
-        while len(threads) < 20 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        finished(20)
     finally:
         request_finished.disconnect(ran)
         connection_created.disconnect(connected)
