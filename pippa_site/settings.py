@@ -357,7 +357,7 @@ PIPPA_BODY_MIN_RATE = env_int("PIPPA_BODY_MIN_RATE", 8 * 1024)
 PIPPA_ANSWER_SECONDS = env_float("PIPPA_ANSWER_SECONDS", 30.0)
 PIPPA_MAX_CONNECTIONS = env_int("PIPPA_MAX_CONNECTIONS", 1000)
 # Threads kept for Django's requests in a web process, idle between requests,
-# each with its database connection (pippa_site.asgi.RequestThreads).
+# each with its database connection (pippa_site.request_threads.RequestThreads).
 PIPPA_REQUEST_THREADS = env_int("PIPPA_REQUEST_THREADS", 8)
 
 # MCP over HTTP (pippa_mcp/asgi.py): threads for tool calls (per web process),

@@ -34,6 +34,13 @@ def pool():
         asyncio.run(threads.close())
 
 
+def _until(done, seconds: float = 5) -> None:
+    """Wait until ``done()`` holds (work ends on another thread), at most ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def _django_threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name.startswith("django")}
 
@@ -84,9 +91,7 @@ def test_past_the_idle_bound_a_thread_is_let_go_with_its_connections_closed(
 
     asyncio.run(burst())
     kept_on = threads.free[0].submit(threading.get_ident).result(5)
-    deadline = time.monotonic() + 5
-    while len(closed_on) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _until(lambda: len(closed_on) >= 2)
 
     assert len(set(ran_on)) == 3
     assert len(threads.free) == 1  # one waits for the next request
@@ -239,20 +244,14 @@ def test_pages_reuse_their_threads_and_database_connections(asgi_server, client,
         response.read()
         return response.status
 
-    def finished(count: int) -> None:
-        # A request's signal is sent after its answer.
-        deadline = time.monotonic() + 5
-        while len(threads) < count and time.monotonic() < deadline:
-            time.sleep(0.01)
-
     request_finished.connect(ran, weak=False)
     connection_created.connect(connected, weak=False)
     try:
         assert [page() for _ in range(3)] == [200] * 3
-        finished(3)
+        _until(lambda: len(threads) >= 3)  # a signal is sent after its answer
         del threads[:], opened[:]
         statuses = [page() for _ in range(20)]
-        finished(20)
+        _until(lambda: len(threads) >= 20)
     finally:
         request_finished.disconnect(ran)
         connection_created.disconnect(connected)
